@@ -1,0 +1,194 @@
+"""RolloutApp: the agent side of the contract, on top of bedrock-agentcore's app.
+
+An invocation is acknowledged at once (`{"status": "accepted"}`) and the user's rollout runs
+in the background, with `/ping` reporting HealthyBusy until it ends. Whatever the rollout
+does (returns, raises, hangs past its deadline, gets cancelled), exactly one signed result
+is written for the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bedrock_agentcore.runtime import BedrockAgentCoreApp
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from ..contract import (
+    ContractError,
+    ErrorInfo,
+    LLMSettings,
+    Rewards,
+    RolloutControl,
+    RolloutResult,
+    Timings,
+    split_payload,
+)
+from .writer import ResultWriter
+
+log = logging.getLogger("agentcore_rollout.agent")
+
+_MAX_ERROR_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """What a rollout function knows besides its payload."""
+
+    control: RolloutControl
+
+    @property
+    def llm(self) -> LLMSettings | None:
+        return self.control.llm
+
+    @property
+    def request_id(self) -> str:
+        return self.control.request_id
+
+    @property
+    def session_id(self) -> str:
+        return self.control.session_id
+
+    @property
+    def step(self) -> int:
+        return self.control.step
+
+    def time_left(self) -> float:
+        return self.control.deadline - time.time()
+
+
+@dataclass
+class RolloutOutput:
+    """What a rollout function returns (a dict with these keys works too)."""
+
+    rewards: Rewards
+    trajectory: dict[str, Any] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    stop_reason: str | None = "done"
+
+
+RolloutFn = Callable[[dict[str, Any], RolloutContext], Awaitable[Any] | Any]
+
+
+class RolloutApp(BedrockAgentCoreApp):
+    """`app = RolloutApp()`, then decorate `async def rollout(payload, ctx)` with
+    `@app.rollout_entrypoint`, and serve it like any AgentCore app (port 8080)."""
+
+    def __init__(self, *, writer: ResultWriter | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._fn: RolloutFn | None = None
+        self._writer = writer or ResultWriter()
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # strong refs: tasks must not be GC'd
+        self._sessions: dict[str, set[str]] = {}
+        self.entrypoint(self._accept)
+
+    def rollout_entrypoint(self, fn: RolloutFn) -> RolloutFn:
+        self._fn = fn
+        return fn
+
+    def session_busy(self, session_id: str) -> bool:
+        return any(not self._tasks[r].done() for r in self._sessions.get(session_id, ()) if r in self._tasks)
+
+    def cancel_session(self, session_id: str) -> None:
+        """Cancel a session's rollouts without writing results, as a stopped session would
+        end (thread-safe: runs on the app's worker loop)."""
+        if self._worker_loop is None:
+            return
+        for request_id in self._sessions.pop(session_id, ()):
+            task = self._tasks.get(request_id)
+            if task is not None:
+                self._worker_loop.call_soon_threadsafe(task.cancel)
+
+    async def _accept(self, payload: dict[str, Any], context: Any = None) -> dict[str, Any]:
+        if self._fn is None:
+            raise HTTPException(500, "no @rollout_entrypoint registered")
+        try:
+            user, control = split_payload(payload)
+        except ContractError as e:
+            raise HTTPException(400, str(e)) from None
+        rid = control.request_id
+        if rid in self._tasks:  # a retried invoke whose first attempt did arrive
+            return {"status": "accepted", "request_id": rid, "duplicate": True}
+        received = time.time()
+        task_id = self.add_async_task("rollout", {"request_id": rid})
+        task = asyncio.create_task(self._run(user, control, received))
+        task.add_done_callback(lambda _: self.complete_async_task(task_id))
+        self._tasks[rid] = task
+        self._sessions.setdefault(control.session_id, set()).add(rid)
+        return {"status": "accepted", "request_id": rid}
+
+    async def _run(self, user: dict[str, Any], control: RolloutControl, received: float) -> None:
+        ctx = RolloutContext(control)
+        started = time.time()
+        fields: dict[str, Any]
+        try:
+            output = await asyncio.wait_for(self._call(user, ctx), timeout=ctx.time_left())
+            fields = _output_fields(output)
+        except TimeoutError:
+            fields = _failure("timeout", "deadline", "DeadlineExceeded", "rollout ran past its deadline")
+        except asyncio.CancelledError:
+            return  # the session was stopped: like a killed microVM, nothing is written
+        except Exception as e:
+            fields = _failure("agent_error", "error", type(e).__name__, str(e))
+        result = _build(control, fields, Timings(received=received, started=started, finished=time.time()))
+        try:
+            await self._writer.write(result, control)
+        except Exception:
+            log.exception("could not write result request_id=%s", control.request_id)
+
+    async def _call(self, user: dict[str, Any], ctx: RolloutContext) -> Any:
+        assert self._fn is not None
+        if inspect.iscoroutinefunction(self._fn):
+            return await self._fn(user, ctx)
+        return await asyncio.to_thread(self._fn, user, ctx)
+
+
+def _output_fields(output: Any) -> dict[str, Any]:
+    if isinstance(output, RolloutOutput):
+        output = {
+            "rewards": output.rewards,
+            "trajectory": output.trajectory,
+            "metrics": output.metrics,
+            "stop_reason": output.stop_reason,
+        }
+    if not isinstance(output, Mapping) or "rewards" not in output:
+        return _failure(
+            "agent_error", "error", "InvalidOutput", "rollout must return RolloutOutput or a dict with 'rewards'"
+        )
+    unknown = set(output) - {"rewards", "trajectory", "metrics", "stop_reason"}
+    if unknown:
+        return _failure("agent_error", "error", "InvalidOutput", f"unknown output keys {sorted(unknown)}")
+    return {"status": "ok", "stop_reason": "done", **output}
+
+
+def _failure(status: str, stop_reason: str, type_: str, message: str) -> dict[str, Any]:
+    return {
+        "status": status,
+        "stop_reason": stop_reason,
+        "error": ErrorInfo(type=type_, message=message[:_MAX_ERROR_CHARS]),
+    }
+
+
+def _build(control: RolloutControl, fields: dict[str, Any], timings: Timings) -> RolloutResult:
+    base = {
+        "exp_id": control.exp_id,
+        "step": control.step,
+        "request_id": control.request_id,
+        "input_id": control.input_id,
+        "session_id": control.session_id,
+        "timings": timings,
+    }
+    try:
+        return RolloutResult.model_validate({**base, **fields})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return RolloutResult.model_validate(
+            {**base, **_failure("agent_error", "error", "InvalidOutput", f"{where}: {first['msg']}")}
+        )

@@ -1,0 +1,324 @@
+"""RolloutBuffer: turns SQS notifications and S3 objects into deliveries for waiting requests.
+
+S3 is the source of truth; SQS only says where to look. Notifications can be duplicated,
+late, lost, foreign or malformed, so the buffer:
+- long-polls, parses both notification forms, and deletes a message only after hand-off,
+- leaves another experiment's messages on the queue (visible again after a short delay),
+- verifies every object (size, schema, signature, key) before a request sees it,
+- looks a request's key up in S3 directly when its deadline nears with no notification,
+- remembers finished requests, so duplicates and late results are counted, never mixed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .config import EngineConfig
+from .contract import (
+    ContractError,
+    ObjectRef,
+    Outcome,
+    ResultKey,
+    RolloutResult,
+    decode_result,
+    parse_notification,
+    parse_result_key,
+    result_key,
+    verify_result,
+)
+
+log = logging.getLogger("agentcore_rollout.buffer")
+
+_MessageFate = Literal["delete", "release", "keep"]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the buffer hands to a waiting request: exactly one per request."""
+
+    outcome: Outcome
+    result: RolloutResult | None = None
+    error: str | None = None
+    handed_off_at: float = field(default_factory=time.time)
+    via: Literal["notification", "lookup", "deadline"] = "notification"
+
+
+@dataclass
+class _Waiter:
+    request_id: str
+    step: int
+    key: str
+    sig_key: str
+    deadline: float
+    future: asyncio.Future[Delivery]
+    busy: bool = False  # a download for it is under way
+
+
+class _Transient(Exception):
+    """S3 could not be read right now; keep the message, it will come back."""
+
+
+class RolloutBuffer:
+    """Collects results for the requests registered with `expect`, and only those."""
+
+    def __init__(self, s3: Any, sqs: Any, config: EngineConfig) -> None:
+        self._s3 = s3
+        self._sqs = sqs
+        self._cfg = config
+        self._prefix = config.prefix.strip("/")
+        self._waiters: dict[str, _Waiter] = {}
+        self._finished: set[str] = set()
+        self._late_keys: dict[str, str] = {}  # request_id -> sig_key, for ended-without-result
+        self._downloads = asyncio.Semaphore(config.download_concurrency)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.step = 0
+        self.counts: Counter[str] = Counter()
+        self.stale: list[RolloutResult] = []
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._poll(), name=f"rollout-buffer-poller-{i}")
+            for i in range(self._cfg.pollers)
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # ----------------------------------------------------------------- requests
+
+    def expect(self, request_id: str, *, step: int, sig_key: str, deadline: float) -> None:
+        """Register a request before it is dispatched, so no result can arrive unclaimed."""
+        if request_id in self._waiters or request_id in self._finished:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        key = result_key(self._prefix, self._cfg.exp_id, step, request_id)
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = _Waiter(request_id, step, key, sig_key, deadline, future)
+
+    def expect_deadline(self, request_id: str, deadline: float) -> None:
+        """Move a registered request's deadline (it counts from dispatch, not registration)."""
+        self._waiters[request_id].deadline = deadline
+
+    def result_key(self, request_id: str) -> str:
+        return self._waiters[request_id].key
+
+    async def wait(self, request_id: str) -> Delivery:
+        """Wait for the request's result. Near the deadline, look in S3 directly; past the
+        deadline plus grace, deliver a `timeout`."""
+        w = self._waiters[request_id]
+        try:
+            lookup_at = w.deadline - self._cfg.reconcile_before
+            give_up_at = w.deadline + self._cfg.result_grace
+            for until in (lookup_at, give_up_at):
+                if not await self._wait_until(w.future, until):
+                    await self._lookup(w)
+                if w.future.done():
+                    return w.future.result()
+            self.counts["timeout"] += 1
+            return self._resolve(
+                w, Delivery(Outcome.TIMEOUT, error="no result by the deadline", via="deadline")
+            )
+        finally:
+            self._retire(w)
+
+    def cancel(self, request_id: str, reason: str = "cancelled") -> None:
+        w = self._waiters.get(request_id)
+        if w is not None:
+            self._resolve(w, Delivery(Outcome.CANCELLED, error=reason, via="deadline"))
+            self._retire(w)
+
+    def _retire(self, w: _Waiter) -> None:
+        self._waiters.pop(w.request_id, None)
+        self._finished.add(w.request_id)
+        delivery = w.future.result() if w.future.done() and not w.future.cancelled() else None
+        if delivery is None or delivery.result is None:
+            self._late_keys[w.request_id] = w.sig_key
+
+    @staticmethod
+    async def _wait_until(future: asyncio.Future[Delivery], when: float) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout=max(0.0, when - time.time()))
+            return True
+        except TimeoutError:
+            return future.done()
+
+    def _resolve(self, w: _Waiter, delivery: Delivery) -> Delivery:
+        if not w.future.done():
+            w.future.set_result(delivery)
+            self.counts[f"delivered:{delivery.outcome}"] += 1
+        return w.future.result()
+
+    # ----------------------------------------------------------------- polling
+
+    async def _poll(self) -> None:
+        failures = 0
+        while True:
+            try:
+                resp = await self._sqs.receive_message(
+                    QueueUrl=self._cfg.queue_url,
+                    MaxNumberOfMessages=10,
+                    WaitTimeSeconds=self._cfg.wait_time,
+                    VisibilityTimeout=self._cfg.visibility_timeout,
+                )
+                failures = 0
+            except (ClientError, BotoCoreError, OSError) as e:
+                failures += 1
+                log.warning("receive_message failed (%s); retrying", e)
+                await asyncio.sleep(min(10.0, 0.2 * 2**failures))
+                continue
+            messages = resp.get("Messages", [])
+            self.counts["messages"] += len(messages)
+            fates = await asyncio.gather(*(self._handle(m) for m in messages))
+            await self._settle(messages, fates)
+
+    async def _handle(self, message: dict[str, Any]) -> _MessageFate:
+        try:
+            refs = parse_notification(message["Body"])
+        except ContractError as e:
+            # Not ours to destroy: it returns after the visibility timeout, and a redrive
+            # policy moves it to the dead-letter queue.
+            self.counts["malformed_messages"] += 1
+            log.warning("malformed message %s: %s", message.get("MessageId"), e)
+            return "keep"
+        if not refs:
+            self.counts["test_events"] += 1
+            return "delete"
+        own = [(ref, k) for ref in refs if (k := self._own_key(ref)) is not None]
+        try:
+            for _, key in own:
+                await self._ingest(key, via="notification")
+        except _Transient:
+            return "keep"
+        if len(own) < len(refs):
+            self.counts["foreign_messages"] += 1
+            return "release"
+        return "delete"
+
+    async def _settle(self, messages: list[dict[str, Any]], fates: list[_MessageFate]) -> None:
+        done = [m for m, f in zip(messages, fates, strict=True) if f == "delete"]
+        back = [m for m, f in zip(messages, fates, strict=True) if f == "release"]
+        try:
+            if done:
+                entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)]
+                await self._sqs.delete_message_batch(QueueUrl=self._cfg.queue_url, Entries=entries)
+            if back:
+                entries = [
+                    {
+                        "Id": str(i),
+                        "ReceiptHandle": m["ReceiptHandle"],
+                        "VisibilityTimeout": self._cfg.foreign_visibility,
+                    }
+                    for i, m in enumerate(back)
+                ]
+                await self._sqs.change_message_visibility_batch(
+                    QueueUrl=self._cfg.queue_url, Entries=entries
+                )
+        except (ClientError, BotoCoreError, OSError) as e:
+            # Undeleted messages come back and are then recognized as duplicates.
+            log.warning("could not settle %d messages: %s", len(done) + len(back), e)
+
+    def _own_key(self, ref: ObjectRef) -> ResultKey | None:
+        if ref.bucket != self._cfg.bucket:
+            return None
+        try:
+            key = parse_result_key(ref.key)
+        except ContractError:
+            return None
+        if key.prefix != self._prefix or key.exp_id != self._cfg.exp_id:
+            return None
+        return key
+
+    # ----------------------------------------------------------------- results
+
+    async def _ingest(self, key: ResultKey, via: Literal["notification", "lookup"]) -> None:
+        w = self._waiters.get(key.request_id)
+        if w is None:
+            await self._ingest_unclaimed(key)
+            return
+        if w.future.done() or w.busy:
+            self.counts["duplicates"] += 1
+            return
+        w.busy = True
+        try:
+            delivery = await self._verified(str(key), w.request_id, w.step, w.sig_key, via)
+        finally:
+            w.busy = False
+        if delivery is not None:
+            self._resolve(w, delivery)
+
+    async def _ingest_unclaimed(self, key: ResultKey) -> None:
+        """A result nobody waits for: a duplicate, a late one (kept apart), or unknown."""
+        sig_key = self._late_keys.pop(key.request_id, None)
+        if sig_key is None:
+            self.counts["duplicates" if key.request_id in self._finished else "unmatched"] += 1
+            return
+        delivery = await self._verified(str(key), key.request_id, key.step, sig_key, "notification")
+        if delivery is not None and delivery.result is not None:
+            self.stale.append(delivery.result)
+            self.counts["stale" if key.step < self.step else "late"] += 1
+        else:
+            self.counts["late_invalid"] += 1
+
+    async def _verified(
+        self, key: str, request_id: str, step: int, sig_key: str, via: Literal["notification", "lookup"]
+    ) -> Delivery | None:
+        """Download and check one object. None if it does not exist (yet)."""
+        try:
+            body = await self._download(key)
+            if body is None:
+                return None
+            result = decode_result(body, self._cfg.max_result_bytes)
+            if (result.exp_id, result.step, result.request_id) != (self._cfg.exp_id, step, request_id):
+                raise ContractError(
+                    f"object at {key} is for {result.exp_id}/{result.step}/{result.request_id}"
+                )
+            verify_result(result, sig_key)
+        except ContractError as e:
+            self.counts["invalid_results"] += 1
+            log.warning("invalid result request_id=%s: %s", request_id, e)
+            return Delivery(Outcome.INVALID_RESULT, error=str(e), via=via)
+        return Delivery(Outcome(result.status), result=result, via=via)
+
+    async def _download(self, key: str) -> bytes | None:
+        async with self._downloads:
+            self.counts["downloads"] += 1
+            try:
+                resp = await self._s3.get_object(Bucket=self._cfg.bucket, Key=key)
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise _Transient(str(e)) from None
+            except (BotoCoreError, OSError) as e:
+                raise _Transient(str(e)) from None
+            size, limit = resp.get("ContentLength") or 0, self._cfg.max_result_bytes
+            async with resp["Body"] as stream:
+                if size > limit:  # refuse before reading it into memory
+                    raise ContractError(f"result object is {size} bytes, over the {limit} limit")
+                try:
+                    return await stream.read()
+                except (BotoCoreError, OSError, aiohttp.ClientError) as e:
+                    raise _Transient(str(e)) from None
+
+    async def _lookup(self, w: _Waiter) -> None:
+        """Read the request's key straight from S3, for when the notification is late or lost."""
+        if w.future.done():
+            return
+        self.counts["lookups"] += 1
+        try:
+            await self._ingest(parse_result_key(w.key), via="lookup")
+        except _Transient as e:
+            log.warning("lookup of request_id=%s failed: %s", w.request_id, e)
+        if w.future.done():
+            self.counts["recovered_by_lookup"] += 1

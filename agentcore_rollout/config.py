@@ -1,0 +1,172 @@
+"""Typed configuration, from YAML, then the environment (and `agentcore.env`), then overrides.
+
+Later sources win. Every error names the dotted key it is about, in one line, because a
+config error is the first thing a new user meets.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dotenv import dotenv_values
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .contract import DEFAULT_MAX_RESULT_BYTES
+
+ENV_PREFIX = "AGENTCORE_ROLLOUT_"
+_RESERVED_ENV = {"AGENTCORE_ROLLOUT_CONFIG"}  # read by the CLI, not a config key
+
+
+class ConfigError(ValueError):
+    """The configuration is missing a key, has an unknown one, or a value out of range."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Endpoints(_Section):
+    """Endpoint overrides; None means the AWS default for the region."""
+
+    s3: str | None = None
+    sqs: str | None = None
+    agentcore: str | None = None
+
+
+class LLMConfig(_Section):
+    """The policy endpoint agents are told to call (the gateway, in a full deployment)."""
+
+    base_url: str
+    model: str = "policy"
+    api_key: str = Field(default="EMPTY", repr=False)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+
+class EngineConfig(_Section):
+    """Everything the engine needs to dispatch rollouts and collect their results."""
+
+    exp_id: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]+$", max_length=128)
+    region: str = "us-east-1"
+    bucket: str = Field(min_length=3)
+    prefix: str = "rollouts"
+    queue_url: str
+    runtime_arn: str
+    qualifier: str = "DEFAULT"
+    endpoints: Endpoints = Field(default_factory=Endpoints)
+    llm: LLMConfig | None = None
+
+    # Flow control (AgentCore quotas: InvokeAgentRuntime TPS, new sessions per minute).
+    start_rate: float = Field(default=5.0, gt=0, description="new sessions per second")
+    session_start_time: float = Field(default=2.0, gt=0, description="seconds a start may take")
+    max_live_sessions: int = Field(default=64, ge=1)
+    stop_rate: float | None = Field(default=None, gt=0, description="defaults to start_rate")
+    max_retries: int = Field(default=8, ge=0)
+    backoff_base: float = Field(default=0.2, gt=0)
+    backoff_max: float = Field(default=20.0, gt=0)
+
+    # Deadlines.
+    rollout_timeout: float = Field(default=600.0, gt=0, description="seconds from dispatch")
+    result_grace: float = Field(default=30.0, ge=0, description="wait past deadline for a write")
+    reconcile_before: float = Field(default=5.0, ge=0, description="S3 lookup this long before")
+
+    # Results.
+    pollers: int = Field(default=1, ge=1)
+    wait_time: int = Field(default=20, ge=0, le=20)
+    visibility_timeout: int = Field(default=60, ge=0, le=43200)
+    foreign_visibility: int = Field(default=2, ge=0, le=43200)
+    download_concurrency: int = Field(default=16, ge=1)
+    max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024)
+    notify_directly: bool = Field(default=False, description="agents also send to SQS")
+    max_pool_connections: int = Field(default=64, ge=1)
+
+    @property
+    def max_starting(self) -> int:
+        """Little's law: starts in flight = start rate x time a start takes."""
+        return max(1, math.ceil(self.start_rate * self.session_start_time))
+
+
+class Config(_Section):
+    engine: EngineConfig
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    env_file: str | Path | None = "agentcore.env",
+    environ: Mapping[str, str] | None = None,
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+) -> Config:
+    """Load YAML at `path`, apply environment variables, then `key.path=value` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_yaml(Path(path))
+    env = dict(dotenv_values(env_file)) if env_file and Path(env_file).is_file() else {}
+    env.update(os.environ if environ is None else environ)
+    for dotted, value in _env_overrides(env):
+        _set_dotted(data, dotted, value)
+    items = overrides.items() if isinstance(overrides, Mapping) else map(_split_override, overrides)
+    for dotted, value in items:
+        _set_dotted(data, dotted, value)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise ConfigError(f"config: {where}: {first['msg']}{more}") from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config: {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a mapping at the top level")
+    return data
+
+
+def _env_overrides(env: Mapping[str, str | None]) -> list[tuple[str, Any]]:
+    """`AGENTCORE_ROLLOUT_START_RATE=5` -> `engine.start_rate`; `__` nests
+    (`AGENTCORE_ROLLOUT_ENDPOINTS__S3`). `AWS_REGION` sets the region."""
+    out: list[tuple[str, Any]] = []
+    if env.get("AWS_REGION"):
+        out.append(("engine.region", env["AWS_REGION"]))
+    for name, value in sorted(env.items()):
+        if name.startswith(ENV_PREFIX) and value is not None:
+            field = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            if name not in _RESERVED_ENV:
+                out.append((f"engine.{field}", value))
+    return out
+
+
+def _split_override(text: str) -> tuple[str, Any]:
+    """`engine.start_rate=5`. Scalars stay strings (pydantic converts them by field type, so
+    `exp_id=0001` keeps its zeros); `[...]` and `{...}` are read as YAML."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"config: override {text!r} is not of the form key.path=value")
+    if value.strip()[:1] in ("[", "{"):
+        try:
+            return key.strip(), yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"config: override {key.strip()}: value is not valid YAML") from None
+    return key.strip(), value
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value

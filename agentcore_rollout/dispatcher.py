@@ -1,0 +1,107 @@
+"""RequestDispatcher: starts one sandbox session per rollout without breaking the quotas.
+
+Three bounds hold at once:
+- a start rate (token bucket, adapted down on throttling and back up on success),
+- at most `ceil(start_rate * session_start_time)` starts in flight (Little's law), so a
+  cold-start wave cannot pile up connections,
+- at most `max_live_sessions` sessions alive; a slot frees only after the session is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from .config import EngineConfig
+from .limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
+from .sandbox import SandboxRuntime, SessionCallError
+
+log = logging.getLogger("agentcore_rollout.dispatcher")
+
+
+class SubmitFailed(Exception):
+    """The rollout could not be started: non-retryable error, retries spent, or deadline."""
+
+
+class RequestDispatcher:
+    def __init__(
+        self, runtime: SandboxRuntime, config: EngineConfig, *, rng: random.Random | None = None
+    ) -> None:
+        self._runtime = runtime
+        self._cfg = config
+        self._rng = rng or random.Random()
+        self.start_rate = AdaptiveRate(TokenBucket(config.start_rate))
+        self.stop_rate = AdaptiveRate(TokenBucket(config.stop_rate or config.start_rate))
+        self._starting_slots = asyncio.Semaphore(config.max_starting)
+        self._live_slots = asyncio.Semaphore(config.max_live_sessions)
+        self.starting = Gauge()
+        self.live = Gauge()
+        self.counts: Counter[str] = Counter()
+        self.start_times: list[float] = []
+
+    @asynccontextmanager
+    async def live_session(self, session_id: str) -> AsyncIterator[None]:
+        """Hold a live-session slot for the body; stop the session before releasing it."""
+        async with self._live_slots:
+            with self.live:
+                try:
+                    yield
+                finally:
+                    await asyncio.shield(self.stop(session_id))
+
+    async def start(self, session_id: str, payload: bytes, deadline: float) -> None:
+        """Invoke the runtime in a new session, retrying what is retryable until `deadline`."""
+        for attempt in range(self._cfg.max_retries + 1):
+            async with self._starting_slots:
+                with self.starting:
+                    await self.start_rate.acquire()
+                    if time.time() >= deadline:
+                        break
+                    self.counts["invoke"] += 1
+                    try:
+                        await self._runtime.invoke(session_id, payload)
+                    except SessionCallError as e:
+                        error = e
+                    else:
+                        self.start_rate.on_success()
+                        self.start_times.append(time.monotonic())
+                        return
+            self.counts[f"invoke_error:{error.code}"] += 1
+            if not error.retryable:
+                raise SubmitFailed(str(error))
+            if error.throttled:
+                self.start_rate.on_throttle()
+            if attempt == self._cfg.max_retries:
+                raise SubmitFailed(f"gave up after {attempt + 1} attempts: {error}")
+            self.counts["invoke_retry"] += 1
+            delay = backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
+            log.debug("retrying session_id=%s in %.2fs after %s", session_id, delay, error)
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.time())))
+        raise SubmitFailed("deadline passed before the session could be started")
+
+    async def stop(self, session_id: str) -> None:
+        """Best effort: a failed stop is counted and logged, never raised (the session's
+        idle timeout reclaims it)."""
+        for attempt in range(self._cfg.max_retries + 1):
+            await self.stop_rate.acquire()
+            self.counts["stop"] += 1
+            try:
+                await self._runtime.stop(session_id)
+            except SessionCallError as e:
+                self.counts[f"stop_error:{e.code}"] += 1
+                if e.throttled:
+                    self.stop_rate.on_throttle()
+                if not e.retryable or attempt == self._cfg.max_retries:
+                    log.warning("could not stop session_id=%s: %s", session_id, e)
+                    return
+                await asyncio.sleep(
+                    backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
+                )
+            else:
+                self.stop_rate.on_success()
+                return

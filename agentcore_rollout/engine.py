@@ -1,0 +1,331 @@
+"""RolloutEngine: a batch of prompts in, one terminal outcome per prompt out.
+
+Each request runs through the same short life:
+register with the buffer -> take a live-session slot -> start the session (dispatcher)
+-> wait for the buffer's delivery -> stop the session -> release the slot.
+Whatever happens, the request ends in exactly one `Outcome`, and no outcome is invented:
+a failure carries no rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import secrets
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Generator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import uuid4
+
+from .aws import AwsClients
+from .buffer import Delivery, RolloutBuffer
+from .config import EngineConfig
+from .contract import (
+    CONTROL_KEY,
+    SESSION_ID_MAX,
+    LLMSettings,
+    Outcome,
+    ResultTarget,
+    RolloutControl,
+    RolloutResult,
+)
+from .dispatcher import RequestDispatcher, SubmitFailed
+from .sandbox import AgentCoreRuntime, SandboxRuntime
+
+log = logging.getLogger("agentcore_rollout.engine")
+
+
+@dataclass
+class RolloutRequest:
+    """One rollout: the user's JSON payload, its group (`input_id`) and index in the group."""
+
+    payload: dict[str, Any]
+    input_id: str
+    sample_index: int = 0
+    request_id: str = field(default_factory=lambda: uuid4().hex)
+
+
+@dataclass
+class RolloutOutcome:
+    """The terminal outcome of one request; `result` is set only if the agent wrote one."""
+
+    request: RolloutRequest
+    step: int
+    outcome: Outcome
+    session_id: str
+    result: RolloutResult | None = None
+    error: str | None = None
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float = 0.0
+
+    @property
+    def reward(self) -> float | None:
+        return self.result.scalar_reward() if self.result is not None else None
+
+    @property
+    def latency(self) -> float:
+        return self.finished_at - self.submitted_at
+
+    def to_dict(self) -> dict[str, Any]:
+        """One JSON line per request: what `rollouts.jsonl` holds."""
+        return {
+            "request_id": self.request.request_id,
+            "input_id": self.request.input_id,
+            "sample_index": self.request.sample_index,
+            "step": self.step,
+            "session_id": self.session_id,
+            "outcome": str(self.outcome),
+            "reward": self.reward,
+            "error": self.error,
+            "latency": round(self.latency, 4),
+            "result": self.result.model_dump(mode="json", exclude={"sig"}) if self.result else None,
+        }
+
+
+def quantiles(values: Sequence[float], qs: Iterable[float] = (0.5, 0.95, 0.99)) -> dict[str, float]:
+    """Nearest-rank quantiles, keyed `p50`, `p95`, ...; empty input gives an empty dict."""
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+    return {
+        f"p{round(q * 100)}": ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+        for q in qs
+    }
+
+
+@dataclass
+class RolloutBatch:
+    """Outcomes in request order, with the figures a trainer logs."""
+
+    step: int
+    outcomes: list[RolloutOutcome]
+    api_calls: dict[str, int]
+    wall_time: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counted = Counter(str(o.outcome) for o in self.outcomes)
+        return {str(k): counted.get(str(k), 0) for k in Outcome}
+
+    @property
+    def ok(self) -> list[RolloutOutcome]:
+        return [o for o in self.outcomes if o.outcome is Outcome.OK]
+
+    def latency(self) -> dict[str, float]:
+        return quantiles([o.latency for o in self.outcomes])
+
+    def metrics(self) -> dict[str, float]:
+        """A flat dict of numbers, ready for a trainer's logger."""
+        n = len(self.outcomes)
+        out: dict[str, float] = {f"rollout/outcome/{k}": v for k, v in self.counts.items()}
+        out |= {f"rollout/latency_{k}": v for k, v in self.latency().items()}
+        rewards = [o.reward for o in self.ok if o.reward is not None]
+        if rewards:
+            out["rollout/reward_mean"] = sum(rewards) / len(rewards)
+        out["rollout/wall_time"] = self.wall_time
+        out["rollout/throughput"] = n / self.wall_time if self.wall_time > 0 else 0.0
+        out["rollout/api_calls_per_rollout"] = sum(self.api_calls.values()) / n if n else 0.0
+        return out
+
+
+class RolloutHandle:
+    """An awaitable for one submitted request; `cancel()` ends it as `cancelled`."""
+
+    def __init__(self, task: asyncio.Task[RolloutOutcome], request: RolloutRequest) -> None:
+        self._task = task
+        self.request = request
+
+    def __await__(self) -> Generator[Any, None, RolloutOutcome]:
+        return asyncio.shield(self._task).__await__()
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+class RolloutEngine:
+    """`async with RolloutEngine(config) as engine: batch = await engine.rollout(requests)`"""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        runtime: SandboxRuntime | None = None,
+        step: int = 0,
+    ) -> None:
+        self.config = config
+        self.step = step
+        self._runtime = runtime
+        self._clients = AwsClients(config)
+        self._pending: set[asyncio.Task[RolloutOutcome]] = set()
+        self.dispatcher: RequestDispatcher
+        self.buffer: RolloutBuffer
+
+    async def __aenter__(self) -> RolloutEngine:
+        await self._clients.__aenter__()
+        runtime = self._runtime or AgentCoreRuntime(
+            self._clients.agentcore, self.config.runtime_arn, self.config.qualifier
+        )
+        self.dispatcher = RequestDispatcher(runtime, self.config)
+        self.buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
+        self.buffer.step = self.step
+        await self.buffer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        await self.buffer.close()
+        await self._clients.__aexit__(*exc)
+
+    @property
+    def api_calls(self) -> dict[str, int]:
+        return dict(self._clients.api_calls)
+
+    def set_step(self, step: int) -> None:
+        """Move to a new policy version; results of older steps are then kept apart."""
+        self.step = step
+        self.buffer.step = step
+
+    # ------------------------------------------------------------------ public API
+
+    def submit(
+        self, request: RolloutRequest, *, timeout: float | None = None, deadline: float | None = None
+    ) -> RolloutHandle:
+        """Start one rollout now. `timeout` counts from dispatch (default: config);
+        `deadline` (unix seconds) caps it."""
+        task = asyncio.create_task(self._run(request, self.step, timeout, deadline))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return RolloutHandle(task, request)
+
+    async def stream(
+        self,
+        requests: Iterable[RolloutRequest],
+        *,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> AsyncIterator[RolloutOutcome]:
+        """Yield outcomes as they complete; closing the iterator cancels what is left."""
+        handles = [self.submit(r, timeout=timeout, deadline=deadline) for r in requests]
+        tasks = [h._task for h in handles]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                yield await next_done
+        finally:
+            for h in handles:
+                h.cancel()
+
+    async def rollout(
+        self,
+        requests: Iterable[RolloutRequest],
+        *,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> RolloutBatch:
+        """Run a batch; outcomes come back in request order."""
+        began = time.monotonic()
+        calls_before = Counter(self._clients.api_calls)
+        handles = [self.submit(r, timeout=timeout, deadline=deadline) for r in requests]
+        outcomes = [await h for h in handles]
+        calls = Counter(self._clients.api_calls)
+        calls.subtract(calls_before)
+        return RolloutBatch(
+            step=self.step,
+            outcomes=outcomes,
+            api_calls={k: v for k, v in calls.items() if v},
+            wall_time=time.monotonic() - began,
+        )
+
+    # ------------------------------------------------------------------ one request
+
+    async def _run(
+        self, request: RolloutRequest, step: int, timeout: float | None, deadline: float | None
+    ) -> RolloutOutcome:
+        submitted = time.time()
+        timeout = self.config.rollout_timeout if timeout is None else timeout
+        until = min(submitted + timeout, deadline or math.inf)
+        session_id = _session_id(self.config.exp_id, step, request.request_id)
+        sig_key = secrets.token_hex(32)
+        outcome = RolloutOutcome(request, step, Outcome.CANCELLED, session_id, submitted_at=submitted)
+        self.buffer.expect(request.request_id, step=step, sig_key=sig_key, deadline=until)
+        try:
+            async with self.dispatcher.live_session(session_id):
+                # The deadline counts from dispatch (once a live slot is ours), so queueing
+                # for a slot does not eat into the agent's time.
+                until = min(time.time() + timeout, deadline or math.inf)
+                self.buffer.expect_deadline(request.request_id, until)
+                payload = self._payload(request, step, session_id, sig_key, until)
+                try:
+                    await self.dispatcher.start(session_id, payload, until)
+                except SubmitFailed as e:
+                    self.buffer.cancel(request.request_id, str(e))
+                    outcome.outcome, outcome.error = Outcome.SUBMIT_FAILED, str(e)
+                    log.warning("submit_failed request_id=%s: %s", request.request_id, e)
+                    return outcome
+                outcome.started_at = time.time()
+                self._take(outcome, await self.buffer.wait(request.request_id))
+                return outcome
+        except asyncio.CancelledError:
+            self.buffer.cancel(request.request_id)
+            outcome.outcome, outcome.error = Outcome.CANCELLED, "cancelled"
+            return outcome
+        finally:
+            outcome.finished_at = time.time()
+
+    @staticmethod
+    def _take(outcome: RolloutOutcome, delivery: Delivery) -> None:
+        outcome.outcome = delivery.outcome
+        outcome.result = delivery.result
+        outcome.error = delivery.error or (
+            f"{delivery.result.error.type}: {delivery.result.error.message}"
+            if delivery.result is not None and delivery.result.error is not None
+            else None
+        )
+
+    def _payload(
+        self, request: RolloutRequest, step: int, session_id: str, sig_key: str, deadline: float
+    ) -> bytes:
+        cfg = self.config
+        llm = (
+            LLMSettings(
+                base_url=cfg.llm.base_url,
+                model=cfg.llm.model,
+                api_key=cfg.llm.api_key,
+                sampling=cfg.llm.sampling,
+            )
+            if cfg.llm is not None
+            else None
+        )
+        control = RolloutControl(
+            exp_id=cfg.exp_id,
+            step=step,
+            request_id=request.request_id,
+            input_id=request.input_id,
+            sample_index=request.sample_index,
+            session_id=session_id,
+            result=ResultTarget(
+                bucket=cfg.bucket,
+                key=self.buffer.result_key(request.request_id),
+                queue_url=cfg.queue_url if cfg.notify_directly else None,
+            ),
+            llm=llm,
+            deadline=deadline,
+            sig_key=sig_key,
+        )
+        body = {**request.payload, CONTROL_KEY: control.model_dump(mode="json")}
+        return json.dumps(body).encode()
+
+
+def _session_id(exp_id: str, step: int, request_id: str) -> str:
+    """Readable and unique; padded to AgentCore's 33-character minimum."""
+    sid = f"{exp_id}-{step}-{request_id}"[-SESSION_ID_MAX:]
+    return sid if len(sid) >= 33 else sid + "-" + "0" * (32 - len(sid))

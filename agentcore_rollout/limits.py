@@ -1,0 +1,111 @@
+"""Flow-control primitives: a token bucket, AIMD adaptation on throttling, jittered back-off,
+and a gauge that remembers its peak (so tests and metrics can show a bound held)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+
+
+class TokenBucket:
+    """`rate` tokens per second, holding at most `burst`. `acquire` waits its turn (FIFO).
+
+    The rate can change while callers wait; the bucket picks up the new rate on its next
+    refill, which is how `AdaptiveRate` slows starts down without draining anyone.
+    """
+
+    def __init__(
+        self, rate: float, burst: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("TokenBucket needs rate > 0 and burst >= 1")
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._tokens = burst
+        self._stamp = clock()
+        self._lock = asyncio.Lock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            while True:
+                self._refill()
+                if self._tokens >= 1:
+                    self._tokens -= 1
+                    return
+                await asyncio.sleep((1 - self._tokens) / self.rate)
+
+
+class AdaptiveRate:
+    """Additive-increase, multiplicative-decrease control of a bucket's rate.
+
+    A throttle halves the rate (at most once per `cooldown` seconds, so one burst of 429s
+    counts once, and never below `floor`); each success adds back `ceiling / recover_steps`.
+    """
+
+    def __init__(
+        self,
+        bucket: TokenBucket,
+        *,
+        decrease: float = 0.5,
+        recover_steps: int = 20,
+        floor_fraction: float = 0.05,
+        cooldown: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bucket = bucket
+        self.ceiling = bucket.rate
+        self.floor = self.ceiling * floor_fraction
+        self._decrease = decrease
+        self._step = self.ceiling / recover_steps
+        self._cooldown = cooldown
+        self._clock = clock
+        self._last_cut = -float("inf")
+        self.cuts = 0
+
+    @property
+    def rate(self) -> float:
+        return self.bucket.rate
+
+    def on_throttle(self) -> None:
+        now = self._clock()
+        if now - self._last_cut >= self._cooldown:
+            self.bucket.rate = max(self.floor, self.bucket.rate * self._decrease)
+            self._last_cut = now
+            self.cuts += 1
+
+    def on_success(self) -> None:
+        self.bucket.rate = min(self.ceiling, self.bucket.rate + self._step)
+
+    async def acquire(self) -> None:
+        await self.bucket.acquire()
+
+
+def backoff_delay(
+    attempt: int, base: float, cap: float, rng: random.Random | None = None
+) -> float:
+    """Full-jitter exponential back-off: uniform in [0, min(cap, base * 2**attempt)]."""
+    return (rng or random).uniform(0, min(cap, base * 2**attempt))
+
+
+class Gauge:
+    """A counter of things in flight that remembers the most it ever held."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.peak = 0
+
+    def __enter__(self) -> Gauge:
+        self.value += 1
+        self.peak = max(self.peak, self.value)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.value -= 1

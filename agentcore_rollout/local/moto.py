@@ -1,0 +1,160 @@
+"""moto in server mode on loopback, in its own process, and the results channel on it.
+
+A separate process keeps moto's threads off the engine's GIL, so local figures mean
+something. `provision_results_channel` wires bucket -> queue exactly as the infra does on
+AWS: an `s3:ObjectCreated:*` notification filtered to the rollout prefix, a queue policy that
+admits only that bucket, and a dead-letter queue behind the results queue.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+LOCAL_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+}
+
+
+class MotoServer:
+    """`with MotoServer() as moto: moto.url` — a moto server process on 127.0.0.1."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._host, self._port = host, port
+        self._process: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def __enter__(self) -> MotoServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "agentcore_rollout.local.moto", self._host, str(self._port)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline().strip()
+        if not line.startswith("http://"):
+            self.stop()
+            raise RuntimeError(f"moto server did not start (printed {line!r})")
+        self.url = line
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._process is not None and self._process.stdout is not None:
+            self._process.stdout.close()
+
+    def client(self, service: str, region: str = "us-east-1") -> Any:
+        """A boto3 client for this server (for provisioning and tests)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            service,
+            region_name=region,
+            endpoint_url=self.url,
+            aws_access_key_id=LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            config=Config(s3={"addressing_style": "path"}),
+        )
+
+
+@dataclass(frozen=True)
+class ResultsChannel:
+    bucket: str
+    prefix: str
+    queue_url: str
+    queue_arn: str
+    dlq_url: str
+
+
+def provision_results_channel(
+    s3: Any, sqs: Any, *, bucket: str, prefix: str, queue: str, max_receive_count: int = 5
+) -> ResultsChannel:
+    """Create bucket, queue and DLQ, and notify the queue of objects created under `prefix/`."""
+    s3.create_bucket(Bucket=bucket)
+    dlq_url = sqs.create_queue(QueueName=f"{queue}-dlq")["QueueUrl"]
+    dlq_arn = _queue_arn(sqs, dlq_url)
+    queue_url = sqs.create_queue(
+        QueueName=queue,
+        Attributes={
+            "RedrivePolicy": json.dumps(
+                {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(max_receive_count)}
+            )
+        },
+    )["QueueUrl"]
+    queue_arn = _queue_arn(sqs, queue_url)
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "AllowResultBucketOnly",
+                "Effect": "Allow",
+                "Principal": {"Service": "s3.amazonaws.com"},
+                "Action": "sqs:SendMessage",
+                "Resource": queue_arn,
+                "Condition": {"ArnEquals": {"aws:SourceArn": f"arn:aws:s3:::{bucket}"}},
+            }
+        ],
+    }
+    sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "QueueConfigurations": [
+                {
+                    "Id": "rollout-results",
+                    "QueueArn": queue_arn,
+                    "Events": ["s3:ObjectCreated:*"],
+                    "Filter": {
+                        "Key": {"FilterRules": [{"Name": "prefix", "Value": f"{prefix.strip('/')}/"}]}
+                    },
+                }
+            ]
+        },
+    )
+    return ResultsChannel(bucket, prefix, queue_url, queue_arn, dlq_url)
+
+
+def _queue_arn(sqs: Any, url: str) -> str:
+    return sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+
+
+def _serve(host: str, port: int) -> None:
+    import logging
+    import signal
+    import threading
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+    server.start()
+    bound_host, bound_port = server.get_host_and_port()
+    print(f"http://{bound_host}:{bound_port}", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    done.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,105 @@
+"""The two calls the dispatcher needs from a sandbox platform: start an invocation in a new
+session, and stop a session.
+
+AgentCore Runtime implements them here with aiobotocore. Another platform (Modal,
+OpenYuanrong, a Kubernetes job runner) implements the same `SandboxRuntime` protocol and
+classifies its failures into `SessionCallError`s, and the dispatcher works unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+
+class SessionCallError(Exception):
+    """A sandbox call failed. `retryable` and `throttled` drive the dispatcher's reaction."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool, throttled: bool = False):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.retryable = retryable
+        self.throttled = throttled
+
+
+class SandboxRuntime(Protocol):
+    async def invoke(self, session_id: str, payload: bytes) -> None:
+        """Start the rollout in session `session_id`; return once the agent accepted it."""
+
+    async def stop(self, session_id: str) -> None:
+        """End the session and release what it holds. Unknown sessions are not an error."""
+
+
+# AgentCore error types (x-amzn-ErrorType) -> (retryable, throttled)
+_AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {
+    "ThrottlingException": (True, True),
+    "ServiceQuotaExceededException": (True, False),
+    "RetryableConflictException": (True, False),
+    "InternalServerException": (True, False),
+    "ValidationException": (False, False),
+    "AccessDeniedException": (False, False),
+    "ResourceNotFoundException": (False, False),
+    "RuntimeClientError": (False, False),
+    "ConflictException": (False, False),
+    "UnauthorizedException": (False, False),
+}
+
+
+def classify_client_error(e: ClientError) -> SessionCallError:
+    err = e.response.get("Error", {})
+    code = err.get("Code", "Unknown")
+    status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    retryable, throttled = _AGENTCORE_ERRORS.get(code, (status >= 500 or status == 429, status == 429))
+    return SessionCallError(code, err.get("Message", str(e)), retryable=retryable, throttled=throttled)
+
+
+class AgentCoreRuntime:
+    """`SandboxRuntime` over the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession)."""
+
+    def __init__(self, client: Any, runtime_arn: str, qualifier: str = "DEFAULT") -> None:
+        self._client = client
+        self._arn = runtime_arn
+        self._qualifier = qualifier
+
+    async def invoke(self, session_id: str, payload: bytes) -> None:
+        try:
+            resp = await self._client.invoke_agent_runtime(
+                agentRuntimeArn=self._arn,
+                qualifier=self._qualifier,
+                runtimeSessionId=session_id,
+                payload=payload,
+                contentType="application/json",
+                accept="application/json",
+            )
+            async with resp["response"] as stream:
+                body = await stream.read()
+        except ClientError as e:
+            raise classify_client_error(e) from None
+        except (BotoCoreError, OSError, TimeoutError) as e:
+            raise SessionCallError(type(e).__name__, str(e), retryable=True) from None
+        _check_accepted(body)
+
+    async def stop(self, session_id: str) -> None:
+        try:
+            await self._client.stop_runtime_session(
+                agentRuntimeArn=self._arn, qualifier=self._qualifier, runtimeSessionId=session_id
+            )
+        except ClientError as e:
+            err = classify_client_error(e)
+            if err.code != "ResourceNotFoundException":
+                raise err from None
+        except (BotoCoreError, OSError, TimeoutError) as e:
+            raise SessionCallError(type(e).__name__, str(e), retryable=True) from None
+
+
+def _check_accepted(body: bytes) -> None:
+    """RolloutApp answers `{"status": "accepted"}`; anything else means it did not start."""
+    try:
+        reply = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        reply = None
+    if not isinstance(reply, dict) or reply.get("status") != "accepted":
+        shown = body[:200].decode(errors="replace")
+        raise SessionCallError("NotAccepted", f"agent did not accept: {shown}", retryable=False)

@@ -1,0 +1,106 @@
+"""Shared fixtures: one moto server process per test session, a fresh bucket/queue pair per
+test, and a factory for the AgentCore Runtime emulator."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentcore_rollout.config import EngineConfig
+from agentcore_rollout.local.moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
+from agentcore_rollout.local.runtime import EmulatorConfig, RuntimeEmulator
+
+ROOT = Path(__file__).resolve().parent.parent
+REGION = "us-east-1"
+RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _aws_env() -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.update(LOCAL_CREDENTIALS)
+    os.environ["AWS_DEFAULT_REGION"] = REGION
+    os.environ.pop("AWS_PROFILE", None)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[MotoServer]:
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def channel(moto: MotoServer) -> ResultsChannel:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    return provision_results_channel(
+        moto.client("s3"), moto.client("sqs"), bucket=name, prefix="rollouts", queue=name
+    )
+
+
+def agent_env(moto: MotoServer) -> dict[str, str]:
+    return {
+        **LOCAL_CREDENTIALS,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ENDPOINT_URL_S3": moto.url,
+        "AWS_ENDPOINT_URL_SQS": moto.url,
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+@pytest.fixture
+def agent_endpoints(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process agents read endpoints from the standard AWS environment variables."""
+    for k, v in agent_env(moto).items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.fixture
+async def emulator(moto: MotoServer, agent_endpoints: None) -> AsyncIterator[Any]:
+    """`emu = await emulator(mode=..., ...)`: started now, stopped after the test."""
+    started: list[RuntimeEmulator] = []
+
+    async def make(**overrides: Any) -> RuntimeEmulator:
+        cfg = EmulatorConfig(app="tests.agents.basic:app", mode="in_process", env=agent_env(moto))
+        for k, v in overrides.items():
+            setattr(cfg, k, v)
+        emu = RuntimeEmulator(cfg)
+        await emu.start()
+        started.append(emu)
+        return emu
+
+    yield make
+    for emu in started:
+        await emu.stop()
+
+
+def engine_config(
+    moto: MotoServer, channel: ResultsChannel, emu: RuntimeEmulator, **overrides: Any
+) -> EngineConfig:
+    base: dict[str, Any] = {
+        "exp_id": "exp1",
+        "region": REGION,
+        "bucket": channel.bucket,
+        "prefix": channel.prefix,
+        "queue_url": channel.queue_url,
+        "runtime_arn": RUNTIME_ARN,
+        "endpoints": {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url},
+        "start_rate": 50.0,
+        "session_start_time": 0.5,
+        "max_live_sessions": 64,
+        "rollout_timeout": 30.0,
+        "result_grace": 2.0,
+        "reconcile_before": 1.0,
+        "wait_time": 1,
+        "backoff_base": 0.05,
+        "backoff_max": 0.5,
+    }
+    base.update(overrides)
+    return EngineConfig.model_validate(base)

@@ -1,0 +1,34 @@
+"""The engine through the real wire: aiobotocore -> emulator -> RolloutApp -> moto S3 ->
+S3 event -> moto SQS -> RolloutBuffer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
+
+from .agents.basic import expected_reward
+from .conftest import engine_config
+
+
+def _requests(n: int, **payload: object) -> list[RolloutRequest]:
+    return [
+        RolloutRequest({"a": i, "b": i % 5, **payload}, input_id=f"q{i // 4}", sample_index=i % 4)
+        for i in range(n)
+    ]
+
+
+async def test_batch_of_64_all_ok_with_the_agents_rewards(moto, channel, emulator):
+    emu = await emulator()
+    requests = _requests(64)
+    async with RolloutEngine(engine_config(moto, channel, emu)) as engine:
+        batch = await engine.rollout(requests)
+    assert batch.counts["ok"] == 64, [o.error for o in batch.outcomes if o.outcome != Outcome.OK]
+    assert [o.request.request_id for o in batch.outcomes] == [r.request_id for r in requests]
+    for o in batch.outcomes:
+        assert o.reward == expected_reward(o.request.payload)
+        assert o.result.input_id == o.request.input_id
+        assert o.result.trajectory["messages"][0]["content"] == f"{o.request.payload['a']}+{o.request.payload['b']}"
+    assert sorted(emu.stopped) == sorted(emu.started) and len(emu.started) == 64
+    assert batch.api_calls["bedrock-agentcore:InvokeAgentRuntime"] == 64
+    assert batch.api_calls["bedrock-agentcore:StopRuntimeSession"] == 64
