@@ -58,13 +58,17 @@ class AwsClients:
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
 
-    async def _client(self, session: Any, service: str, endpoint: str | None, cfg: AioConfig) -> Any:
+    async def _client(
+        self, session: Any, service: str, endpoint: str | None, cfg: AioConfig
+    ) -> Any:
         client = await self._stack.enter_async_context(
             session.create_client(
                 service, region_name=self._config.region, endpoint_url=endpoint, config=cfg
             )
         )
-        client.meta.events.register(f"before-send.{client.meta.service_model.service_name}", self._count)
+        client.meta.events.register(
+            f"before-send.{client.meta.service_model.service_name}", self._count
+        )
         return client
 
     def _count(self, event_name: str, **_: Any) -> None:

@@ -211,7 +211,9 @@ class RolloutBuffer:
         back = [m for m, f in zip(messages, fates, strict=True) if f == "release"]
         try:
             if done:
-                entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)]
+                entries = [
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)
+                ]
                 await self._sqs.delete_message_batch(QueueUrl=self._cfg.queue_url, Entries=entries)
             if back:
                 entries = [
@@ -272,7 +274,12 @@ class RolloutBuffer:
             self.counts["late_invalid"] += 1
 
     async def _verified(
-        self, key: str, request_id: str, step: int, sig_key: str, via: Literal["notification", "lookup"]
+        self,
+        key: str,
+        request_id: str,
+        step: int,
+        sig_key: str,
+        via: Literal["notification", "lookup"],
     ) -> Delivery | None:
         """Download and check one object. None if it does not exist (yet)."""
         try:
@@ -280,7 +287,11 @@ class RolloutBuffer:
             if body is None:
                 return None
             result = decode_result(body, self._cfg.max_result_bytes)
-            if (result.exp_id, result.step, result.request_id) != (self._cfg.exp_id, step, request_id):
+            if (result.exp_id, result.step, result.request_id) != (
+                self._cfg.exp_id,
+                step,
+                request_id,
+            ):
                 raise ContractError(
                     f"object at {key} is for {result.exp_id}/{result.step}/{result.request_id}"
                 )

@@ -303,7 +303,9 @@ def parse_notification(body: str) -> list[ObjectRef]:
     if "Records" in data:
         event = _validate(_S3Event, data, "S3 event")
         return [
-            ObjectRef(bucket=r.s3.bucket.name, key=unquote_plus(r.s3.object.key), size=r.s3.object.size)
+            ObjectRef(
+                bucket=r.s3.bucket.name, key=unquote_plus(r.s3.object.key), size=r.s3.object.size
+            )
             for r in event.Records
             if r.eventSource == "aws:s3" and r.eventName.startswith("ObjectCreated")
         ]

@@ -93,7 +93,9 @@ def quantiles(values: Sequence[float], qs: Iterable[float] = (0.5, 0.95, 0.99)) 
     if not ordered:
         return {}
     return {
-        f"p{round(q * 100)}": ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+        f"p{round(q * 100)}": ordered[
+            min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+        ]
         for q in qs
     }
 
@@ -198,7 +200,11 @@ class RolloutEngine:
     # ------------------------------------------------------------------ public API
 
     def submit(
-        self, request: RolloutRequest, *, timeout: float | None = None, deadline: float | None = None
+        self,
+        request: RolloutRequest,
+        *,
+        timeout: float | None = None,
+        deadline: float | None = None,
     ) -> RolloutHandle:
         """Start one rollout now. `timeout` counts from dispatch (default: config);
         `deadline` (unix seconds) caps it."""
@@ -255,7 +261,9 @@ class RolloutEngine:
         until = min(submitted + timeout, deadline or math.inf)
         session_id = _session_id(self.config.exp_id, step, request.request_id)
         sig_key = secrets.token_hex(32)
-        outcome = RolloutOutcome(request, step, Outcome.CANCELLED, session_id, submitted_at=submitted)
+        outcome = RolloutOutcome(
+            request, step, Outcome.CANCELLED, session_id, submitted_at=submitted
+        )
         self.buffer.expect(request.request_id, step=step, sig_key=sig_key, deadline=until)
         try:
             async with self.dispatcher.live_session(session_id):

@@ -88,9 +88,7 @@ class AdaptiveRate:
         await self.bucket.acquire()
 
 
-def backoff_delay(
-    attempt: int, base: float, cap: float, rng: random.Random | None = None
-) -> float:
+def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Full-jitter exponential back-off: uniform in [0, min(cap, base * 2**attempt)]."""
     return (rng or random).uniform(0, min(cap, base * 2**attempt))
 

@@ -51,8 +51,12 @@ def classify_client_error(e: ClientError) -> SessionCallError:
     err = e.response.get("Error", {})
     code = err.get("Code", "Unknown")
     status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    retryable, throttled = _AGENTCORE_ERRORS.get(code, (status >= 500 or status == 429, status == 429))
-    return SessionCallError(code, err.get("Message", str(e)), retryable=retryable, throttled=throttled)
+    retryable, throttled = _AGENTCORE_ERRORS.get(
+        code, (status >= 500 or status == 429, status == 429)
+    )
+    return SessionCallError(
+        code, err.get("Message", str(e)), retryable=retryable, throttled=throttled
+    )
 
 
 class AgentCoreRuntime:

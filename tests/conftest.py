@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from agentcore_rollout.config import EngineConfig
-from agentcore_rollout.local.moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
+from agentcore_rollout.local.moto import (
+    LOCAL_CREDENTIALS,
+    MotoServer,
+    ResultsChannel,
+    provision_results_channel,
+)
 from agentcore_rollout.local.runtime import EmulatorConfig, RuntimeEmulator
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,8 +3,6 @@ S3 event -> moto SQS -> RolloutBuffer."""
 
 from __future__ import annotations
 
-import asyncio
-
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 
 from .agents.basic import expected_reward
@@ -28,7 +26,10 @@ async def test_batch_of_64_all_ok_with_the_agents_rewards(moto, channel, emulato
     for o in batch.outcomes:
         assert o.reward == expected_reward(o.request.payload)
         assert o.result.input_id == o.request.input_id
-        assert o.result.trajectory["messages"][0]["content"] == f"{o.request.payload['a']}+{o.request.payload['b']}"
+        assert (
+            o.result.trajectory["messages"][0]["content"]
+            == f"{o.request.payload['a']}+{o.request.payload['b']}"
+        )
     assert sorted(emu.stopped) == sorted(emu.started) and len(emu.started) == 64
     assert batch.api_calls["bedrock-agentcore:InvokeAgentRuntime"] == 64
     assert batch.api_calls["bedrock-agentcore:StopRuntimeSession"] == 64

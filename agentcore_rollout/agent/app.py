@@ -82,6 +82,8 @@ class RolloutApp(BedrockAgentCoreApp):
 
     def __init__(self, *, writer: ResultWriter | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not self.debug:  # one line per task start/stop is noise at rollout scale
+            self.logger.setLevel(logging.WARNING)
         self._fn: RolloutFn | None = None
         self._writer = writer or ResultWriter()
         self._tasks: dict[str, asyncio.Task[None]] = {}  # strong refs: tasks must not be GC'd
@@ -93,7 +95,11 @@ class RolloutApp(BedrockAgentCoreApp):
         return fn
 
     def session_busy(self, session_id: str) -> bool:
-        return any(not self._tasks[r].done() for r in self._sessions.get(session_id, ()) if r in self._tasks)
+        return any(
+            not self._tasks[r].done()
+            for r in self._sessions.get(session_id, ())
+            if r in self._tasks
+        )
 
     def cancel_session(self, session_id: str) -> None:
         """Cancel a session's rollouts without writing results, as a stopped session would
@@ -127,16 +133,30 @@ class RolloutApp(BedrockAgentCoreApp):
         ctx = RolloutContext(control)
         started = time.time()
         fields: dict[str, Any]
+        work = asyncio.ensure_future(self._call(user, ctx))
         try:
-            output = await asyncio.wait_for(self._call(user, ctx), timeout=ctx.time_left())
-            fields = _output_fields(output)
-        except TimeoutError:
-            fields = _failure("timeout", "deadline", "DeadlineExceeded", "rollout ran past its deadline")
+            # Not wait_for: a rollout that swallows cancellation must not delay the result.
+            done, _ = await asyncio.wait({work}, timeout=max(0.0, ctx.time_left()))
         except asyncio.CancelledError:
+            work.cancel()
             return  # the session was stopped: like a killed microVM, nothing is written
-        except Exception as e:
+        if not done:
+            work.cancel()
+            fields = _failure(
+                "timeout", "deadline", "DeadlineExceeded", "rollout ran past its deadline"
+            )
+        elif work.cancelled():
+            fields = _failure(
+                "cancelled", "cancelled", "CancelledError", "rollout cancelled itself"
+            )
+        elif work.exception() is not None:
+            e = work.exception()
             fields = _failure("agent_error", "error", type(e).__name__, str(e))
-        result = _build(control, fields, Timings(received=received, started=started, finished=time.time()))
+        else:
+            fields = _output_fields(work.result())
+        result = _build(
+            control, fields, Timings(received=received, started=started, finished=time.time())
+        )
         try:
             await self._writer.write(result, control)
         except Exception:
@@ -159,11 +179,16 @@ def _output_fields(output: Any) -> dict[str, Any]:
         }
     if not isinstance(output, Mapping) or "rewards" not in output:
         return _failure(
-            "agent_error", "error", "InvalidOutput", "rollout must return RolloutOutput or a dict with 'rewards'"
+            "agent_error",
+            "error",
+            "InvalidOutput",
+            "rollout must return RolloutOutput or a dict with 'rewards'",
         )
     unknown = set(output) - {"rewards", "trajectory", "metrics", "stop_reason"}
     if unknown:
-        return _failure("agent_error", "error", "InvalidOutput", f"unknown output keys {sorted(unknown)}")
+        return _failure(
+            "agent_error", "error", "InvalidOutput", f"unknown output keys {sorted(unknown)}"
+        )
     return {"status": "ok", "stop_reason": "done", **output}
 
 
@@ -190,5 +215,8 @@ def _build(control: RolloutControl, fields: dict[str, Any], timings: Timings) ->
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         return RolloutResult.model_validate(
-            {**base, **_failure("agent_error", "error", "InvalidOutput", f"{where}: {first['msg']}")}
+            {
+                **base,
+                **_failure("agent_error", "error", "InvalidOutput", f"{where}: {first['msg']}"),
+            }
         )

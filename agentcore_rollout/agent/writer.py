@@ -77,7 +77,9 @@ class ResultWriter:
         )
         try:
             sqs = await self._client("sqs")
-            await sqs.send_message(QueueUrl=control.result.queue_url, MessageBody=note.model_dump_json())
+            await sqs.send_message(
+                QueueUrl=control.result.queue_url, MessageBody=note.model_dump_json()
+            )
         except (ClientError, BotoCoreError, OSError) as e:
             # The object is written; the engine's S3 lookup still finds it.
             log.warning("direct notification failed request_id=%s: %s", control.request_id, e)

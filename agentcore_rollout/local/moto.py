@@ -124,7 +124,9 @@ def provision_results_channel(
                     "QueueArn": queue_arn,
                     "Events": ["s3:ObjectCreated:*"],
                     "Filter": {
-                        "Key": {"FilterRules": [{"Name": "prefix", "Value": f"{prefix.strip('/')}/"}]}
+                        "Key": {
+                            "FilterRules": [{"Name": "prefix", "Value": f"{prefix.strip('/')}/"}]
+                        }
                     },
                 }
             ]
@@ -134,7 +136,9 @@ def provision_results_channel(
 
 
 def _queue_arn(sqs: Any, url: str) -> str:
-    return sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    return sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
 
 
 def _serve(host: str, port: int) -> None:

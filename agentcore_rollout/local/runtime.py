@@ -187,7 +187,9 @@ class RuntimeEmulator:
     def _session_header(request: web.Request) -> str:
         sid = request.headers.get(SESSION_HEADER, "")
         if not 33 <= len(sid) <= 256:
-            raise _ApiError(400, "ValidationException", "runtimeSessionId must be 33-256 characters")
+            raise _ApiError(
+                400, "ValidationException", "runtimeSessionId must be 33-256 characters"
+            )
         return sid
 
     def _admit(self) -> None:
@@ -205,7 +207,9 @@ class RuntimeEmulator:
             self._tokens -= 1
         if len(self.sessions) >= self.config.max_sessions:
             raise _ApiError(
-                402, "ServiceQuotaExceededException", f"active sessions quota ({self.config.max_sessions}) reached"
+                402,
+                "ServiceQuotaExceededException",
+                f"active sessions quota ({self.config.max_sessions}) reached",
             )
 
     def _open(self, session_id: str) -> _Session:
@@ -231,7 +235,9 @@ class RuntimeEmulator:
         finally:
             session.ready.set()
 
-    async def _forward(self, session: _Session, payload: bytes, request: web.Request) -> web.Response:
+    async def _forward(
+        self, session: _Session, payload: bytes, request: web.Request
+    ) -> web.Response:
         if session.agent is None or not session.agent.alive():
             raise _ApiError(424, "RuntimeClientError", session.failed or "agent is not running")
         session.last_active = time.monotonic()
@@ -248,7 +254,11 @@ class RuntimeEmulator:
         if status >= 400:
             text = body[:500].decode(errors="replace")
             raise _ApiError(424, "RuntimeClientError", f"agent answered {status}: {text}")
-        return web.Response(body=body, status=200, headers={SESSION_HEADER: session.session_id, "Content-Type": ctype})
+        return web.Response(
+            body=body,
+            status=200,
+            headers={SESSION_HEADER: session.session_id, "Content-Type": ctype},
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -308,11 +318,15 @@ class _ProcessAgent:
         out: Any = asyncio.subprocess.DEVNULL
         if config.log_dir:
             os.makedirs(config.log_dir, exist_ok=True)
-            out = open(os.path.join(config.log_dir, f"{session_id}.log"), "ab")  # noqa: SIM115
+            out = open(os.path.join(config.log_dir, f"{session_id}.log"), "ab")  # noqa: SIM115, ASYNC230
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agentcore_rollout.agent.serve", config.app,
-                "--fd", str(sock.fileno()),
+                sys.executable,
+                "-m",
+                "agentcore_rollout.agent.serve",
+                config.app,
+                "--fd",
+                str(sock.fileno()),
                 pass_fds=(sock.fileno(),),
                 env={**os.environ, **config.env},
                 stdout=out,

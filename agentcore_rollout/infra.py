@@ -1,0 +1,439 @@
+"""Deploy and remove the AgentCore Runtime; turn a CloudFormation stack into ``agentcore.env``.
+
+Control plane only: boto3 ``bedrock-agentcore-control`` (create/update/get/delete agent runtime)
+and CloudFormation ``describe_stacks``. The data plane (invoke, stop sessions) is the dispatcher's.
+boto3 is imported inside the functions so ``import agentcore_rollout`` stays light; it comes with
+the ``[local]`` and ``[infra]`` extras.
+
+Every failure is an `InfraError` with a one-line message a CLI can print as is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+NetworkMode = Literal["PUBLIC", "VPC"]
+
+# Patterns and bounds of the bedrock-agentcore-control API model, checked here so a bad value
+# fails before any call, with a message that names the field.
+RUNTIME_NAME_RE = re.compile(r"[a-zA-Z][a-zA-Z0-9_]{0,47}")
+ROLE_ARN_RE = re.compile(r"arn:aws(-[^:]+)?:iam::[0-9]{12}:role/.+")
+CONTAINER_URI_RE = re.compile(
+    r"(([0-9]{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?|public\.ecr\.aws)/"
+    r"((?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*)"
+    r"(?::([^:@]{1,300}))?(?:@(.+))?"
+)
+SUBNET_RE = re.compile(r"subnet-[0-9a-zA-Z]{8,17}")
+SECURITY_GROUP_RE = re.compile(r"sg-[0-9a-zA-Z]{8,17}")
+LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1_209_600
+MAX_ENV_VARS = 50
+
+# agentcore.env keys (read by agentcore_rollout.config) and the stack outputs they come from.
+ENV_BUCKET = "AGENTCORE_ROLLOUT_BUCKET"
+ENV_PREFIX = "AGENTCORE_ROLLOUT_PREFIX"
+ENV_QUEUE_URL = "AGENTCORE_ROLLOUT_QUEUE_URL"
+ENV_RUNTIME_ARN = "AGENTCORE_ROLLOUT_RUNTIME_ARN"
+ENV_REGION = "AWS_REGION"
+# Passed to the agent containers: the config key engine.llm.base_url (the gateway).
+ENV_GATEWAY_URL = "AGENTCORE_ROLLOUT_LLM__BASE_URL"
+STACK_OUTPUT_ENV = {"BucketName": ENV_BUCKET, "ResultPrefix": ENV_PREFIX, "QueueUrl": ENV_QUEUE_URL}
+
+_IN_PROGRESS = frozenset({"CREATING", "UPDATING"})
+_FAILED = frozenset({"CREATE_FAILED", "UPDATE_FAILED", "DELETE_FAILED"})
+
+
+class InfraError(RuntimeError):
+    """An infrastructure operation failed; the message is one line, fit for a CLI.
+
+    ``code`` is the AWS error code when an AWS call failed (e.g. ``ResourceNotFoundException``).
+    """
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(" ".join(message.split()))
+        self.code = code
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """What `deploy_runtime` makes an AgentCore Runtime look like."""
+
+    name: str
+    container_uri: str
+    role_arn: str
+    network_mode: NetworkMode = "PUBLIC"
+    subnets: tuple[str, ...] = ()
+    security_groups: tuple[str, ...] = ()
+    idle_timeout_s: int = 900
+    max_lifetime_s: int = 28_800
+    environment: Mapping[str, str] = field(default_factory=dict)
+    gateway_url: str | None = None
+    description: str = "agentcore-rollout agent runtime"
+
+    def validate(self) -> None:
+        """Raise `InfraError` for the first value the API would reject (or that makes no sense)."""
+        _check_name(self.name)
+        if not self.role_arn:
+            raise InfraError("runtime role is missing: pass the RoleArn output of the stack")
+        if not ROLE_ARN_RE.fullmatch(self.role_arn):
+            raise InfraError(f"role ARN {self.role_arn!r} is not an IAM role ARN")
+        if not CONTAINER_URI_RE.fullmatch(self.container_uri):
+            raise InfraError(
+                f"container URI {self.container_uri!r} is not an ECR image (REPO_URI:TAG)"
+            )
+        self._validate_network()
+        for label, value in (
+            ("idle timeout", self.idle_timeout_s),
+            ("max lifetime", self.max_lifetime_s),
+        ):
+            if not LIFECYCLE_MIN_S <= value <= LIFECYCLE_MAX_S:
+                raise InfraError(
+                    f"{label} {value}s is outside {LIFECYCLE_MIN_S}..{LIFECYCLE_MAX_S}s"
+                )
+        if self.idle_timeout_s > self.max_lifetime_s:
+            raise InfraError(
+                f"idle timeout {self.idle_timeout_s}s exceeds max lifetime {self.max_lifetime_s}s"
+            )
+        env = self.environment_variables()
+        if len(env) > MAX_ENV_VARS:
+            raise InfraError(f"{len(env)} environment variables; AgentCore allows {MAX_ENV_VARS}")
+
+    def _validate_network(self) -> None:
+        if self.network_mode == "PUBLIC":
+            if self.subnets or self.security_groups:
+                raise InfraError("subnets and security groups need network mode VPC")
+            return
+        if self.network_mode != "VPC":
+            raise InfraError(f"network mode {self.network_mode!r} is not PUBLIC or VPC")
+        for label, values, pattern in (
+            ("subnet", self.subnets, SUBNET_RE),
+            ("security group", self.security_groups, SECURITY_GROUP_RE),
+        ):
+            if not values:
+                raise InfraError(f"network mode VPC needs at least one {label}")
+            bad = [v for v in values if not pattern.fullmatch(v)]
+            if bad:
+                raise InfraError(f"invalid {label} id {bad[0]!r}")
+
+    def environment_variables(self) -> dict[str, str]:
+        """The container's environment: the user's variables plus the gateway URL, if any."""
+        env = dict(self.environment)
+        if self.gateway_url:
+            env[ENV_GATEWAY_URL] = self.gateway_url
+        return env
+
+    def request(self) -> dict[str, Any]:
+        """The fields CreateAgentRuntime and UpdateAgentRuntime share."""
+        network: dict[str, Any] = {"networkMode": self.network_mode}
+        if self.network_mode == "VPC":
+            network["networkModeConfig"] = {
+                "subnets": list(self.subnets),
+                "securityGroups": list(self.security_groups),
+            }
+        return {
+            "agentRuntimeArtifact": {
+                "containerConfiguration": {"containerUri": self.container_uri}
+            },
+            "roleArn": self.role_arn,
+            "networkConfiguration": network,
+            "lifecycleConfiguration": {
+                "idleRuntimeSessionTimeout": self.idle_timeout_s,
+                "maxLifetime": self.max_lifetime_s,
+            },
+            "environmentVariables": self.environment_variables(),
+            "description": self.description,
+        }
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """A runtime as the control plane reports it."""
+
+    name: str
+    runtime_id: str
+    arn: str
+    version: str
+    status: str
+
+
+def _check_name(name: str) -> None:
+    if not RUNTIME_NAME_RE.fullmatch(name):
+        raise InfraError(
+            f"runtime name {name!r} is invalid: a letter, then up to 47 letters, digits or '_'"
+        )
+
+
+@contextmanager
+def _aws(action: str) -> Iterator[None]:
+    """Turn botocore errors into one-line `InfraError`s that say what was being done."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        code = _error_code(exc) or "Error"
+        message = exc.response.get("Error", {}).get("Message", "")
+        raise InfraError(f"{action}: {code}: {message}".rstrip(": "), code=code) from exc
+    except BotoCoreError as exc:
+        raise InfraError(f"{action}: {exc}") from exc
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def aws_client(service: str, region: str | None = None, endpoint_url: str | None = None) -> Any:
+    """A boto3 client; the region falls back to the usual AWS configuration chain."""
+    import boto3
+
+    with _aws(f"create {service} client"):
+        return boto3.client(service, region_name=region, endpoint_url=endpoint_url)
+
+
+def find_runtime(client: Any, name: str) -> dict[str, Any] | None:
+    """The summary of the runtime called ``name``, or None (names are unique per region)."""
+    _check_name(name)
+    token: str | None = None
+    while True:
+        with _aws("list agent runtimes"):
+            page = client.list_agent_runtimes(**({"nextToken": token} if token else {}))
+        for summary in page.get("agentRuntimes", []):
+            if summary.get("agentRuntimeName") == name:
+                return dict(summary)
+        token = page.get("nextToken")
+        if not token:
+            return None
+
+
+def _get_runtime(client: Any, runtime_id: str) -> dict[str, Any]:
+    with _aws(f"get agent runtime {runtime_id}"):
+        return dict(client.get_agent_runtime(agentRuntimeId=runtime_id))
+
+
+def _info(name: str, runtime: Mapping[str, Any]) -> RuntimeInfo:
+    return RuntimeInfo(
+        name=name,
+        runtime_id=str(runtime["agentRuntimeId"]),
+        arn=str(runtime["agentRuntimeArn"]),
+        version=str(runtime.get("agentRuntimeVersion", "")),
+        status=str(runtime.get("status", "")),
+    )
+
+
+def wait_until_ready(
+    client: Any,
+    runtime_id: str,
+    name: str,
+    *,
+    timeout_s: float = 900.0,
+    poll_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> RuntimeInfo:
+    """Poll until the runtime is READY; raise `InfraError` if it fails or the timeout passes."""
+    deadline = clock() + timeout_s
+    while True:
+        runtime = _get_runtime(client, runtime_id)
+        status = str(runtime.get("status", ""))
+        if status == "READY":
+            return _info(name, runtime)
+        if status in _FAILED:
+            reason = runtime.get("failureReason") or "no reason given"
+            raise InfraError(f"runtime {name} ({runtime_id}) is {status}: {reason}")
+        if clock() >= deadline:
+            raise InfraError(
+                f"runtime {name} ({runtime_id}) not READY after {timeout_s:g}s "
+                f"(status {status or 'unknown'})"
+            )
+        sleep(poll_s)
+
+
+def _needs_update(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether the runtime differs from the request (an update makes a new version)."""
+    return any(current.get(key) != value for key, value in wanted.items())
+
+
+def _check_role_exists(iam: Any, role_arn: str) -> None:
+    """Fail early on a role that does not exist; skip the check if we may not look."""
+    from botocore.exceptions import ClientError
+
+    try:
+        iam.get_role(RoleName=role_arn.rsplit("/", 1)[-1])
+    except ClientError as exc:
+        if _error_code(exc) == "NoSuchEntity":
+            raise InfraError(f"runtime role {role_arn} does not exist") from exc
+        log.info("could not check role %s (%s); AgentCore will", role_arn, _error_code(exc))
+
+
+def deploy_runtime(
+    spec: RuntimeSpec,
+    *,
+    client: Any = None,
+    iam_client: Any = None,
+    region: str | None = None,
+    check_role: bool = True,
+    timeout_s: float = 900.0,
+    poll_s: float = 5.0,
+) -> RuntimeInfo:
+    """Create the runtime, or update it if one with this name differs; wait until READY.
+
+    An identical runtime is left alone (no new version). Returns the READY runtime; its ARN is
+    what the engine invokes (``AGENTCORE_ROLLOUT_RUNTIME_ARN``).
+    """
+    spec.validate()
+    client = client or aws_client("bedrock-agentcore-control", region)
+    if check_role:
+        _check_role_exists(iam_client or aws_client("iam", region), spec.role_arn)
+    wanted = spec.request()
+    existing = find_runtime(client, spec.name)
+    if existing is None:
+        with _aws(f"create agent runtime {spec.name}"):
+            created = client.create_agent_runtime(agentRuntimeName=spec.name, **wanted)
+        runtime_id = str(created["agentRuntimeId"])
+        log.info("creating runtime %s (%s)", spec.name, runtime_id)
+    else:
+        runtime_id = str(existing["agentRuntimeId"])
+        current = _get_runtime(client, runtime_id)
+        if current.get("status") in _IN_PROGRESS:
+            wait_until_ready(client, runtime_id, spec.name, timeout_s=timeout_s, poll_s=poll_s)
+            current = _get_runtime(client, runtime_id)
+        if _needs_update(current, wanted):
+            with _aws(f"update agent runtime {spec.name}"):
+                client.update_agent_runtime(agentRuntimeId=runtime_id, **wanted)
+            log.info("updating runtime %s (%s)", spec.name, runtime_id)
+        else:
+            log.info("runtime %s (%s) is up to date", spec.name, runtime_id)
+    return wait_until_ready(client, runtime_id, spec.name, timeout_s=timeout_s, poll_s=poll_s)
+
+
+def destroy_runtime(
+    name: str,
+    *,
+    client: Any = None,
+    region: str | None = None,
+    missing_ok: bool = False,
+    timeout_s: float = 300.0,
+    poll_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Delete the runtime called ``name`` and wait until it is gone.
+
+    Returns False if there was none and ``missing_ok``; otherwise a missing runtime is an error.
+    Sessions still running are ended by AgentCore.
+    """
+    client = client or aws_client("bedrock-agentcore-control", region)
+    existing = find_runtime(client, name)
+    if existing is None:
+        if missing_ok:
+            return False
+        raise InfraError(f"no AgentCore runtime named {name!r} in {client.meta.region_name}")
+    runtime_id = str(existing["agentRuntimeId"])
+    with _aws(f"delete agent runtime {name}"):
+        client.delete_agent_runtime(agentRuntimeId=runtime_id)
+    deadline = clock() + timeout_s
+    while True:
+        try:
+            status = _get_runtime(client, runtime_id).get("status")
+        except InfraError as exc:
+            if exc.code == "ResourceNotFoundException":
+                return True
+            raise
+        if status == "DELETE_FAILED":
+            raise InfraError(f"runtime {name} ({runtime_id}) is DELETE_FAILED")
+        if clock() >= deadline:
+            raise InfraError(f"runtime {name} ({runtime_id}) still {status} after {timeout_s:g}s")
+        sleep(poll_s)
+
+
+def stack_outputs(
+    stack_name: str, *, client: Any = None, region: str | None = None
+) -> dict[str, str]:
+    """The outputs of a deployed (or updated) CloudFormation stack."""
+    client = client or aws_client("cloudformation", region)
+    with _aws(f"describe stack {stack_name}"):
+        stacks = client.describe_stacks(StackName=stack_name)["Stacks"]
+    stack = stacks[0]
+    status = str(stack.get("StackStatus", ""))
+    if not status.endswith("_COMPLETE") or status.startswith(("ROLLBACK", "DELETE")):
+        raise InfraError(f"stack {stack_name} is {status}, not deployed")
+    return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+
+
+def env_from_outputs(
+    outputs: Mapping[str, str], region: str, runtime_arn: str | None = None
+) -> dict[str, str]:
+    """The agentcore.env entries for a stack's outputs.
+
+    ``runtime_arn`` (from `deploy_runtime`) wins over the stack's RuntimeArn output; with
+    neither, the runtime entry is left out and the rest is still written.
+    """
+    missing = [key for key in STACK_OUTPUT_ENV if not outputs.get(key)]
+    if missing:
+        raise InfraError(
+            f"stack outputs lack {', '.join(missing)}: is it an agentcore-rollout stack?"
+        )
+    env = {name: outputs[key] for key, name in STACK_OUTPUT_ENV.items()}
+    arn = runtime_arn or outputs.get("RuntimeArn")
+    if arn:
+        env[ENV_RUNTIME_ARN] = arn
+    env[ENV_REGION] = region
+    return env
+
+
+def _env_line(key: str, value: str) -> str:
+    if "\n" in value or "\r" in value:
+        raise InfraError(f"value of {key} spans lines")
+    if re.fullmatch(r"[\w.:/@+,=-]*", value):
+        return f"{key}={value}"
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{key}="{escaped}"'
+
+
+def write_env_file(path: str | Path, values: Mapping[str, str]) -> Path:
+    """Set ``values`` in a KEY=VALUE file, keeping its other lines; written atomically."""
+    path = Path(path)
+    pending = dict(values)
+    lines: list[str] = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            key = line.split("=", 1)[0].strip().removeprefix("export ").strip()
+            if "=" in line and key in pending:
+                lines.append(_env_line(key, pending.pop(key)))
+            else:
+                lines.append(line)
+    lines.extend(_env_line(key, value) for key, value in pending.items())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def write_stack_env(
+    stack_name: str,
+    path: str | Path = "agentcore.env",
+    *,
+    region: str | None = None,
+    runtime_arn: str | None = None,
+    client: Any = None,
+) -> dict[str, str]:
+    """Write the agentcore.env entries of a deployed stack into ``path``; return them."""
+    client = client or aws_client("cloudformation", region)
+    env = env_from_outputs(
+        stack_outputs(stack_name, client=client), client.meta.region_name, runtime_arn
+    )
+    write_env_file(path, env)
+    return env
