@@ -35,8 +35,8 @@ class RequestDispatcher:
         self._runtime = runtime
         self._cfg = config
         self._rng = rng or random.Random()
-        self.start_rate = AdaptiveRate(TokenBucket(config.start_rate))
-        self.stop_rate = AdaptiveRate(TokenBucket(config.stop_rate or config.start_rate))
+        self.start_rate = AdaptiveRate(_bucket(config.start_rate))
+        self.stop_rate = AdaptiveRate(_bucket(config.stop_rate or config.start_rate))
         self._starting_slots = asyncio.Semaphore(config.max_starting)
         self._live_slots = asyncio.Semaphore(config.max_live_sessions)
         self.starting = Gauge()
@@ -105,3 +105,9 @@ class RequestDispatcher:
             else:
                 self.stop_rate.on_success()
                 return
+
+
+def _bucket(rate: float) -> TokenBucket:
+    """A tenth of a second of burst lets the bucket make up for a late wake-up of the event
+    loop (otherwise a busy loop loses rate it never gets back) without bunching starts."""
+    return TokenBucket(rate, burst=max(1.0, rate / 10))

@@ -61,6 +61,7 @@ class RolloutOutcome:
     error: str | None = None
     submitted_at: float = 0.0
     started_at: float | None = None
+    delivered_at: float | None = None
     finished_at: float = 0.0
 
     @property
@@ -292,6 +293,7 @@ class RolloutEngine:
     @staticmethod
     def _take(outcome: RolloutOutcome, delivery: Delivery) -> None:
         outcome.outcome = delivery.outcome
+        outcome.delivered_at = delivery.handed_off_at
         outcome.result = delivery.result
         outcome.error = delivery.error or (
             f"{delivery.result.error.type}: {delivery.result.error.message}"
