@@ -1,0 +1,60 @@
+"""`python -m agentcore_rollout.local.policy`: run a PolicyServer until SIGINT/SIGTERM.
+
+Prints the server's URL on one line once it is listening, so a parent process (the local stack,
+a test) can wait for that line instead of polling the port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from .model import TinyPolicy
+from .server import DEFAULT_CONTEXT_LENGTH, MODEL_NAME, PolicyServer
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.policy")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--params", help=".npz written by TinyPolicy.save (default: from seed)")
+    parser.add_argument("--seed", type=int, default=0, help="parameter and sampler seed")
+    parser.add_argument("--record", action="store_true", help="keep samples for /debug/samples")
+    parser.add_argument("--record-limit", type=int, default=10_000)
+    parser.add_argument("--worker-id", help="recorded with each sample (default host:port)")
+    parser.add_argument("--model-name", default=MODEL_NAME)
+    parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
+    args = parser.parse_args(argv)
+    policy = TinyPolicy(args.seed)
+    if args.params:
+        try:
+            policy.load(args.params)
+        except ValueError as exc:
+            parser.error(str(exc))
+    server = PolicyServer(
+        policy,
+        host=args.host,
+        port=args.port,
+        seed=args.seed,
+        record=args.record,
+        record_limit=args.record_limit,
+        worker_id=args.worker_id,
+        model_name=args.model_name,
+        context_length=args.context_length,
+    )
+    asyncio.run(_serve(server))
+
+
+async def _serve(server: PolicyServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with server:
+        print(server.url, flush=True)
+        await stop.wait()
+
+
+if __name__ == "__main__":
+    main()
