@@ -10,7 +10,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from dotenv import dotenv_values
@@ -52,10 +52,12 @@ class EngineConfig(_Section):
 
     exp_id: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]+$", max_length=128)
     region: str = "us-east-1"
-    bucket: str = Field(min_length=3)
+    # Where results go and which runtime runs the agents. Required on AWS; the embedded
+    # local stack fills them in.
+    bucket: str | None = Field(default=None, min_length=3)
     prefix: str = "rollouts"
-    queue_url: str
-    runtime_arn: str
+    queue_url: str | None = None
+    runtime_arn: str | None = None
     qualifier: str = "DEFAULT"
     endpoints: Endpoints = Field(default_factory=Endpoints)
     llm: LLMConfig | None = None
@@ -84,14 +86,51 @@ class EngineConfig(_Section):
     notify_directly: bool = Field(default=False, description="agents also send to SQS")
     max_pool_connections: int = Field(default=64, ge=1)
 
+    def require_targets(self) -> None:
+        """Raise ConfigError naming the first of bucket/queue_url/runtime_arn left unset."""
+        for name in ("bucket", "queue_url", "runtime_arn"):
+            if not getattr(self, name):
+                env = f"{ENV_PREFIX}{name.upper()}"
+                raise ConfigError(f"config: engine.{name} is not set (in the config or {env})")
+
     @property
     def max_starting(self) -> int:
         """Little's law: starts in flight = start rate x time a start takes."""
         return max(1, math.ceil(self.start_rate * self.session_start_time))
 
 
+class LocalConfig(_Section):
+    """The embedded stack (`stack: local`): moto, the runtime emulator, the local policy."""
+
+    app: str = "examples.math_agent.app:app"
+    mode: Literal["process", "in_process"] = "process"
+    bucket: str = "agentcore-rollout-local"
+    queue: str = "agentcore-rollout-results"
+    cold_start: float = Field(default=0.0, ge=0)
+    invoke_tps: float | None = Field(default=None, gt=0)
+    max_sessions: int = Field(default=1000, ge=1)
+    idle_timeout: float = Field(default=900.0, gt=0)
+    max_lifetime: float = Field(default=8 * 3600.0, gt=0)
+    policy_seed: int = 0
+    policy_params: str | None = None
+    agent_log_dir: str | None = None
+
+
+class RunConfig(_Section):
+    """What `agentcore-rollout run` rolls out."""
+
+    data: str = "examples/math_agent/data/train.jsonl"
+    n: int = Field(default=4, ge=1, description="samples per prompt (a GRPO group)")
+    out: str = "out"
+    step: int = Field(default=0, ge=0)
+    timeout: float | None = Field(default=None, gt=0, description="default: engine.rollout_timeout")
+
+
 class Config(_Section):
-    engine: EngineConfig
+    stack: Literal["local", "aws"] = "local"
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    local: LocalConfig = Field(default_factory=LocalConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
 
 
 def load_config(

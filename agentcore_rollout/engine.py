@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from .aws import AwsClients
 from .buffer import Delivery, RolloutBuffer
-from .config import EngineConfig
+from .config import ConfigError, EngineConfig
 from .contract import (
     CONTROL_KEY,
     SESSION_ID_MAX,
@@ -172,7 +174,13 @@ class RolloutEngine:
         self.buffer: RolloutBuffer
 
     async def __aenter__(self) -> RolloutEngine:
+        self.config.require_targets()
         await self._clients.__aenter__()
+        try:
+            await self._preflight()
+        except BaseException:
+            await self._clients.__aexit__(None, None, None)
+            raise
         runtime = self._runtime or AgentCoreRuntime(
             self._clients.agentcore, self.config.runtime_arn, self.config.qualifier
         )
@@ -188,6 +196,32 @@ class RolloutEngine:
         await asyncio.gather(*self._pending, return_exceptions=True)
         await self.buffer.close()
         await self._clients.__aexit__(*exc)
+
+    async def _preflight(self) -> None:
+        """Fail at once, in one line, on a missing bucket or queue or an unreachable endpoint,
+        rather than after a batch of rollouts has nowhere to report."""
+        cfg = self.config
+        checks = [
+            ("bucket", "s3", lambda: self._clients.s3.head_bucket(Bucket=cfg.bucket)),
+            (
+                "queue_url",
+                "sqs",
+                lambda: self._clients.sqs.get_queue_attributes(
+                    QueueUrl=cfg.queue_url, AttributeNames=["QueueArn"]
+                ),
+            ),
+        ]
+        for key, service, call in checks:
+            try:
+                await call()
+            except ClientError as e:
+                code = e.response.get("Error", {}).get("Code", "error")
+                raise ConfigError(
+                    f"config: engine.{key}: {getattr(cfg, key)!r} not found or no access ({code})"
+                ) from None
+            except (BotoCoreError, OSError) as e:
+                where = getattr(cfg.endpoints, service) or f"the AWS {service} endpoint"
+                raise ConfigError(f"config: cannot reach {where}: {e}") from None
 
     @property
     def api_calls(self) -> dict[str, int]:

@@ -21,14 +21,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agentcore_rollout import RolloutEngine, RolloutRequest  # noqa: E402
+from agentcore_rollout.config import LocalConfig  # noqa: E402
 from agentcore_rollout.engine import quantiles  # noqa: E402
-from agentcore_rollout.local.stack import LocalStack, LocalStackConfig  # noqa: E402
+from agentcore_rollout.local.stack import LocalStack  # noqa: E402
 
 
 async def run(n: int, rate: float, mode: str) -> dict:
-    stack_cfg = LocalStackConfig(
-        app="tests.agents.basic:app", mode=mode, bucket="bench", queue="bench"
-    )
+    stack_cfg = LocalConfig(app="tests.agents.basic:app", mode=mode, bucket="bench", queue="bench")
     async with LocalStack(stack_cfg) as stack:
         cfg = stack.engine_config(
             exp_id="bench",

@@ -65,13 +65,9 @@ def test_errors_name_the_key(cfg_file, overrides, message):
 
 
 def test_missing_required_and_bad_files(tmp_path):
-    with pytest.raises(ConfigError, match=r"engine\.bucket: Field required"):
-        load_config(
-            None,
-            env_file=None,
-            environ={},
-            overrides=["engine.queue_url=q", "engine.runtime_arn=a"],
-        )
+    cfg = load_config(None, env_file=None, environ={}, overrides=["engine.queue_url=q"]).engine
+    with pytest.raises(ConfigError, match=r"engine\.bucket is not set .*AGENTCORE_ROLLOUT_BUCKET"):
+        cfg.require_targets()
     with pytest.raises(ConfigError, match="file not found"):
         load_config(tmp_path / "missing.yaml", env_file=None, environ={})
     bad = tmp_path / "bad.yaml"

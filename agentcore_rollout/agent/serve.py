@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--fd", type=int, default=None, help="serve on this bound socket")
     args = parser.parse_args(argv)
+    if args.fd is not None:  # started by the local emulator: do not outlive it
+        from ..local.process import exit_with_parent
+
+        exit_with_parent()
     app = load_app(args.app)
     bind = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
     uvicorn.run(app, log_level="warning", access_log=False, **bind)

@@ -9,10 +9,11 @@ admits only that bucket, and a dead-letter queue behind the results queue.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from .process import ServiceProcess, exit_with_parent
 
 LOCAL_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -25,8 +26,7 @@ class MotoServer:
     """`with MotoServer() as moto: moto.url` — a moto server process on 127.0.0.1."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._host, self._port = host, port
-        self._process: subprocess.Popen[str] | None = None
+        self._service = ServiceProcess("moto", "agentcore_rollout.local.moto", host, str(port))
         self.url = ""
 
     def __enter__(self) -> MotoServer:
@@ -37,29 +37,14 @@ class MotoServer:
         self.stop()
 
     def start(self) -> None:
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "agentcore_rollout.local.moto", self._host, str(self._port)],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        assert self._process.stdout is not None
-        line = self._process.stdout.readline().strip()
-        if not line.startswith("http://"):
-            self.stop()
-            raise RuntimeError(f"moto server did not start (printed {line!r})")
-        self.url = line
+        self.url = self._service.start()
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        if self._process is not None and self._process.stdout is not None:
-            self._process.stdout.close()
+        self._service.stop()
+
+    @property
+    def pid(self) -> int | None:
+        return self._service.pid
 
     def client(self, service: str, region: str = "us-east-1") -> Any:
         """A boto3 client for this server (for provisioning and tests)."""
@@ -148,6 +133,7 @@ def _serve(host: str, port: int) -> None:
 
     from moto.server import ThreadedMotoServer
 
+    exit_with_parent()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
     server.start()

@@ -136,6 +136,10 @@ class RuntimeEmulator:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    def agent_pids(self) -> list[int]:
+        agents = [s.agent for s in self.sessions.values()]
+        return [a.process.pid for a in agents if isinstance(a, _ProcessAgent)]
+
     def kill_agent(self, session_id: str) -> None:
         """Kill a session's agent process abruptly (SIGKILL), as a crash would."""
         agent = self.sessions[session_id].agent
@@ -328,7 +332,7 @@ class _ProcessAgent:
                 "--fd",
                 str(sock.fileno()),
                 pass_fds=(sock.fileno(),),
-                env={**os.environ, **config.env},
+                env={**os.environ, **config.env, "AGENTCORE_ROLLOUT_PARENT_PID": str(os.getpid())},
                 stdout=out,
                 stderr=out,
                 start_new_session=True,

@@ -1,43 +1,39 @@
 """The embedded local stack: everything the engine talks to, on loopback, in one context.
 
-moto (S3 + SQS, with the bucket notification the infra configures on AWS) and the AgentCore
-Runtime emulator running an agent app. `engine_config()` returns an EngineConfig pointed at
-them, so the same engine code runs here and on AWS.
+moto (S3 + SQS, wired with the bucket notification the infra configures on AWS), the
+AgentCore Runtime emulator running the agent app, and the small local policy server.
+`engine_config()` points an EngineConfig at them, so the same engine code runs here and on
+AWS. Nothing binds anything but 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..config import EngineConfig
+from ..config import EngineConfig, LLMConfig, LocalConfig
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
+from .process import ServiceProcess
 from .runtime import EmulatorConfig, RuntimeEmulator
 
 LOCAL_REGION = "us-east-1"
-LOCAL_RUNTIME_ARN = (
-    "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000000000"
-)
-
-
-@dataclass
-class LocalStackConfig:
-    app: str = "examples.math_agent.app:app"
-    mode: str = "process"
-    bucket: str = "agentcore-rollout-local"
-    prefix: str = "rollouts"
-    queue: str = "agentcore-rollout-results"
-    emulator: dict[str, Any] = field(default_factory=dict)
-    """Extra EmulatorConfig fields (cold_start, max_sessions, throttle_every, ...)."""
+LOCAL_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
 
 
 class LocalStack:
-    """`async with LocalStack(LocalStackConfig(app=...)) as stack: stack.engine_config()`"""
+    """`async with LocalStack(LocalConfig(...)) as stack: stack.engine_config(base)`"""
 
-    def __init__(self, config: LocalStackConfig | None = None) -> None:
-        self.config = config or LocalStackConfig()
+    def __init__(self, config: LocalConfig | None = None, *, prefix: str = "rollouts") -> None:
+        self.config = config or LocalConfig()
+        self.prefix = prefix
         self.moto = MotoServer()
+        self.policy = ServiceProcess(
+            "policy server",
+            "agentcore_rollout.local.policy",
+            "--seed",
+            str(self.config.policy_seed),
+            *(["--params", self.config.policy_params] if self.config.policy_params else []),
+        )
         self.channel: ResultsChannel | None = None
         self.emulator: RuntimeEmulator | None = None
 
@@ -45,24 +41,32 @@ class LocalStack:
         cfg = self.config
         for name, value in LOCAL_CREDENTIALS.items():  # the engine's clients need some
             os.environ.setdefault(name, value)
-        self.moto.start()
         try:
+            self.moto.start()
+            self.policy.start()
             self.channel = provision_results_channel(
                 self.moto.client("s3"),
                 self.moto.client("sqs"),
                 bucket=cfg.bucket,
-                prefix=cfg.prefix,
+                prefix=self.prefix,
                 queue=cfg.queue,
             )
             if cfg.mode == "in_process":  # agents share this process and its environment
                 os.environ.update({k: v for k, v in self.agent_env().items() if k != "PYTHONPATH"})
-            emulator_cfg = EmulatorConfig(
-                app=cfg.app,
-                mode=cfg.mode,  # type: ignore[arg-type]
-                runtime_arns=(LOCAL_RUNTIME_ARN,),
-                env=self.agent_env(),
+            self.emulator = RuntimeEmulator(
+                EmulatorConfig(
+                    app=cfg.app,
+                    mode=cfg.mode,
+                    runtime_arns=(LOCAL_RUNTIME_ARN,),
+                    cold_start=cfg.cold_start,
+                    invoke_tps=cfg.invoke_tps,
+                    max_sessions=cfg.max_sessions,
+                    idle_timeout=cfg.idle_timeout,
+                    max_lifetime=cfg.max_lifetime,
+                    env=self.agent_env(),
+                    log_dir=cfg.agent_log_dir,
+                )
             )
-            self.emulator = RuntimeEmulator(replace(emulator_cfg, **cfg.emulator))
             await self.emulator.start()
         except BaseException:
             await self.__aexit__()
@@ -72,26 +76,36 @@ class LocalStack:
     async def __aexit__(self, *exc: object) -> None:
         if self.emulator is not None:
             await self.emulator.stop()
+        self.policy.stop()
         self.moto.stop()
+
+    @property
+    def pids(self) -> list[int]:
+        """Processes the stack started and still tracks (for tests and `local up`)."""
+        pids = [self.moto.pid, self.policy.pid]
+        if self.emulator is not None:
+            pids += self.emulator.agent_pids()
+        return [p for p in pids if p is not None]
 
     def agent_env(self) -> dict[str, str]:
         """What an agent process needs to reach the local S3 and SQS."""
+        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         return {
             **LOCAL_CREDENTIALS,
             "AWS_DEFAULT_REGION": LOCAL_REGION,
             "AWS_ENDPOINT_URL_S3": self.moto.url,
             "AWS_ENDPOINT_URL_SQS": self.moto.url,
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])
-            ),
+            "PYTHONPATH": path,
         }
 
-    def engine_config(self, **overrides: Any) -> EngineConfig:
+    def engine_config(self, base: EngineConfig | None = None, **overrides: Any) -> EngineConfig:
+        """`base` with the stack's bucket, queue, runtime and endpoints filled in."""
         assert self.channel is not None and self.emulator is not None, "stack is not started"
-        data: dict[str, Any] = {
+        base = base or EngineConfig()
+        fill: dict[str, Any] = {
             "region": LOCAL_REGION,
             "bucket": self.channel.bucket,
-            "prefix": self.channel.prefix,
+            "prefix": self.prefix,
             "queue_url": self.channel.queue_url,
             "runtime_arn": LOCAL_RUNTIME_ARN,
             "endpoints": {
@@ -100,4 +114,22 @@ class LocalStack:
                 "agentcore": self.emulator.url,
             },
         }
-        return EngineConfig.model_validate(data | overrides)
+        if base.llm is None:
+            fill["llm"] = LLMConfig(base_url=f"{self.policy.url}/v1", model="tiny-char-policy")
+        return EngineConfig.model_validate(base.model_dump() | fill | overrides)
+
+    def env_lines(self) -> list[str]:
+        """Environment variables that point the engine (and boto3) at this stack."""
+        cfg = self.engine_config()
+        return [
+            *(f"{k}={v}" for k, v in LOCAL_CREDENTIALS.items()),
+            f"AWS_REGION={LOCAL_REGION}",
+            f"AGENTCORE_ROLLOUT_BUCKET={cfg.bucket}",
+            f"AGENTCORE_ROLLOUT_PREFIX={cfg.prefix}",
+            f"AGENTCORE_ROLLOUT_QUEUE_URL={cfg.queue_url}",
+            f"AGENTCORE_ROLLOUT_RUNTIME_ARN={cfg.runtime_arn}",
+            f"AGENTCORE_ROLLOUT_ENDPOINTS__S3={self.moto.url}",
+            f"AGENTCORE_ROLLOUT_ENDPOINTS__SQS={self.moto.url}",
+            f"AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE={cfg.endpoints.agentcore}",
+            f"AGENTCORE_ROLLOUT_LLM__BASE_URL={cfg.llm.base_url if cfg.llm else ''}",
+        ]

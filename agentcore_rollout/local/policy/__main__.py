@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import signal
 
+from ..process import exit_with_parent
 from .model import TinyPolicy
 from .server import DEFAULT_CONTEXT_LENGTH, MODEL_NAME, PolicyServer
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-name", default=MODEL_NAME)
     parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
     args = parser.parse_args(argv)
+    exit_with_parent()
     policy = TinyPolicy(args.seed)
     if args.params:
         try:

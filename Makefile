@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make run` and `make test`. Each installs what it needs
+# into .venv first (again only when pyproject.toml changes).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+ARGS ?=
+
+.PHONY: run test lint bench clean
+
+$(VENV)/.dev: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) -e '.[dev]'
+	touch $@
+
+$(VENV)/.test: $(VENV)/.dev
+	$(PIP) -e '.[dev,gateway,infra]'
+	touch $@
+
+run: $(VENV)/.dev  ## roll out the example dataset on the embedded local stack
+	$(VENV)/bin/agentcore-rollout run $(ARGS)
+
+test: $(VENV)/.test  ## the whole test suite
+	$(PY) -m pytest $(ARGS)
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
+	$(PY) bench/dispatch.py
+
+clean:
+	rm -rf $(VENV) out

@@ -1,0 +1,323 @@
+"""`agentcore-rollout`: run rollouts, keep the local stack up, deploy the runtime.
+
+    agentcore-rollout run                     # the example dataset on the embedded local stack
+    agentcore-rollout run --config configs/aws.yaml engine.start_rate=5 --n 8
+    agentcore-rollout local up                # keep the stack running; prints its endpoints
+
+Errors are one line on stderr and exit code 2; an interrupted run exits 130 after writing
+every request's outcome (the unfinished ones as `cancelled`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .config import Config, ConfigError, load_config
+from .contract import Outcome
+from .engine import RolloutEngine, RolloutOutcome, RolloutRequest, quantiles
+
+EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
+
+console = Console(stderr=True)
+
+
+class DataError(ValueError):
+    """The dataset file is missing or has a line that is not a JSON object."""
+
+
+def read_dataset(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(input_id, payload) per non-empty line; the id is the row's `id` or its line number."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise DataError(f"data: cannot read {path}: {e.strerror}") from None
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"data: {path}:{number}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"data: {path}:{number}: expected a JSON object")
+        rows.append((str(row.get("id", f"line-{number}")), row))
+    if not rows:
+        raise DataError(f"data: {path} has no rows")
+    return rows
+
+
+def build_requests(rows: list[tuple[str, dict[str, Any]]], n: int) -> list[RolloutRequest]:
+    return [
+        RolloutRequest(payload=row, input_id=input_id, sample_index=k)
+        for input_id, row in rows
+        for k in range(n)
+    ]
+
+
+def summarize(outcomes: list[RolloutOutcome], wall_time: float, api_calls: dict[str, int]) -> dict:
+    """The figures `summary.json` holds and the tables show."""
+    counts = {str(o): 0 for o in Outcome}
+    groups: dict[str, list[RolloutOutcome]] = defaultdict(list)
+    for o in outcomes:
+        counts[str(o.outcome)] += 1
+        groups[o.request.input_id].append(o)
+    n = len(outcomes)
+    rewards = [o.reward for o in outcomes if o.reward is not None]
+    return {
+        "requests": n,
+        "outcomes": counts,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "groups": {
+            gid: {
+                "n": len(members),
+                "ok": sum(m.outcome is Outcome.OK for m in members),
+                "reward_mean": _mean([m.reward for m in members if m.reward is not None]),
+            }
+            for gid, members in groups.items()
+        },
+        "latency_s": quantiles([o.latency for o in outcomes], (0.5, 0.95, 0.99)),
+        "wall_time_s": wall_time,
+        "throughput_per_s": n / wall_time if wall_time > 0 else 0.0,
+        "api_calls": api_calls,
+        "api_calls_per_rollout": sum(api_calls.values()) / n if n else 0.0,
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+# ---------------------------------------------------------------------- run
+
+
+async def run(config: Config, *, interrupted: asyncio.Event) -> dict:
+    """Roll out the dataset; write rollouts.jsonl as outcomes arrive and summary.json last."""
+    rows = read_dataset(Path(config.run.data))  # small and before any work starts: fine to block
+    requests = build_requests(rows, config.run.n)
+    out = Path(config.run.out)
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
+    async with AsyncExitStack() as stack:
+        engine_config = config.engine
+        if config.stack == "local":
+            from .local.stack import LocalStack
+
+            with console.status("starting the local stack (moto, runtime emulator, policy)"):
+                local = await stack.enter_async_context(LocalStack(config.local))
+            engine_config = local.engine_config(config.engine)
+        engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
+        began = time.monotonic()
+        outcomes = await _roll_out(engine, requests, config, out / "rollouts.jsonl", interrupted)
+        summary = summarize(outcomes, time.monotonic() - began, engine.api_calls)
+    summary["interrupted"] = interrupted.is_set()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+async def _roll_out(
+    engine: RolloutEngine,
+    requests: list[RolloutRequest],
+    config: Config,
+    path: Path,
+    interrupted: asyncio.Event,
+) -> list[RolloutOutcome]:
+    handles = [engine.submit(r, timeout=config.run.timeout) for r in requests]
+    stop_all = asyncio.create_task(_cancel_on(interrupted, handles))
+    by_id: dict[str, RolloutOutcome] = {}
+    with _progress(len(requests)) as update, path.open("w") as sink:
+        for next_done in asyncio.as_completed([h._task for h in handles]):
+            outcome = await next_done
+            by_id[outcome.request.request_id] = outcome
+            sink.write(json.dumps(outcome.to_dict()) + "\n")
+            sink.flush()
+            update(by_id.values(), engine.dispatcher.live.value)
+    stop_all.cancel()
+    return [by_id[r.request_id] for r in requests]
+
+
+async def _cancel_on(event: asyncio.Event, handles: list[Any]) -> None:
+    await event.wait()
+    for h in handles:
+        h.cancel()
+
+
+class _progress:
+    """A rich progress bar: submitted / running / done / failed."""
+
+    def __init__(self, total: int) -> None:
+        self._total = total
+        self._bar = Progress(
+            TextColumn("[bold]rollouts"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self._task = self._bar.add_task("rollouts", total=total, status="")
+
+    def __enter__(self) -> Callable[[Any, int], None]:
+        self._bar.start()
+        return self._update
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.stop()
+
+    def _update(self, finished: Any, running: int) -> None:
+        done = list(finished)
+        failed = sum(o.outcome is not Outcome.OK for o in done)
+        status = f"submitted {self._total}  running {running}  done {len(done)}  failed {failed}"
+        self._bar.update(self._task, completed=len(done), status=status)
+
+
+def print_summary(summary: dict, out: Path) -> None:
+    table = Table(title=f"rollouts: {summary['requests']} requests", title_justify="left")
+    table.add_column("outcome")
+    table.add_column("count", justify="right")
+    for name, count in summary["outcomes"].items():
+        table.add_row(name, str(count))
+    console.print(table)
+    lat = summary["latency_s"]
+    figures = Table(show_header=False, title="figures", title_justify="left")
+    for name, value in [
+        ("reward mean", _fmt(summary["reward_mean"])),
+        (
+            "latency p50 / p95 / p99 (s)",
+            " / ".join(_fmt(lat.get(k)) for k in ("p50", "p95", "p99")),
+        ),
+        ("throughput (rollouts/s)", _fmt(summary["throughput_per_s"])),
+        ("API calls per rollout", _fmt(summary["api_calls_per_rollout"])),
+        ("wall time (s)", _fmt(summary["wall_time_s"])),
+    ]:
+        figures.add_row(name, value)
+    console.print(figures)
+    groups = Table(title="reward mean per group", title_justify="left")
+    for col in ("group", "n", "ok", "reward mean"):
+        groups.add_column(col, justify="left" if col == "group" else "right")
+    items = list(summary["groups"].items())
+    for gid, g in items[:20]:
+        groups.add_row(gid, str(g["n"]), str(g["ok"]), _fmt(g["reward_mean"]))
+    if len(items) > 20:
+        groups.add_row(f"... {len(items) - 20} more in summary.json", "", "", "")
+    console.print(groups)
+    console.print(f"wrote {out / 'rollouts.jsonl'} and {out / 'summary.json'}")
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+# ---------------------------------------------------------------------- local up
+
+
+async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
+    from .local.stack import LocalStack
+
+    async with LocalStack(config.local) as local:
+        engine_cfg = local.engine_config(config.engine)
+        table = Table(title="local stack (Ctrl-C to stop)", show_header=False, title_justify="left")
+        table.add_row("S3 + SQS (moto)", local.moto.url)
+        table.add_row("AgentCore Runtime emulator", engine_cfg.endpoints.agentcore or "")
+        table.add_row("policy server", local.policy.url)
+        table.add_row("bucket / prefix", f"{engine_cfg.bucket} / {engine_cfg.prefix}")
+        table.add_row("queue", engine_cfg.queue_url or "")
+        table.add_row("runtime ARN", engine_cfg.runtime_arn or "")
+        console.print(table)
+        print("\n".join(local.env_lines()), flush=True)
+        await interrupted.wait()
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentcore-rollout", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="roll out a dataset and write rollouts.jsonl + summary.json")
+    _config_args(run_p)
+    run_p.add_argument("--data", help="JSONL dataset, one payload per line")
+    run_p.add_argument("--n", type=int, help="samples per prompt (group size)")
+    run_p.add_argument("--out", help="output directory")
+    local_p = sub.add_parser("local", help="the embedded local stack")
+    local_sub = local_p.add_subparsers(dest="local_command", required=True)
+    _config_args(local_sub.add_parser("up", help="start the stack and keep it running"))
+    return parser
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=os.environ.get("AGENTCORE_ROLLOUT_CONFIG"),
+        help="YAML config (default: $AGENTCORE_ROLLOUT_CONFIG, else built-in local defaults)",
+    )
+    p.add_argument("--env-file", default="agentcore.env", help="dotenv file (if it exists)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.start_rate=5")
+
+
+def _load(args: argparse.Namespace) -> Config:
+    overrides = list(args.overrides)
+    for key in ("data", "n", "out"):
+        if getattr(args, key, None) is not None:
+            overrides.append(f"run.{key}={getattr(args, key)}")
+    return load_config(args.config, env_file=args.env_file, overrides=overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = _load(args)
+        if args.command == "run":
+            summary = _run_async(lambda stop: run(config, interrupted=stop))
+            print_summary(summary, Path(config.run.out))
+            if summary["interrupted"]:
+                console.print("[yellow]interrupted: unfinished requests were cancelled")
+                return EXIT_INTERRUPTED
+            return 0
+        _run_async(lambda stop: local_up(config, interrupted=stop))
+        return 0
+    except (ConfigError, DataError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)  # plain: one line, never wrapped
+        return EXIT_ERROR
+
+
+def _run_async(make: Callable[[asyncio.Event], Any]) -> Any:
+    """Run `make(stop)`; the first SIGINT/SIGTERM sets `stop` (a clean shutdown), a second
+    one interrupts for real."""
+
+    async def body() -> Any:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, _on_signal, stop, loop, sig)
+        return await make(stop)
+
+    return asyncio.run(body())
+
+
+def _on_signal(stop: asyncio.Event, loop: asyncio.AbstractEventLoop, sig: int) -> None:
+    if stop.is_set():
+        loop.remove_signal_handler(sig)
+        signal.raise_signal(sig)
+        return
+    console.print("[yellow]stopping: cancelling unfinished rollouts (again to force)")
+    stop.set()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Child processes of the local stack: started, awaited until they print their URL, stopped.
+
+Each child runs in its own session, so a Ctrl-C at the terminal reaches only the parent,
+which then stops the children in order (the engine may still need S3 while it shuts down).
+Children also watch their parent and exit if it dies, so a killed parent leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+
+class ServiceProcess:
+    """`python -m <module> <args>` that prints its URL as its first line of output."""
+
+    def __init__(self, name: str, module: str, *args: str, env: dict[str, str] | None = None):
+        self.name = name
+        self._argv = [sys.executable, "-m", module, *args]
+        self._env = env
+        self._process: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self, timeout: float = 60.0) -> str:
+        env = {**os.environ, **(self._env or {}), "AGENTCORE_ROLLOUT_PARENT_PID": str(os.getpid())}
+        self._process = subprocess.Popen(
+            self._argv, stdout=subprocess.PIPE, text=True, start_new_session=True, env=env
+        )
+        assert self._process.stdout is not None
+        timer = threading.Timer(timeout, self._process.kill)
+        timer.start()
+        try:
+            line = self._process.stdout.readline().strip()
+        finally:
+            timer.cancel()
+        if not line.startswith("http://"):
+            code = self._process.poll()
+            self.stop()
+            raise RuntimeError(f"{self.name} did not start (exit code {code}, printed {line!r})")
+        self.url = line
+        return line
+
+    def stop(self, timeout: float = 10.0) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def exit_with_parent() -> None:
+    """In a child: exit when the parent that started us is gone (its pid is in the env)."""
+    parent = os.environ.get("AGENTCORE_ROLLOUT_PARENT_PID")
+    if not parent:
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != int(parent):
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
