@@ -157,3 +157,34 @@ def test_malformed_dataset_line_is_named(tmp_path, capsys):
     assert main(["run", "--data", str(data), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"data: {data}:3: not valid JSON" in err.replace("\n", "")
+
+
+def test_local_up_prints_endpoints_and_stops_cleanly():
+    proc = _cli("local", "up")
+    env: dict[str, str] = {}
+    assert proc.stdout is not None
+    while "AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE" not in env:
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1][-3000:]
+        key, _, value = line.strip().partition("=")
+        env[key] = value
+    family = _descendants(proc.pid)
+    import boto3
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["AGENTCORE_ROLLOUT_ENDPOINTS__S3"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    assert (
+        s3.head_bucket(Bucket=env["AGENTCORE_ROLLOUT_BUCKET"])["ResponseMetadata"]["HTTPStatusCode"]
+        == 200
+    )
+    assert env["AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE"].startswith("http://127.0.0.1:")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    time.sleep(0.5)
+    assert [p for p in family if _alive(p)] == []

@@ -299,3 +299,14 @@ async def _until(predicate, timeout: float = 15.0) -> None:
     while not predicate():
         assert time.monotonic() < give_up, "condition not reached in time"
         await asyncio.sleep(0.05)
+
+
+async def test_direct_notifications_when_the_bucket_does_not_notify(moto, channel, emulator):
+    emu = await emulator()
+    silent_queue = moto.client("sqs").create_queue(QueueName=f"{channel.bucket}-direct")["QueueUrl"]
+    cfg = engine_config(moto, channel, emu, queue_url=silent_queue, notify_directly=True)
+    async with RolloutEngine(cfg) as engine:
+        batch = await engine.rollout(_batch(4))
+        counts = engine.buffer.counts
+    _assert_rest_ok(batch, set())
+    assert counts["messages"] == 4 and counts["recovered_by_lookup"] == 0
