@@ -29,7 +29,7 @@ from rich.table import Table
 
 from .config import Config, ConfigError, load_config
 from .contract import Outcome
-from .engine import RolloutEngine, RolloutOutcome, RolloutRequest, quantiles
+from .engine import RolloutEngine, RolloutHandle, RolloutOutcome, RolloutRequest, quantiles
 
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
 
@@ -139,8 +139,8 @@ async def _roll_out(
     handles = [engine.submit(r, timeout=config.run.timeout) for r in requests]
     stop_all = asyncio.create_task(_cancel_on(interrupted, handles))
     by_id: dict[str, RolloutOutcome] = {}
-    with _progress(len(requests)) as update, path.open("w") as sink:
-        for next_done in asyncio.as_completed([h._task for h in handles]):
+    with _ProgressBar(len(requests)) as update, path.open("w") as sink:
+        for next_done in asyncio.as_completed(handles):
             outcome = await next_done
             by_id[outcome.request.request_id] = outcome
             sink.write(json.dumps(outcome.to_dict()) + "\n")
@@ -150,13 +150,13 @@ async def _roll_out(
     return [by_id[r.request_id] for r in requests]
 
 
-async def _cancel_on(event: asyncio.Event, handles: list[Any]) -> None:
+async def _cancel_on(event: asyncio.Event, handles: list[RolloutHandle]) -> None:
     await event.wait()
     for h in handles:
         h.cancel()
 
 
-class _progress:
+class _ProgressBar:
     """A rich progress bar: submitted / running / done / failed."""
 
     def __init__(self, total: int) -> None:
