@@ -3,6 +3,8 @@
     agentcore-rollout run                     # the example dataset on the embedded local stack
     agentcore-rollout run --config configs/aws.yaml engine.start_rate=5 --n 8
     agentcore-rollout local up                # keep the stack running; prints its endpoints
+    agentcore-rollout deploy --name NAME --image URI --role ARN   # prints the runtime ARN
+    agentcore-rollout infra env --stack NAME  # agentcore.env from the stack's outputs
 
 Errors are one line on stderr and exit code 2; an interrupted run exits 130 after writing
 every request's outcome (the unfinished ones as `cancelled`).
@@ -257,7 +259,78 @@ def _parser() -> argparse.ArgumentParser:
     local_p = sub.add_parser("local", help="the embedded local stack")
     local_sub = local_p.add_subparsers(dest="local_command", required=True)
     _config_args(local_sub.add_parser("up", help="start the stack and keep it running"))
+    _infra_args(sub)
     return parser
+
+
+def _infra_args(sub: Any) -> None:
+    deploy = sub.add_parser("deploy", help="create or update the AgentCore runtime; print its ARN")
+    deploy.add_argument("--name", required=True, help="runtime name ([a-zA-Z][a-zA-Z0-9_]{0,47})")
+    deploy.add_argument("--image", required=True, help="container image URI in ECR (arm64)")
+    deploy.add_argument("--role", required=True, help="execution role ARN (stack output RoleArn)")
+    deploy.add_argument("--network", choices=["PUBLIC", "VPC"], default="PUBLIC")
+    deploy.add_argument("--subnet", action="append", default=[], help="VPC subnet (repeat)")
+    deploy.add_argument("--security-group", action="append", default=[], help="VPC SG (repeat)")
+    deploy.add_argument("--idle-timeout", type=int, default=900, help="seconds")
+    deploy.add_argument("--max-lifetime", type=int, default=28_800, help="seconds")
+    deploy.add_argument("--env", action="append", default=[], help="KEY=VALUE for the agent")
+    deploy.add_argument("--gateway-url", help="the policy gateway's /v1 URL agents call")
+    deploy.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for READY")
+    destroy = sub.add_parser("destroy", help="delete the AgentCore runtime")
+    destroy.add_argument("--name", required=True)
+    destroy.add_argument("--missing-ok", action="store_true", help="no runtime is not an error")
+    infra = sub.add_parser("infra", help="the provisioned AWS stack")
+    infra_sub = infra.add_subparsers(dest="infra_command", required=True)
+    env = infra_sub.add_parser("env", help="write agentcore.env from a stack's outputs")
+    env.add_argument("--stack", required=True, help="CloudFormation stack name")
+    env.add_argument("--out", default="agentcore.env")
+    env.add_argument("--runtime-arn", help="wins over the stack's RuntimeArn output")
+    for p in (deploy, destroy, env):
+        p.add_argument("--region", help="default: the usual AWS configuration chain")
+        p.add_argument("--endpoint-url", help="control-plane endpoint override (tests)")
+
+
+def _infra(args: argparse.Namespace) -> int:
+    """deploy / destroy / infra env: boto3 control plane, one line of output each."""
+    from . import infra
+
+    if args.command == "infra":
+        client = infra.aws_client("cloudformation", args.region, args.endpoint_url)
+        values = infra.write_stack_env(
+            args.stack, args.out, runtime_arn=args.runtime_arn, client=client
+        )
+        console.print(f"wrote {len(values)} entries to {args.out}")
+        return 0
+    client = infra.aws_client("bedrock-agentcore-control", args.region, args.endpoint_url)
+    if args.command == "destroy":
+        gone = infra.destroy_runtime(args.name, client=client, missing_ok=args.missing_ok)
+        console.print(f"deleted runtime {args.name}" if gone else f"no runtime {args.name}")
+        return 0
+    environment = dict(_key_value(item) for item in args.env)
+    spec = infra.RuntimeSpec(
+        name=args.name,
+        container_uri=args.image,
+        role_arn=args.role,
+        network_mode=args.network,
+        subnets=tuple(args.subnet),
+        security_groups=tuple(args.security_group),
+        idle_timeout_s=args.idle_timeout,
+        max_lifetime_s=args.max_lifetime,
+        environment=environment,
+        gateway_url=args.gateway_url,
+    )
+    iam = infra.aws_client("iam", args.region, args.endpoint_url)
+    with console.status(f"deploying runtime {args.name} (waiting for READY)"):
+        info = infra.deploy_runtime(spec, client=client, iam_client=iam, timeout_s=args.timeout)
+    print(info.arn, flush=True)  # stdout: the one thing scripts want
+    return 0
+
+
+def _key_value(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--env {item!r} is not KEY=VALUE")
+    return key, value
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -281,6 +354,8 @@ def _load(args: argparse.Namespace) -> Config:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command in ("deploy", "destroy", "infra"):
+            return _infra(args)
         config = _load(args)
         if args.command == "run":
             summary = _run_async(lambda stop: run(config, interrupted=stop))
@@ -291,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         _run_async(lambda stop: local_up(config, interrupted=stop))
         return 0
-    except (ConfigError, DataError, RuntimeError) as e:
+    except (ConfigError, DataError, RuntimeError) as e:  # InfraError is a RuntimeError
         print(f"error: {e}", file=sys.stderr)  # plain: one line, never wrapped
         return EXIT_ERROR
 

@@ -265,15 +265,16 @@ def _needs_update(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool
 
 
 def _check_role_exists(iam: Any, role_arn: str) -> None:
-    """Fail early on a role that does not exist; skip the check if we may not look."""
-    from botocore.exceptions import ClientError
-
+    """Fail early on a role that does not exist; skip the check if IAM refuses to tell."""
     try:
-        iam.get_role(RoleName=role_arn.rsplit("/", 1)[-1])
-    except ClientError as exc:
-        if _error_code(exc) == "NoSuchEntity":
+        with _aws(f"check runtime role {role_arn}"):
+            iam.get_role(RoleName=role_arn.rsplit("/", 1)[-1])
+    except InfraError as exc:
+        if exc.code == "NoSuchEntity":
             raise InfraError(f"runtime role {role_arn} does not exist") from exc
-        log.info("could not check role %s (%s); AgentCore will", role_arn, _error_code(exc))
+        if exc.code is None:  # no answer from IAM (credentials, network): a real failure
+            raise
+        log.info("could not check role %s (%s); AgentCore will", role_arn, exc.code)
 
 
 def deploy_runtime(
@@ -288,8 +289,10 @@ def deploy_runtime(
 ) -> RuntimeInfo:
     """Create the runtime, or update it if one with this name differs; wait until READY.
 
-    An identical runtime is left alone (no new version). Returns the READY runtime; its ARN is
-    what the engine invokes (``AGENTCORE_ROLLOUT_RUNTIME_ARN``).
+    A runtime whose configuration (as GetAgentRuntime reports it) already matches is left alone,
+    so redeploying makes no new version. Returns the READY runtime; its ARN is what the engine
+    invokes (``AGENTCORE_ROLLOUT_RUNTIME_ARN``). Pass ``client``/``iam_client`` to use other
+    endpoints or credentials; otherwise they are made for ``region``.
     """
     spec.validate()
     client = client or aws_client("bedrock-agentcore-control", region)
