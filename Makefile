@@ -28,6 +28,7 @@ lint: $(VENV)/.dev
 
 bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 	$(PY) bench/dispatch.py
+	$(PY) bench/gateway.py
 
 clean:
 	rm -rf $(VENV) out

@@ -119,7 +119,7 @@ async def run(config: Config, *, interrupted: asyncio.Event) -> dict:
         if config.stack == "local":
             from .local.stack import LocalStack
 
-            with console.status("starting the local stack (moto, runtime emulator, policy)"):
+            with console.status("starting the local stack (moto, emulator, policy, gateway)"):
                 local = await stack.enter_async_context(LocalStack(config.local))
             engine_config = local.engine_config(config.engine)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
@@ -236,7 +236,9 @@ async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
         table = Table(title="local stack (Ctrl-C to stop)", show_header=False, title_justify="left")
         table.add_row("S3 + SQS (moto)", local.moto.url)
         table.add_row("AgentCore Runtime emulator", engine_cfg.endpoints.agentcore or "")
-        table.add_row("policy server", local.policy.url)
+        table.add_row("policy (router or worker)", local.policy_url)
+        if engine_cfg.gateway is not None:
+            table.add_row("token-capture gateway", engine_cfg.gateway.url)
         table.add_row("bucket / prefix", f"{engine_cfg.bucket} / {engine_cfg.prefix}")
         table.add_row("queue", engine_cfg.queue_url or "")
         table.add_row("runtime ARN", engine_cfg.runtime_arn or "")

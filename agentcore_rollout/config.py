@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .contract import DEFAULT_MAX_RESULT_BYTES
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
-_RESERVED_ENV = {"AGENTCORE_ROLLOUT_CONFIG"}  # read by the CLI, not a config key
+_RESERVED_ENV = {"AGENTCORE_ROLLOUT_CONFIG", "AGENTCORE_ROLLOUT_PARENT_PID"}  # not config keys
 
 
 class ConfigError(ValueError):
@@ -47,6 +47,17 @@ class LLMConfig(_Section):
     sampling: dict[str, Any] = Field(default_factory=dict)
 
 
+class GatewayConfig(_Section):
+    """The token-capture gateway: the engine opens one session per request through its admin
+    API and hands the agent that session's key."""
+
+    url: str
+    admin_token: str = Field(repr=False)
+    public_url: str | None = Field(default=None, description="what agents call; default url")
+    max_context: int | None = Field(default=None, ge=1)
+    max_turns: int | None = Field(default=None, ge=1)
+
+
 class EngineConfig(_Section):
     """Everything the engine needs to dispatch rollouts and collect their results."""
 
@@ -61,6 +72,7 @@ class EngineConfig(_Section):
     qualifier: str = "DEFAULT"
     endpoints: Endpoints = Field(default_factory=Endpoints)
     llm: LLMConfig | None = None
+    gateway: GatewayConfig | None = None
 
     # Flow control (AgentCore quotas: InvokeAgentRuntime TPS, new sessions per minute).
     start_rate: float = Field(default=5.0, gt=0, description="new sessions per second")
@@ -113,6 +125,10 @@ class LocalConfig(_Section):
     max_lifetime: float = Field(default=8 * 3600.0, gt=0)
     policy_seed: int = 0
     policy_params: str | None = None
+    policy_workers: int = Field(default=2, ge=1, description="behind sglang-router when > 1")
+    record_samples: bool = Field(default=False, description="workers keep /debug/samples")
+    gateway: bool = Field(default=True, description="token-capture gateway in front of the policy")
+    max_context: int = Field(default=2048, ge=16, description="gateway context limit, tokens")
     agent_log_dir: str | None = None
 
 

@@ -62,6 +62,8 @@ class RolloutOutcome:
     result: RolloutResult | None = None
     error: str | None = None
     submitted_at: float = 0.0
+    trace: dict[str, Any] | None = None
+    """Exact token trace from the gateway (prompt ids, sampled ids, mask, log-probs)."""
     started_at: float | None = None
     delivered_at: float | None = None
     finished_at: float = 0.0
@@ -87,6 +89,7 @@ class RolloutOutcome:
             "error": self.error,
             "latency": round(self.latency, 4),
             "result": self.result.model_dump(mode="json", exclude={"sig"}) if self.result else None,
+            "trace": self.trace,
         }
 
 
@@ -170,6 +173,7 @@ class RolloutEngine:
         self._runtime = runtime
         self._clients = AwsClients(config)
         self._pending: set[asyncio.Task[RolloutOutcome]] = set()
+        self._gateway: Any = None
         self.dispatcher: RequestDispatcher
         self.buffer: RolloutBuffer
 
@@ -187,6 +191,10 @@ class RolloutEngine:
         self.dispatcher = RequestDispatcher(runtime, self.config)
         self.buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
         self.buffer.step = self.step
+        if self.config.gateway is not None:
+            from .gateway.client import GatewayAdmin  # needs the [gateway] extra
+
+            self._gateway = GatewayAdmin(self.config.gateway.url, self.config.gateway.admin_token)
         await self.buffer.start()
         return self
 
@@ -195,6 +203,8 @@ class RolloutEngine:
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
         await self.buffer.close()
+        if self._gateway is not None:
+            await self._gateway.close()
         await self._clients.__aexit__(*exc)
 
     async def _preflight(self) -> None:
@@ -257,9 +267,8 @@ class RolloutEngine:
     ) -> AsyncIterator[RolloutOutcome]:
         """Yield outcomes as they complete; closing the iterator cancels what is left."""
         handles = [self.submit(r, timeout=timeout, deadline=deadline) for r in requests]
-        tasks = [h._task for h in handles]
         try:
-            for next_done in asyncio.as_completed(tasks):
+            for next_done in asyncio.as_completed(handles):
                 yield await next_done
         finally:
             for h in handles:
@@ -300,14 +309,18 @@ class RolloutEngine:
             request, step, Outcome.CANCELLED, session_id, submitted_at=submitted
         )
         self.buffer.expect(request.request_id, step=step, sig_key=sig_key, deadline=until)
+        gateway_session = None
         try:
             async with self.dispatcher.live_session(session_id):
                 # The deadline counts from dispatch (once a live slot is ours), so queueing
                 # for a slot does not eat into the agent's time.
                 until = min(time.time() + timeout, deadline or math.inf)
                 self.buffer.expect_deadline(request.request_id, until)
-                payload = self._payload(request, step, session_id, sig_key, until)
                 try:
+                    gateway_session = await self._open_gateway_session(request)
+                    payload = self._payload(
+                        request, step, session_id, sig_key, until, gateway_session
+                    )
                     await self.dispatcher.start(session_id, payload, until)
                 except SubmitFailed as e:
                     self.buffer.cancel(request.request_id, str(e))
@@ -322,7 +335,39 @@ class RolloutEngine:
             outcome.outcome, outcome.error = Outcome.CANCELLED, "cancelled"
             return outcome
         finally:
+            if gateway_session is not None:
+                await asyncio.shield(self._close_gateway_session(gateway_session, outcome))
             outcome.finished_at = time.time()
+
+    async def _open_gateway_session(self, request: RolloutRequest) -> Any:
+        if self._gateway is None:
+            return None
+        from .gateway.client import GatewayError
+
+        gw = self.config.gateway
+        assert gw is not None
+        sampling = self.config.llm.sampling if self.config.llm else None
+        try:
+            return await self._gateway.create_session(
+                request.request_id,
+                sampling=sampling,
+                max_context=gw.max_context,
+                max_turns=gw.max_turns,
+            )
+        except GatewayError as e:
+            raise SubmitFailed(f"gateway: {e}") from None
+
+    async def _close_gateway_session(self, session: Any, outcome: RolloutOutcome) -> None:
+        """Attach the trace of a rollout that produced a result; drop any other session."""
+        from .gateway.client import GatewayError
+
+        try:
+            if outcome.result is not None:
+                outcome.trace = await self._gateway.finish_session(session.session_id)
+            else:
+                await self._gateway.drop_session(session.session_id)
+        except GatewayError as e:
+            log.warning("gateway session of request_id=%s: %s", outcome.request.request_id, e)
 
     @staticmethod
     def _take(outcome: RolloutOutcome, delivery: Delivery) -> None:
@@ -336,19 +381,30 @@ class RolloutEngine:
         )
 
     def _payload(
-        self, request: RolloutRequest, step: int, session_id: str, sig_key: str, deadline: float
+        self,
+        request: RolloutRequest,
+        step: int,
+        session_id: str,
+        sig_key: str,
+        deadline: float,
+        gateway_session: Any = None,
     ) -> bytes:
         cfg = self.config
-        llm = (
-            LLMSettings(
+        llm = None
+        if cfg.gateway is not None and gateway_session is not None:
+            llm = LLMSettings(
+                base_url=f"{(cfg.gateway.public_url or cfg.gateway.url).rstrip('/')}/v1",
+                model=cfg.llm.model if cfg.llm else (gateway_session.model or "policy"),
+                api_key=gateway_session.api_key,
+                sampling=cfg.llm.sampling if cfg.llm else {},
+            )
+        elif cfg.llm is not None:
+            llm = LLMSettings(
                 base_url=cfg.llm.base_url,
                 model=cfg.llm.model,
                 api_key=cfg.llm.api_key,
                 sampling=cfg.llm.sampling,
             )
-            if cfg.llm is not None
-            else None
-        )
         control = RolloutControl(
             exp_id=cfg.exp_id,
             step=step,

@@ -82,6 +82,9 @@ def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
         correct = grade(answers[-1], 5)
         assert line["reward"] == reward_for(correct, len(answers), 0.25)
         assert result["rewards"]["components"]["turns"] == len(answers)
+        trace = line["trace"]  # through the gateway, sglang-router and two policy workers
+        assert trace["token_capture"] is True and trace["num_turns"] == len(answers)
+        assert sum(s["num_sampled"] for s in trace["samples"]) >= len(answers)
         assert "sig" not in result and "sig_key" not in json.dumps(line)
     assert summary["groups"]["g1"]["n"] == 3 and "p99" in summary["latency_s"]
     assert summary["api_calls"]["bedrock-agentcore:InvokeAgentRuntime"] == 6

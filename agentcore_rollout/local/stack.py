@@ -1,17 +1,21 @@
 """The embedded local stack: everything the engine talks to, on loopback, in one context.
 
 moto (S3 + SQS, wired with the bucket notification the infra configures on AWS), the
-AgentCore Runtime emulator running the agent app, and the small local policy server.
+AgentCore Runtime emulator running the agent app, and the policy path:
+agents -> token-capture gateway -> sglang-router -> small local policy workers (the router
+only with more than one worker; the gateway only with the [gateway] extra).
 `engine_config()` points an EngineConfig at them, so the same engine code runs here and on
 AWS. Nothing binds anything but 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import secrets
 from typing import Any
 
-from ..config import EngineConfig, LLMConfig, LocalConfig
+from ..config import EngineConfig, GatewayConfig, LLMConfig, LocalConfig
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
 from .process import ServiceProcess
 from .runtime import EmulatorConfig, RuntimeEmulator
@@ -27,13 +31,19 @@ class LocalStack:
         self.config = config or LocalConfig()
         self.prefix = prefix
         self.moto = MotoServer()
-        self.policy = ServiceProcess(
-            "policy server",
-            "agentcore_rollout.local.policy",
-            "--seed",
-            str(self.config.policy_seed),
-            *(["--params", self.config.policy_params] if self.config.policy_params else []),
-        )
+        params = ["--params", self.config.policy_params] if self.config.policy_params else []
+        params += ["--record"] if self.config.record_samples else []
+        self.workers = [
+            ServiceProcess(
+                f"policy worker {i}",
+                "agentcore_rollout.local.policy",
+                *("--seed", str(self.config.policy_seed), "--worker-id", f"worker-{i}", *params),
+            )
+            for i in range(self.config.policy_workers)
+        ]
+        self.router: Any = None
+        self.gateway: ServiceProcess | None = None
+        self._admin_token = secrets.token_urlsafe(24)
         self.channel: ResultsChannel | None = None
         self.emulator: RuntimeEmulator | None = None
 
@@ -43,7 +53,9 @@ class LocalStack:
             os.environ.setdefault(name, value)
         try:
             self.moto.start()
-            self.policy.start()
+            for worker in self.workers:
+                worker.start()
+            await self._start_policy_path()
             self.channel = provision_results_channel(
                 self.moto.client("s3"),
                 self.moto.client("sqs"),
@@ -76,13 +88,51 @@ class LocalStack:
     async def __aexit__(self, *exc: object) -> None:
         if self.emulator is not None:
             await self.emulator.stop()
-        self.policy.stop()
+        if self.gateway is not None:
+            self.gateway.stop()
+        if self.router is not None:
+            await self.router.stop()
+        for worker in self.workers:
+            worker.stop()
         self.moto.stop()
+
+    async def _start_policy_path(self) -> None:
+        """sglang-router in front of the workers (if more than one), the gateway in front."""
+        backend = self.workers[0].url
+        if len(self.workers) > 1:
+            if importlib.util.find_spec("sglang_router") is None:
+                raise RuntimeError(
+                    "local.policy_workers > 1 needs sglang-router (the [gateway] extra); "
+                    "install it or set local.policy_workers=1"
+                )
+            from ..gateway.router import SGLangRouter
+
+            self.router = SGLangRouter([w.url for w in self.workers])
+            await self.router.start()
+            backend = self.router.url
+        if not self.config.gateway:
+            return
+        self.gateway = ServiceProcess(
+            "gateway",
+            "agentcore_rollout.gateway",
+            *("--backend", "sglang", "--backend-url", backend, "--renderer", "char"),
+            env={"AGENTCORE_GATEWAY_ADMIN_TOKEN": self._admin_token},
+        )
+        self.gateway.start()
+
+    @property
+    def policy_url(self) -> str:
+        """Where the policy is served: the router, or the one worker."""
+        return self.router.url if self.router is not None else self.workers[0].url
 
     @property
     def pids(self) -> list[int]:
         """Processes the stack started and still tracks (for tests and `local up`)."""
-        pids = [self.moto.pid, self.policy.pid]
+        pids = [self.moto.pid, *(w.pid for w in self.workers)]
+        pids += [
+            self.router.pid if self.router else None,
+            self.gateway.pid if self.gateway else None,
+        ]
         if self.emulator is not None:
             pids += self.emulator.agent_pids()
         return [p for p in pids if p is not None]
@@ -114,8 +164,17 @@ class LocalStack:
                 "agentcore": self.emulator.url,
             },
         }
-        if base.llm is None:
-            fill["llm"] = LLMConfig(base_url=f"{self.policy.url}/v1", model="tiny-char-policy")
+        if self.gateway is not None and base.gateway is None:
+            fill["gateway"] = GatewayConfig(
+                url=self.gateway.url,
+                admin_token=self._admin_token,
+                max_context=self.config.max_context,
+            )
+            fill["llm"] = (base.llm or LLMConfig(base_url=f"{self.gateway.url}/v1")).model_copy(
+                update={"base_url": f"{self.gateway.url}/v1", "model": "policy"}
+            )
+        elif base.llm is None:
+            fill["llm"] = LLMConfig(base_url=f"{self.policy_url}/v1", model="tiny-char-policy")
         return EngineConfig.model_validate(base.model_dump() | fill | overrides)
 
     def env_lines(self) -> list[str]:
@@ -132,4 +191,13 @@ class LocalStack:
             f"AGENTCORE_ROLLOUT_ENDPOINTS__SQS={self.moto.url}",
             f"AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE={cfg.endpoints.agentcore}",
             f"AGENTCORE_ROLLOUT_LLM__BASE_URL={cfg.llm.base_url if cfg.llm else ''}",
+            *(
+                # an ephemeral token of this local stack, printed so a shell can use it
+                [
+                    f"AGENTCORE_ROLLOUT_GATEWAY__URL={cfg.gateway.url}",
+                    f"AGENTCORE_ROLLOUT_GATEWAY__ADMIN_TOKEN={cfg.gateway.admin_token}",
+                ]
+                if cfg.gateway
+                else []
+            ),
         ]

@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 
 from ..process import exit_with_parent
 from .model import TinyPolicy
 from .server import DEFAULT_CONTEXT_LENGTH, MODEL_NAME, PolicyServer
+
+
+class _NoHttp2Probes(logging.Filter):
+    """sglang-router probes each new worker with an HTTP/2 preface (for gRPC); aiohttp logs
+    every probe as a bad request. Harmless, and noise in every local run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "PRI/Upgrade" not in str(record.exc_info[1] if record.exc_info else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
     args = parser.parse_args(argv)
     exit_with_parent()
+    logging.getLogger("aiohttp.server").addFilter(_NoHttp2Probes())
     policy = TinyPolicy(args.seed)
     if args.params:
         try:

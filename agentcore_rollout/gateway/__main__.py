@@ -1,0 +1,82 @@
+"""`python -m agentcore_rollout.gateway`: run a Gateway until SIGINT/SIGTERM.
+
+    AGENTCORE_GATEWAY_ADMIN_TOKEN=... python -m agentcore_rollout.gateway \\
+        --backend sglang --backend-url http://127.0.0.1:30000 --renderer char
+
+The admin token comes from the environment (never the command line, which `ps` shows to every
+user); the process prints only its URL, on one line, once it is listening, so a parent (the local
+stack, a benchmark) can wait for that line. `--renderer` is `char` (the toy policy) or a local
+directory holding a Hugging Face tokenizer with a chat template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+from ..local.process import exit_with_parent
+from .backends import Backend, OpenAIBackend, SGLangBackend
+from .render import CharRenderer, HFRenderer, Renderer
+from .server import DEFAULT_SESSION_TTL, Gateway
+
+TOKEN_ENV = "AGENTCORE_GATEWAY_ADMIN_TOKEN"
+UPSTREAM_KEY_ENV = "AGENTCORE_GATEWAY_UPSTREAM_API_KEY"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.gateway")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--backend", choices=("sglang", "openai"), default="sglang")
+    parser.add_argument("--backend-url", required=True, help="SGLang worker/router, or .../v1")
+    parser.add_argument("--renderer", help="'char' or a tokenizer directory (sglang: required)")
+    parser.add_argument("--model-name", default="policy", help="the name /v1/models reports")
+    parser.add_argument("--upstream-model", help="openai backend: model name sent upstream")
+    parser.add_argument("--session-ttl", type=float, default=DEFAULT_SESSION_TTL)
+    args = parser.parse_args(argv)
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        parser.error(f"set {TOKEN_ENV} to the admin token (at least 16 characters)")
+    renderer: Renderer | None = None
+    if args.renderer == "char":
+        renderer = CharRenderer()
+    elif args.renderer:
+        renderer = HFRenderer.from_pretrained(args.renderer)
+    backend: Backend
+    if args.backend == "sglang":
+        if renderer is None:
+            parser.error("the sglang backend needs --renderer")
+        backend = SGLangBackend(args.backend_url)
+    else:
+        upstream_key = os.environ.get(UPSTREAM_KEY_ENV)
+        backend = OpenAIBackend(args.backend_url, api_key=upstream_key, model=args.upstream_model)
+    try:
+        gateway = Gateway(
+            backend,
+            renderer,
+            admin_token=token,
+            host=args.host,
+            port=args.port,
+            model_name=args.model_name,
+            session_ttl=args.session_ttl,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    exit_with_parent()  # started by the local stack: never outlive it
+    asyncio.run(_serve(gateway))
+
+
+async def _serve(gateway: Gateway) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with gateway:
+        print(gateway.url, flush=True)
+        await stop.wait()
+
+
+if __name__ == "__main__":
+    main()

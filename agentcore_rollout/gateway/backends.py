@@ -1,0 +1,261 @@
+"""Sampling backends: where a turn is actually generated, behind one interface.
+
+    completion = await backend.complete(TurnRequest(...))
+
+`SGLangBackend` (token capture) sends the rendered prompt ids to SGLang's native `/generate`
+with `return_logprob`, directly to a worker or through sglang-router (same API), and returns the
+sampled ids with their sampling log-probs: the ids the policy produced, not a re-tokenization of
+its text. `OpenAIBackend` (no token capture) forwards the conversation to any OpenAI-compatible
+endpoint, for evaluating an agent against a hosted or reference model; its traces say
+`token_capture: false` and hold no samples.
+
+Errors the agent should see as its own (the backend rejected the request: 400) keep their status;
+everything else (unreachable, 5xx, timeouts, malformed answers) becomes `BackendError` with 502 or
+504, one line, without the request body.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import aiohttp
+
+from .sampling import to_sglang
+
+
+class BackendError(Exception):
+    """A turn could not be generated. `status` is what the gateway answers the agent."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class TurnRequest:
+    """One turn as the gateway hands it to a backend (sampling fields already checked)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: list[int] | None = None  # rendered by the gateway (token-capture backends)
+    stop_token_ids: tuple[int, ...] = ()  # the renderer's end-of-turn ids
+    model: str = ""
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class Completion:
+    """What a backend generated. Token backends fill `output_ids`/`logprobs` (the assistant
+    message is then parsed by the renderer); pass-through backends fill `message`."""
+
+    finish_reason: str  # stop | length (tool_calls is decided by the gateway after parsing)
+    output_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    message: dict[str, Any] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    weight_version: str | None = None
+
+
+class Backend(ABC):
+    """A place to sample from. `token_capture` says whether completions carry token ids."""
+
+    name: ClassVar[str]
+    token_capture: ClassVar[bool]
+
+    @abstractmethod
+    async def complete(self, request: TurnRequest) -> Completion: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections (the gateway calls it when it stops)."""
+
+    async def __aenter__(self) -> Backend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _HTTPBackend(Backend):
+    """Shared JSON-over-HTTP plumbing: one pooled aiohttp session, uniform error mapping."""
+
+    def __init__(self, url: str, *, timeout: float, max_connections: int) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self._http: aiohttp.ClientSession | None = None
+
+    def _headers(self) -> dict[str, str]:
+        return {}
+
+    async def _post(self, path: str, body: Mapping[str, Any]) -> Any:
+        if self._http is None or self._http.closed:
+            connector = aiohttp.TCPConnector(limit=self.max_connections)
+            self._http = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            )
+        target = f"{self.url}{path}"
+        try:
+            async with self._http.post(target, json=body, headers=self._headers()) as response:
+                text = await response.text()
+                status = response.status
+        except TimeoutError:
+            raise BackendError(
+                f"{self.name} backend timed out after {self.timeout:g}s", 504
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise BackendError(f"{self.name} backend unreachable at {self.url}: {exc}") from None
+        if status != 200:
+            detail = _error_detail(text)
+            if status == 400:
+                raise BackendError(f"{self.name} backend rejected the request: {detail}", 400)
+            raise BackendError(f"{self.name} backend answered {status}: {detail}")
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise BackendError(f"{self.name} backend answered non-JSON: {text[:200]!r}") from None
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+
+class SGLangBackend(_HTTPBackend):
+    """SGLang native `/generate` with token ids in and token ids + log-probs out.
+
+    Works against one SGLang worker, against sglang-router, and against the local PolicyServer
+    (same wire shape). Log-probs are SGLang's `meta_info.output_token_logprobs` (the sampling
+    distribution's, see local.policy.sampling); the sampled ids are taken from the same entries
+    and cross-checked against `output_ids` when the server returns both.
+    """
+
+    name = "sglang"
+    token_capture = True
+
+    def __init__(self, url: str, *, timeout: float = 3600.0, max_connections: int = 1024) -> None:
+        super().__init__(url, timeout=timeout, max_connections=max_connections)
+
+    async def complete(self, request: TurnRequest) -> Completion:
+        if request.prompt_ids is None:
+            raise ValueError("the SGLang backend needs rendered prompt ids")
+        body = {
+            "input_ids": request.prompt_ids,
+            "sampling_params": to_sglang(request.sampling, request.stop_token_ids),
+            "return_logprob": True,
+            "logprob_start_len": -1,  # output tokens only: no prompt log-probs to compute
+            "rid": request.rid,
+            "stream": False,
+        }
+        return parse_generate(await self._post("/generate", body))
+
+
+def parse_generate(data: Any) -> Completion:
+    """A Completion from one SGLang `/generate` answer; BackendError if it is not usable."""
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    meta = data.get("meta_info") if isinstance(data, Mapping) else None
+    if not isinstance(meta, Mapping):
+        raise BackendError("SGLang answer has no meta_info")
+    entries = meta.get("output_token_logprobs")
+    if not isinstance(entries, list):
+        raise BackendError("SGLang answer has no output_token_logprobs (return_logprob ignored?)")
+    try:
+        logprobs = [float(e[0]) for e in entries]
+        ids = [int(e[1]) for e in entries]
+    except (TypeError, ValueError, IndexError):
+        raise BackendError(
+            "SGLang output_token_logprobs entries are not [logprob, id, ...]"
+        ) from None
+    output_ids = data.get("output_ids")
+    if output_ids is not None and list(output_ids) != ids:
+        raise BackendError("SGLang output_ids disagree with output_token_logprobs")
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, Mapping) else finish
+    if kind == "abort":
+        message = finish.get("message") if isinstance(finish, Mapping) else None
+        raise BackendError(f"SGLang aborted the generation: {message or 'no reason given'}")
+    version = meta.get("weight_version")
+    return Completion(
+        finish_reason="length" if kind == "length" else "stop",
+        output_ids=ids,
+        logprobs=logprobs,
+        prompt_tokens=meta.get("prompt_tokens"),
+        completion_tokens=len(ids),
+        weight_version=None if version is None else str(version),
+    )
+
+
+class OpenAIBackend(_HTTPBackend):
+    """Pass-through to an OpenAI-compatible `/chat/completions` (no token capture).
+
+    `base_url` includes the version prefix (e.g. `https://host/v1`); `api_key` is the upstream's
+    key (the agent's per-session gateway key is never forwarded); `model` overrides the agent's
+    model name.
+    """
+
+    name = "openai"
+    token_capture = False
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: float = 600.0,
+        max_connections: int = 256,
+    ) -> None:
+        super().__init__(base_url, timeout=timeout, max_connections=max_connections)
+        self._api_key = api_key
+        self.model = model
+
+    def __repr__(self) -> str:  # keep the upstream key out of logs and tracebacks
+        return f"OpenAIBackend(base_url={self.url!r}, model={self.model!r}, api_key='***')"
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    async def complete(self, request: TurnRequest) -> Completion:
+        body: dict[str, Any] = {
+            "model": self.model or request.model,
+            "messages": request.messages,
+            **request.sampling,
+        }
+        if request.tools:
+            body["tools"] = request.tools
+            if request.tool_choice is not None:
+                body["tool_choice"] = request.tool_choice
+        data = await self._post("/chat/completions", body)
+        try:
+            choice = data["choices"][0]
+            message = dict(choice["message"])
+        except (KeyError, IndexError, TypeError):
+            raise BackendError("upstream answer has no choices[0].message") from None
+        usage = data.get("usage") or {}
+        finish = choice.get("finish_reason")
+        return Completion(
+            finish_reason="length" if finish == "length" else "stop",
+            message={k: message.get(k) for k in ("role", "content", "tool_calls") if k in message},
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+        )
+
+
+def _error_detail(text: str) -> str:
+    """The one-line message of an error body (OpenAI or SGLang shape), else its start."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return " ".join(text.split())[:200] or "(empty body)"
+    error = body.get("error") if isinstance(body, Mapping) else None
+    message = error.get("message") if isinstance(error, Mapping) else error
+    message = message or (body.get("message") if isinstance(body, Mapping) else None)
+    return " ".join(str(message or text).split())[:300]

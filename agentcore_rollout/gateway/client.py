@@ -1,0 +1,147 @@
+"""GatewayAdmin: the engine's client for the gateway's admin API (one session per rollout).
+
+    async with GatewayAdmin(gateway_url, admin_token) as admin:
+        s = await admin.create_session(request_id, sampling={"temperature": 1.0},
+                                       max_context=8192, max_turns=20)
+        # _rollout.llm = {"base_url": f"{gateway_url}/v1", "api_key": s.api_key, ...}
+        ...dispatch, wait for the result...
+        trace = await admin.finish_session(s.session_id)   # attach to the outcome
+        # or, when the request failed: await admin.drop_session(s.session_id)
+
+The trace returned by `finish_session` (JSON-serializable, version 1):
+
+    {
+      "v": 1, "session_id": str, "request_id": str,
+      "token_capture": bool,          # false for pass-through backends: no samples then
+      "backend": "sglang" | "openai", "model": str,
+      "created": unix s, "finished": unix s,
+      "num_turns": int, "num_samples": int,
+      "usage": {"prompt_tokens": int, "completion_tokens": int},
+      "limits": {"max_turns", "max_context", "rejected_turns", "context_limited_turns"},
+      "in_flight_at_finish": int,     # turns still running when finished (not recorded)
+      "truncated": bool, "ill_formed": bool,   # any turn
+      "turns": [{"index", "rid", "sample" (int | null), "prompt_tokens", "completion_tokens",
+                 "finish_reason" ("stop" | "length" | "tool_calls"), "truncated",
+                 "context_limited", "ill_formed", "error", "weight_version", "latency_s"}],
+      "samples": [{"index", "turns": [turn indices],
+                   "prompt_ids": [int],        # the first merged turn's prompt
+                   "response_ids": [int],      # sampled + observation tokens after the prompt
+                   "loss_mask": [0 | 1],       # 1 exactly on sampled tokens
+                   "logprobs": [float | null], # sampling log-prob where mask is 1, else null
+                   "num_sampled": int, "finish_reason", "truncated", "ill_formed",
+                   "weight_versions": [str | null]}]   # one per merged turn
+    }
+
+`response_ids`, `loss_mask` and `logprobs` have the same length. Turns merge into one sample
+when a prompt extends an earlier sample's prompt + response exactly (see `trajectory`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+
+class GatewayError(Exception):
+    """An admin call failed; `status` is the HTTP status (0 if the gateway was unreachable)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class GatewaySession:
+    """A created session. The key is secret: pass it to the agent, never log it."""
+
+    session_id: str
+    api_key: str
+    model: str = ""
+
+    def __repr__(self) -> str:
+        return (
+            f"GatewaySession(session_id={self.session_id!r}, api_key='***', model={self.model!r})"
+        )
+
+
+class GatewayAdmin:
+    """Async client for the admin routes; one pooled HTTP session, `async with` or `close()`."""
+
+    def __init__(self, url: str, admin_token: str, *, timeout: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self._token = admin_token
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._http: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"GatewayAdmin(url={self.url!r}, admin_token='***')"
+
+    async def __aenter__(self) -> GatewayAdmin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def create_session(
+        self,
+        request_id: str,
+        *,
+        sampling: dict[str, Any] | None = None,
+        max_context: int | None = None,
+        max_turns: int | None = None,
+    ) -> GatewaySession:
+        """A new session with sampling defaults and limits; its key goes into `_rollout.llm`."""
+        body = {
+            "request_id": request_id,
+            "sampling": sampling,
+            "max_context": max_context,
+            "max_turns": max_turns,
+        }
+        data = await self._call("POST", "/admin/sessions", body)
+        return GatewaySession(data["session_id"], data["api_key"], data.get("model", ""))
+
+    async def finish_session(self, session_id: str) -> dict[str, Any]:
+        """Close the session and return its trace (shape in the module docstring)."""
+        return await self._call("POST", f"/admin/sessions/{session_id}/finish")
+
+    async def drop_session(self, session_id: str) -> bool:
+        """Close the session without a trace; False if it was already gone (idempotent)."""
+        try:
+            await self._call("DELETE", f"/admin/sessions/{session_id}")
+        except GatewayError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=self._timeout)
+        headers = {"Authorization": f"Bearer {self._token}"}
+        try:
+            async with self._http.request(
+                method, self.url + path, json=body, headers=headers
+            ) as response:
+                text = await response.text()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise GatewayError(f"gateway unreachable at {self.url}: {exc!r}") from None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if status >= 400:
+            error = data.get("error") if isinstance(data, dict) else None
+            message = error.get("message") if isinstance(error, dict) else text[:200]
+            raise GatewayError(f"gateway {method} {path} -> {status}: {message}", status)
+        if not isinstance(data, dict):
+            raise GatewayError(f"gateway {method} {path} answered non-JSON", status)
+        return data

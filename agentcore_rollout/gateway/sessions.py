@@ -1,0 +1,192 @@
+"""Sessions: one per rollout request, each with its own random API key, limits and trajectory.
+
+Why per-session keys: the agent runs user code in a remote sandbox, and the key is the only thing
+that ties its LLM calls to one rollout. Keys are random (256 bits), shown once (at creation), and
+stored only as a SHA-256 digest, so neither a log line, a trace nor a heap dump of the gateway
+contains a usable key. A key maps to exactly one session, so one agent can never read or write
+another's trace; placeholder keys ("", "EMPTY") are rejected outright because OpenAI clients send
+them by default and they must never match anything.
+
+Sessions end three ways: finished (the engine takes the trace), dropped (the request failed), or
+expired (idle longer than the store's TTL, e.g. an engine that crashed before finishing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sampling import check_sampling
+from .trajectory import Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+TRACE_VERSION = 1
+KEY_PREFIX = "sk-gw-"
+PLACEHOLDER_KEYS = frozenset({"", "EMPTY", "empty", "None", "null", "sk-no-key-required"})
+
+
+class SessionLimitError(Exception):
+    """The session's turn limit is reached (the gateway answers 429)."""
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class Session:
+    """Live state of one rollout's session (never holds its own API key)."""
+
+    id: str
+    request_id: str
+    sampling: dict[str, Any]
+    max_context: int | None
+    max_turns: int | None
+    created: float = field(default_factory=time.time)
+    last_active: float = field(default_factory=time.monotonic)
+    trajectory: Trajectory = field(default_factory=Trajectory)
+    turns_started: int = 0
+    in_flight: int = 0
+    rejected_turns: int = 0
+    closed: bool = False
+    _digest: str = field(default="", repr=False)
+
+    def begin_turn(self) -> int:
+        """Reserve the next turn number, or raise SessionLimitError past max_turns. Reserved at
+        request time so concurrent calls of one agent cannot exceed the limit together."""
+        self.last_active = time.monotonic()
+        if self.max_turns is not None and self.turns_started >= self.max_turns:
+            self.rejected_turns += 1
+            raise SessionLimitError(f"this session's turn limit ({self.max_turns}) is reached")
+        self.turns_started += 1
+        self.in_flight += 1
+        return self.turns_started - 1
+
+    def end_turn(self, turn: Turn | None) -> None:
+        """Release an in-flight turn; record it unless the session closed meanwhile."""
+        self.in_flight -= 1
+        self.last_active = time.monotonic()
+        if turn is not None and not self.closed:
+            self.trajectory.add(turn)
+
+    def trace(self, *, token_capture: bool, backend: str, model: str) -> dict[str, Any]:
+        """The JSON-serializable trace (see `client.GatewayAdmin.finish_session`)."""
+        data = self.trajectory.to_json()
+        turns = self.trajectory.turns
+        return {
+            "v": TRACE_VERSION,
+            "session_id": self.id,
+            "request_id": self.request_id,
+            "token_capture": token_capture,
+            "backend": backend,
+            "model": model,
+            "created": self.created,
+            "finished": time.time(),
+            "num_turns": len(turns),
+            "num_samples": len(data["samples"]),
+            "usage": {
+                "prompt_tokens": sum(t.prompt_tokens or 0 for t in turns),
+                "completion_tokens": sum(t.completion_tokens or 0 for t in turns),
+            },
+            "limits": {
+                "max_turns": self.max_turns,
+                "max_context": self.max_context,
+                "rejected_turns": self.rejected_turns,
+                "context_limited_turns": sum(t.context_limited for t in turns),
+            },
+            "in_flight_at_finish": self.in_flight,
+            "truncated": any(t.truncated for t in turns),
+            "ill_formed": any(t.ill_formed for t in turns),
+            **data,
+        }
+
+
+class SessionStore:
+    """All live sessions of one gateway, by id and by key digest."""
+
+    def __init__(self, ttl: float | None = None) -> None:
+        self.ttl = ttl
+        self._by_id: dict[str, Session] = {}
+        self._by_digest: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def create(
+        self,
+        request_id: str,
+        *,
+        sampling: dict[str, Any] | None = None,
+        max_context: int | None = None,
+        max_turns: int | None = None,
+    ) -> tuple[Session, str]:
+        """A new session and its API key (the only time the key exists in clear)."""
+        if not isinstance(request_id, str) or not 0 < len(request_id) <= 256:
+            raise ValueError("request_id must be a non-empty string of at most 256 characters")
+        for name, value in (("max_context", max_context), ("max_turns", max_turns)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"{name} must be a positive integer or null")
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        session = Session(
+            id=f"gws-{uuid.uuid4().hex}",
+            request_id=request_id,
+            sampling=check_sampling(sampling, "sampling"),
+            max_context=max_context,
+            max_turns=max_turns,
+            _digest=_digest(key),
+        )
+        self._by_id[session.id] = session
+        self._by_digest[session._digest] = session
+        log.info("session created", extra={"session_id": session.id, "request_id": request_id})
+        return session, key
+
+    def by_key(self, key: str | None) -> Session | None:
+        """The live session a key belongs to; None for placeholders and unknown keys."""
+        if key is None or key.strip() in PLACEHOLDER_KEYS:
+            return None
+        session = self._by_digest.get(_digest(key))
+        if session is None or session.closed:
+            return None
+        if self._expired(session, time.monotonic()):
+            self.remove(session.id, reason="expired")
+            return None
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        return self._by_id.get(session_id)
+
+    def remove(self, session_id: str, *, reason: str) -> Session | None:
+        """Close and forget a session (its key stops working at once)."""
+        session = self._by_id.pop(session_id, None)
+        if session is None:
+            return None
+        session.closed = True
+        self._by_digest.pop(session._digest, None)
+        extra = {"session_id": session.id, "request_id": session.request_id}
+        log.info("session %s after %d turns", reason, session.turns_started, extra=extra)
+        return session
+
+    def expire(self) -> list[str]:
+        """Drop sessions idle for longer than the TTL; returns their ids."""
+        now = time.monotonic()
+        gone = [s.id for s in self._by_id.values() if self._expired(s, now)]
+        for session_id in gone:
+            self.remove(session_id, reason="expired")
+        return gone
+
+    def _expired(self, session: Session, now: float) -> bool:
+        return (
+            self.ttl is not None and session.in_flight == 0 and now - session.last_active > self.ttl
+        )
+
+    def close_all(self) -> None:
+        for session_id in list(self._by_id):
+            self.remove(session_id, reason="closed at shutdown")

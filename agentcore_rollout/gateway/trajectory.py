@@ -1,0 +1,167 @@
+"""Trajectory assembly: one session's turns become training samples with exact token ids.
+
+Each turn is (prompt ids, sampled ids, sampling log-probs). A multi-turn agent re-sends its whole
+conversation every turn, so the prompt of turn k+1 normally begins with the prompt + response of
+turn k; such turns merge into one sample:
+
+    prompt_ids   = the first turn's prompt
+    response_ids = sampled tokens of turn 1, then the tokens the next prompt adds (tool results,
+                   user messages, template tokens), then sampled tokens of turn 2, ...
+    loss_mask    = 1 on sampled tokens, 0 on everything the policy did not sample
+    logprobs     = the backend's sampling log-prob on sampled tokens, None elsewhere
+
+The merge test is an exact token-prefix check. When a new prompt does not extend any sample
+(the agent edited its history, summarized, forked a sub-agent, or re-tokenizing the decoded text
+gave different ids), the turn starts a new sample: tokens are never spliced or "healed", so every
+sample is exactly a sequence the policy was conditioned on and sampled from.
+
+A turn is checked against every open sample, newest first, so interleaved sub-conversations of
+one session (two sub-agents taking turns) still merge into their own samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Turn:
+    """One chat completion. `output_ids`/`logprobs` are None when the backend does not capture
+    tokens (pass-through evaluation)."""
+
+    index: int
+    rid: str
+    prompt_ids: list[int] | None
+    output_ids: list[int] | None
+    logprobs: list[float] | None
+    finish_reason: str  # stop | length | tool_calls
+    ill_formed: bool = False
+    error: str | None = None
+    weight_version: str | None = None
+    context_limited: bool = False  # the prompt alone reached the session's max_context
+    latency: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    sample: int | None = None  # index of the sample this turn went into
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "rid": self.rid,
+            "sample": self.sample,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+            "truncated": self.truncated,
+            "context_limited": self.context_limited,
+            "ill_formed": self.ill_formed,
+            "error": self.error,
+            "weight_version": self.weight_version,
+            "latency_s": round(self.latency, 6),
+        }
+
+
+@dataclass
+class Sample:
+    """One training sequence built from one or more merged turns."""
+
+    index: int
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    truncated: bool = False
+    ill_formed: bool = False
+    finish_reason: str = "stop"
+    weight_versions: list[str | None] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def extended_by(self, prompt: list[int]) -> bool:
+        """True if `prompt` starts with this sample's full sequence (exact token prefix)."""
+        n_prompt, n = len(self.prompt_ids), self.length
+        return (
+            len(prompt) >= n
+            and prompt[:n_prompt] == self.prompt_ids
+            and prompt[n_prompt:n] == self.response_ids
+        )
+
+    def append(self, turn: Turn, observation: list[int]) -> None:
+        """Observation tokens (mask 0), then the turn's sampled tokens (mask 1)."""
+        assert turn.output_ids is not None and turn.logprobs is not None
+        self.response_ids += observation
+        self.loss_mask += [0] * len(observation)
+        self.logprobs += [None] * len(observation)
+        self.response_ids += turn.output_ids
+        self.loss_mask += [1] * len(turn.output_ids)
+        self.logprobs += turn.logprobs
+        self.turns.append(turn.index)
+        self.weight_versions.append(turn.weight_version)
+        self.mark(turn)
+
+    def mark(self, turn: Turn) -> None:
+        """Carry a turn's flags (truncated, ill-formed) and finish reason."""
+        self.truncated |= turn.truncated
+        self.ill_formed |= turn.ill_formed
+        self.finish_reason = turn.finish_reason
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "turns": self.turns,
+            "prompt_ids": self.prompt_ids,
+            "response_ids": self.response_ids,
+            "loss_mask": self.loss_mask,
+            "logprobs": self.logprobs,
+            "num_sampled": sum(self.loss_mask),
+            "finish_reason": self.finish_reason,
+            "truncated": self.truncated,
+            "ill_formed": self.ill_formed,
+            "weight_versions": self.weight_versions,
+        }
+
+
+class Trajectory:
+    """The turns of one session and the samples they assemble into, in arrival order."""
+
+    def __init__(self) -> None:
+        self.turns: list[Turn] = []
+        self.samples: list[Sample] = []
+
+    def add(self, turn: Turn) -> Sample | None:
+        """Record a finished turn; returns the sample it went into (None if it sampled nothing
+        and extended nothing, or carried no token ids)."""
+        self.turns.append(turn)
+        if turn.prompt_ids is None or turn.output_ids is None or turn.logprobs is None:
+            return None
+        if len(turn.output_ids) != len(turn.logprobs):
+            raise ValueError("a turn needs exactly one log-prob per sampled token")
+        prompt = turn.prompt_ids
+        sample = next((s for s in reversed(self.samples) if s.extended_by(prompt)), None)
+        if not turn.output_ids:  # nothing sampled (context limit): flag, add no tokens
+            if sample is not None:
+                sample.mark(turn)
+                turn.sample = sample.index
+            return sample
+        if sample is None:
+            sample = Sample(index=len(self.samples), prompt_ids=list(prompt))
+            self.samples.append(sample)
+            sample.append(turn, [])
+        else:
+            sample.append(turn, prompt[sample.length :])
+        turn.sample = sample.index
+        return sample
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "turns": [t.to_json() for t in self.turns],
+            "samples": [s.to_json() for s in self.samples],
+        }

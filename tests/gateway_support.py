@@ -1,0 +1,109 @@
+"""Test doubles for the gateway tests: a scripted SGLang/OpenAI worker and the fixture tokenizer.
+
+The toy PolicyServer speaks the char vocabulary only; tests of the Hugging Face renderer (drift,
+tool calls) need a worker that "samples" chosen ids of the fixture BPE vocabulary. ScriptedWorker
+is a real HTTP server with SGLang's /generate shape that answers each call with the next scripted
+id list (cut at max_new_tokens, like a real server), with made-up but recorded log-probs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agentcore_rollout.gateway import HFRenderer
+
+TOKENIZER_DIR = Path(__file__).resolve().parent / "fixtures" / "tokenizer"
+
+
+@functools.cache
+def hf_renderer() -> HFRenderer:
+    """The offline fixture tokenizer (tests/fixtures/make_tokenizer.py), loaded once."""
+    return HFRenderer.from_pretrained(TOKENIZER_DIR)
+
+
+class ScriptedWorker:
+    """`async with ScriptedWorker([[ids...], ...]) as w`: POST /generate pops the next script.
+
+    Every call is recorded in `.calls` (input ids, output ids, log-probs, sampling params) like
+    PolicyServer's /debug/samples. POST /v1/chat/completions answers `openai_reply` and records
+    the Authorization header it was sent (to prove the gateway never forwards agent keys).
+    """
+
+    def __init__(self, scripts: list[list[int]] | None = None) -> None:
+        self.scripts: deque[list[int]] = deque(scripts or [])
+        self.calls: list[dict[str, Any]] = []
+        self.openai_auth: list[str | None] = []
+        self.openai_reply = {"role": "assistant", "content": "upstream says hi"}
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> ScriptedWorker:
+        app = web.Application()
+        app.add_routes(
+            [
+                web.post("/generate", self._generate),
+                web.post("/v1/chat/completions", self._chat),
+                web.get("/health", lambda _: web.Response()),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.text())
+        sp = body.get("sampling_params") or {}
+        script = self.scripts.popleft()
+        limit = sp.get("max_new_tokens")
+        out = script if limit is None else script[:limit]
+        stops = set(sp.get("stop_token_ids") or [])
+        finish = (
+            {"type": "stop", "matched": out[-1]}
+            if out and out[-1] in stops
+            else {"type": "length", "length": len(out)}
+        )
+        logprobs = [-0.01 * (len(self.calls) + 1) - 0.001 * i for i in range(len(out))]
+        self.calls.append(
+            {
+                "rid": body.get("rid"),
+                "input_ids": body["input_ids"],
+                "output_ids": out,
+                "output_logprobs": logprobs,
+                "sampling_params": sp,
+            }
+        )
+        meta = {
+            "id": body.get("rid"),
+            "finish_reason": finish,
+            "prompt_tokens": len(body["input_ids"]),
+            "completion_tokens": len(out),
+            "weight_version": "7",
+            "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, out, strict=True)],
+        }
+        return web.json_response({"text": "", "output_ids": out, "meta_info": meta})
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        self.openai_auth.append(request.headers.get("Authorization"))
+        body = json.loads(await request.text())
+        self.calls.append({"openai": body})
+        choice = {"index": 0, "message": self.openai_reply, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+        return web.json_response(
+            {"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage}
+        )
