@@ -16,7 +16,7 @@ import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
@@ -144,12 +144,30 @@ class RolloutBatch:
 class RolloutHandle:
     """An awaitable for one submitted request; `cancel()` ends it as `cancelled`."""
 
-    def __init__(self, task: asyncio.Task[RolloutOutcome], request: RolloutRequest) -> None:
+    def __init__(
+        self,
+        task: asyncio.Task[RolloutOutcome],
+        outcome: RolloutOutcome,
+        release: Callable[[], None],
+    ) -> None:
         self._task = task
-        self.request = request
+        self._outcome = outcome
+        self._release = release
+        self.request = outcome.request
 
     def __await__(self) -> Generator[Any, None, RolloutOutcome]:
-        return asyncio.shield(self._task).__await__()
+        return self._wait().__await__()
+
+    async def _wait(self) -> RolloutOutcome:
+        try:
+            return await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise  # whoever awaits us was cancelled, not the rollout
+            # Cancelled before it ever ran: nothing was dispatched, nothing to stop.
+            self._release()
+            self._outcome.finished_at = time.time()
+            return self._outcome
 
     def done(self) -> bool:
         return self._task.done()
@@ -252,11 +270,28 @@ class RolloutEngine:
         deadline: float | None = None,
     ) -> RolloutHandle:
         """Start one rollout now. `timeout` counts from dispatch (default: config);
-        `deadline` (unix seconds) caps it."""
-        task = asyncio.create_task(self._run(request, self.step, timeout, deadline))
+        `deadline` (unix seconds) caps it. A request_id already in use is a ValueError."""
+        timeout = self.config.rollout_timeout if timeout is None else timeout
+        submitted = time.time()
+        sig_key = secrets.token_hex(32)
+        self.buffer.expect(
+            request.request_id,
+            step=self.step,
+            sig_key=sig_key,
+            deadline=min(submitted + timeout, deadline or math.inf),
+        )
+        outcome = RolloutOutcome(
+            request,
+            self.step,
+            Outcome.CANCELLED,
+            _session_id(self.config.exp_id, self.step, request.request_id),
+            error="cancelled",
+            submitted_at=submitted,
+        )
+        task = asyncio.create_task(self._run(outcome, sig_key, timeout, deadline))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
-        return RolloutHandle(task, request)
+        return RolloutHandle(task, outcome, lambda: self.buffer.cancel(request.request_id))
 
     async def stream(
         self,
@@ -298,18 +333,11 @@ class RolloutEngine:
     # ------------------------------------------------------------------ one request
 
     async def _run(
-        self, request: RolloutRequest, step: int, timeout: float | None, deadline: float | None
+        self, outcome: RolloutOutcome, sig_key: str, timeout: float, deadline: float | None
     ) -> RolloutOutcome:
-        submitted = time.time()
-        timeout = self.config.rollout_timeout if timeout is None else timeout
-        until = min(submitted + timeout, deadline or math.inf)
-        session_id = _session_id(self.config.exp_id, step, request.request_id)
-        sig_key = secrets.token_hex(32)
-        outcome = RolloutOutcome(
-            request, step, Outcome.CANCELLED, session_id, submitted_at=submitted
-        )
-        self.buffer.expect(request.request_id, step=step, sig_key=sig_key, deadline=until)
+        request, step, session_id = outcome.request, outcome.step, outcome.session_id
         gateway_session = None
+        decided = False  # a cancel that lands while the session is being stopped changes nothing
         try:
             async with self.dispatcher.live_session(session_id):
                 # The deadline counts from dispatch (once a live slot is ours), so queueing
@@ -325,14 +353,17 @@ class RolloutEngine:
                 except SubmitFailed as e:
                     self.buffer.cancel(request.request_id, str(e))
                     outcome.outcome, outcome.error = Outcome.SUBMIT_FAILED, str(e)
+                    decided = True
                     log.warning("submit_failed request_id=%s: %s", request.request_id, e)
                     return outcome
                 outcome.started_at = time.time()
                 self._take(outcome, await self.buffer.wait(request.request_id))
+                decided = True
                 return outcome
         except asyncio.CancelledError:
-            self.buffer.cancel(request.request_id)
-            outcome.outcome, outcome.error = Outcome.CANCELLED, "cancelled"
+            if not decided:
+                self.buffer.cancel(request.request_id)
+                outcome.outcome, outcome.error = Outcome.CANCELLED, "cancelled"
             return outcome
         finally:
             if gateway_session is not None:

@@ -7,6 +7,8 @@ import json
 import math
 import time
 
+import pytest
+
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 from agentcore_rollout.contract import (
     RolloutResult,
@@ -276,12 +278,18 @@ async def test_cancel_and_stream(moto, channel, emulator):
     emu = await emulator()
     reqs = _batch(4, {0: {"mode": "hang"}})
     async with RolloutEngine(engine_config(moto, channel, emu)) as engine:
+        early = engine.submit(RolloutRequest({"a": 0, "b": 0}, input_id="early"))
+        early.cancel()  # before it ever ran: nothing dispatched
+        assert (await early).outcome is Outcome.CANCELLED
+        with pytest.raises(ValueError, match="already in use"):
+            engine.submit(early.request)
         handle = engine.submit(reqs[0])
         seen = [o async for o in _take(engine.stream(reqs[1:]), 3)]
         handle.cancel()
         cancelled = await handle
     assert {o.outcome for o in seen} == {Outcome.OK}
     assert cancelled.outcome is Outcome.CANCELLED and cancelled.result is None
+    assert not any(early.request.request_id in sid for sid in emu.started)
     assert sorted(emu.stopped) == sorted(emu.started)
 
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 
-from ..local.process import exit_with_parent
+from ..local.process import exit_with_parent, serve_until_signalled
 from .backends import Backend, OpenAIBackend, SGLangBackend
 from .render import CharRenderer, HFRenderer, Renderer
 from .server import DEFAULT_SESSION_TTL, Gateway
@@ -65,17 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         parser.error(str(exc))
     exit_with_parent()  # started by the local stack: never outlive it
-    asyncio.run(_serve(gateway))
-
-
-async def _serve(gateway: Gateway) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with gateway:
-        print(gateway.url, flush=True)
-        await stop.wait()
+    asyncio.run(serve_until_signalled(gateway))
 
 
 if __name__ == "__main__":

@@ -7,11 +7,14 @@ Children also watch their parent and exit if it dies, so a killed parent leaves 
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 
 class ServiceProcess:
@@ -75,3 +78,15 @@ def exit_with_parent() -> None:
                 os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+async def serve_until_signalled(server: Any) -> None:
+    """In a child: run an `async with` server, print its URL (the line `ServiceProcess`
+    waits for), and stop cleanly on SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with server:
+        print(server.url, flush=True)
+        await stop.wait()

@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 
-from ..process import exit_with_parent
+from ..process import exit_with_parent, serve_until_signalled
 from .model import TinyPolicy
 from .server import DEFAULT_CONTEXT_LENGTH, MODEL_NAME, PolicyServer
 
@@ -55,17 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         model_name=args.model_name,
         context_length=args.context_length,
     )
-    asyncio.run(_serve(server))
-
-
-async def _serve(server: PolicyServer) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with server:
-        print(server.url, flush=True)
-        await stop.wait()
+    asyncio.run(serve_until_signalled(server))
 
 
 if __name__ == "__main__":
