@@ -173,14 +173,23 @@ class RolloutBuffer:
                     VisibilityTimeout=self._cfg.visibility_timeout,
                 )
                 failures = 0
-            except (ClientError, BotoCoreError, OSError) as e:
+            except Exception as e:  # the poller must outlive any one bad call
                 failures += 1
-                log.warning("receive_message failed (%s); retrying", e)
+                log.warning("receive_message failed (%r); retrying", e)
                 await asyncio.sleep(min(10.0, 0.2 * 2**failures))
                 continue
             messages = resp.get("Messages", [])
             self.counts["messages"] += len(messages)
-            fates = await asyncio.gather(*(self._handle(m) for m in messages))
+            handled = await asyncio.gather(
+                *(self._handle(m) for m in messages), return_exceptions=True
+            )
+            fates: list[_MessageFate] = []
+            for message, fate in zip(messages, handled, strict=True):
+                if isinstance(fate, BaseException):  # a bug must not stop the loop: keep it
+                    log.error("handling message %s failed: %r", message.get("MessageId"), fate)
+                    self.counts["handler_errors"] += 1
+                    fate = "keep"
+                fates.append(fate)
             await self._settle(messages, fates)
 
     async def _handle(self, message: dict[str, Any]) -> _MessageFate:
