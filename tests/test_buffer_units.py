@@ -1,0 +1,114 @@
+"""RolloutBuffer's loop with in-process fakes (pure logic): a bug in handling one message or a
+failing receive never stops the poller, and only handled messages are deleted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from agentcore_rollout.buffer import RolloutBuffer
+from agentcore_rollout.config import EngineConfig
+from agentcore_rollout.contract import (
+    Outcome,
+    RolloutResult,
+    Timings,
+    encode_result,
+    result_key,
+    sign_result,
+)
+
+KEY = "k" * 32
+
+
+class FakeBody:
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    async def __aenter__(self) -> FakeBody:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def read(self) -> bytes:
+        return self._data
+
+
+class FakeS3:
+    def __init__(self, objects: dict[str, bytes], broken: set[str]) -> None:
+        self.objects, self.broken = objects, broken
+
+    async def get_object(self, Bucket: str, Key: str) -> dict:
+        if Key in self.broken:
+            raise RuntimeError("bug in a dependency")
+        return {"Body": FakeBody(self.objects[Key]), "ContentLength": len(self.objects[Key])}
+
+
+class FakeSQS:
+    def __init__(self, batches: list[list[dict] | Exception]) -> None:
+        self.batches = batches
+        self.deleted: list[str] = []
+
+    async def receive_message(self, **_: object) -> dict:
+        if not self.batches:
+            await asyncio.sleep(0.05)
+            return {}
+        batch = self.batches.pop(0)
+        if isinstance(batch, Exception):
+            raise batch
+        return {"Messages": batch}
+
+    async def delete_message_batch(self, QueueUrl: str, Entries: list[dict]) -> None:
+        self.deleted += [e["ReceiptHandle"] for e in Entries]
+
+
+def _event(key: str) -> str:
+    record = {
+        "eventSource": "aws:s3",
+        "eventName": "ObjectCreated:Put",
+        "s3": {"bucket": {"name": "bkt"}, "object": {"key": key}},
+    }
+    return json.dumps({"Records": [record]})
+
+
+async def test_a_bug_on_one_message_and_a_failed_receive_do_not_stop_the_loop():
+    cfg = EngineConfig(
+        bucket="bkt",
+        queue_url="q",
+        runtime_arn="a",
+        exp_id="e",
+        reconcile_before=0.0,
+        result_grace=0.0,
+    )
+    good, bad = result_key("rollouts", "e", 0, "good"), result_key("rollouts", "e", 0, "bad")
+    now = time.time()
+    result = RolloutResult(
+        exp_id="e",
+        step=0,
+        request_id="good",
+        input_id="g",
+        session_id="s" * 33,
+        status="ok",
+        rewards=1.0,
+        timings=Timings(received=now, finished=now),
+    )
+    s3 = FakeS3({good: encode_result(sign_result(result, KEY))}, broken={bad})
+    sqs = FakeSQS(
+        [
+            OSError("connection reset"),
+            [
+                {"MessageId": "1", "ReceiptHandle": "h-bad", "Body": _event(bad)},
+                {"MessageId": "2", "ReceiptHandle": "h-good", "Body": _event(good)},
+            ],
+        ]
+    )
+    buffer = RolloutBuffer(s3, sqs, cfg)
+    for rid in ("good", "bad"):
+        buffer.expect(rid, step=0, sig_key=KEY, deadline=now + 3)
+    await buffer.start()
+    delivery = await buffer.wait("good")
+    await buffer.close()
+    assert delivery.outcome is Outcome.OK and delivery.result.rewards == 1.0
+    assert buffer.counts["handler_errors"] == 1
+    assert sqs.deleted == ["h-good"]  # the failed one stays on the queue
