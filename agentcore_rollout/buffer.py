@@ -38,6 +38,7 @@ from .contract import (
 log = logging.getLogger("agentcore_rollout.buffer")
 
 _MessageFate = Literal["delete", "release", "keep"]
+_MAX_BATCHES = 4  # received batches being downloaded at once, per poller
 
 
 @dataclass(frozen=True)
@@ -163,34 +164,47 @@ class RolloutBuffer:
     # ----------------------------------------------------------------- polling
 
     async def _poll(self) -> None:
+        """Receive, hand each batch to a task, receive again: receiving overlaps with
+        downloading, and at most `_MAX_BATCHES` batches are in hand at once."""
         failures = 0
-        while True:
-            try:
-                resp = await self._sqs.receive_message(
-                    QueueUrl=self._cfg.queue_url,
-                    MaxNumberOfMessages=10,
-                    WaitTimeSeconds=self._cfg.wait_time,
-                    VisibilityTimeout=self._cfg.visibility_timeout,
-                )
-                failures = 0
-            except Exception as e:  # the poller must outlive any one bad call
-                failures += 1
-                log.warning("receive_message failed (%r); retrying", e)
-                await asyncio.sleep(min(10.0, 0.2 * 2**failures))
-                continue
-            messages = resp.get("Messages", [])
-            self.counts["messages"] += len(messages)
-            handled = await asyncio.gather(
-                *(self._handle(m) for m in messages), return_exceptions=True
-            )
-            fates: list[_MessageFate] = []
-            for message, fate in zip(messages, handled, strict=True):
-                if isinstance(fate, BaseException):  # a bug must not stop the loop: keep it
-                    log.error("handling message %s failed: %r", message.get("MessageId"), fate)
-                    self.counts["handler_errors"] += 1
-                    fate = "keep"
-                fates.append(fate)
-            await self._settle(messages, fates)
+        batches = asyncio.Semaphore(_MAX_BATCHES)
+        in_hand: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await batches.acquire()
+                try:
+                    resp = await self._sqs.receive_message(
+                        QueueUrl=self._cfg.queue_url,
+                        MaxNumberOfMessages=10,
+                        WaitTimeSeconds=self._cfg.wait_time,
+                        VisibilityTimeout=self._cfg.visibility_timeout,
+                    )
+                    failures = 0
+                except Exception as e:  # the poller must outlive any one bad call
+                    batches.release()
+                    failures += 1
+                    log.warning("receive_message failed (%r); retrying", e)
+                    await asyncio.sleep(min(10.0, 0.2 * 2**failures))
+                    continue
+                messages = resp.get("Messages", [])
+                self.counts["messages"] += len(messages)
+                task = asyncio.create_task(self._process(messages))
+                in_hand.add(task)
+                task.add_done_callback(lambda t: (in_hand.discard(t), batches.release()))
+        finally:
+            for task in in_hand:
+                task.cancel()
+
+    async def _process(self, messages: list[dict[str, Any]]) -> None:
+        handled = await asyncio.gather(*(self._handle(m) for m in messages), return_exceptions=True)
+        fates: list[_MessageFate] = []
+        for message, fate in zip(messages, handled, strict=True):
+            if isinstance(fate, BaseException):  # a bug must not stop the loop: keep it
+                log.error("handling message %s failed: %r", message.get("MessageId"), fate)
+                self.counts["handler_errors"] += 1
+                fate = "keep"
+            fates.append(fate)
+        await self._settle(messages, fates)
 
     async def _handle(self, message: dict[str, Any]) -> _MessageFate:
         try:

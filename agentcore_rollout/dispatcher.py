@@ -63,13 +63,14 @@ class RequestDispatcher:
                     if time.time() >= deadline:
                         break
                     self.counts["invoke"] += 1
+                    sent = time.monotonic()
                     try:
                         await self._runtime.invoke(session_id, payload)
                     except SessionCallError as e:
                         error = e
                     else:
                         self.start_rate.on_success()
-                        self.start_times.append(time.monotonic())
+                        self.start_times.append(sent)  # when the start was sent, not answered
                         return
             self.counts[f"invoke_error:{error.code}"] += 1
             if not error.retryable:

@@ -4,8 +4,6 @@ trace marks as sampled, and its log-prob, is exactly what a worker recorded samp
 
 from __future__ import annotations
 
-import os
-
 import aiohttp
 
 from agentcore_rollout import RolloutEngine, RolloutRequest
@@ -27,7 +25,6 @@ def _runs(mask: list[int]) -> list[tuple[int, int]]:
 
 
 async def test_example_agent_traces_equal_what_the_workers_sampled():
-    saved = dict(os.environ)
     local = LocalConfig(
         app="examples.math_agent.app:app",
         mode="in_process",
@@ -44,21 +41,17 @@ async def test_example_agent_traces_equal_what_the_workers_sampled():
         for i, (q, a) in enumerate(questions)
         for k in range(3)
     ]
-    try:
-        async with LocalStack(local) as stack:
-            cfg = stack.engine_config(
-                EngineConfig(exp_id="traces", start_rate=50.0, rollout_timeout=60.0)
-            )
-            async with RolloutEngine(cfg) as engine:
-                batch = await engine.rollout(requests)
-            async with aiohttp.ClientSession() as http:
-                recorded = []
-                for worker in stack.workers:
-                    async with http.get(f"{worker.url}/debug/samples") as resp:
-                        recorded.append((await resp.json())["samples"])
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    async with LocalStack(local) as stack:
+        cfg = stack.engine_config(
+            EngineConfig(exp_id="traces", start_rate=50.0, rollout_timeout=60.0)
+        )
+        async with RolloutEngine(cfg) as engine:
+            batch = await engine.rollout(requests)
+        async with aiohttp.ClientSession() as http:
+            recorded = []
+            for worker in stack.workers:
+                async with http.get(f"{worker.url}/debug/samples") as resp:
+                    recorded.append((await resp.json())["samples"])
     assert batch.counts["ok"] == len(requests), [o.error for o in batch.outcomes]
     assert all(samples for samples in recorded), "the router used both workers"
     by_prompt: dict[tuple[int, ...], list[dict]] = {}

@@ -427,3 +427,44 @@ class _InProcessAgent:
 
     async def terminate(self) -> None:
         self._shared.app.cancel_session(self._session_id)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m agentcore_rollout.local.runtime APP [options]`: serve the emulator until
+    SIGINT/SIGTERM (then every session's agent is stopped). Agents inherit this process's
+    environment. Prints the URL on one line once listening."""
+    import argparse
+
+    from .process import exit_with_parent, serve_until_signalled
+
+    parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.runtime")
+    parser.add_argument("app", help="module:attribute of the RolloutApp each session runs")
+    parser.add_argument("--mode", choices=["process", "in_process"], default="process")
+    parser.add_argument("--runtime-arn", action="append", default=[], help="ARNs that exist")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--cold-start", type=float, default=0.0)
+    parser.add_argument("--invoke-tps", type=float, default=None)
+    parser.add_argument("--max-sessions", type=int, default=1000)
+    parser.add_argument("--idle-timeout", type=float, default=900.0)
+    parser.add_argument("--max-lifetime", type=float, default=8 * 3600.0)
+    parser.add_argument("--log-dir", default=None, help="each agent process's output goes here")
+    args = parser.parse_args(argv)
+    exit_with_parent()
+    logging.basicConfig(level=logging.WARNING)
+    config = EmulatorConfig(
+        app=args.app,
+        mode=args.mode,
+        runtime_arns=tuple(args.runtime_arn),
+        cold_start=args.cold_start,
+        invoke_tps=args.invoke_tps,
+        max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout,
+        max_lifetime=args.max_lifetime,
+        log_dir=args.log_dir,
+    )
+    asyncio.run(serve_until_signalled(RuntimeEmulator(config, host=args.host, port=args.port)))
+
+
+if __name__ == "__main__":
+    main()

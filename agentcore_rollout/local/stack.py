@@ -1,7 +1,8 @@
 """The embedded local stack: everything the engine talks to, on loopback, in one context.
 
 moto (S3 + SQS, wired with the bucket notification the infra configures on AWS), the
-AgentCore Runtime emulator running the agent app, and the policy path:
+AgentCore Runtime emulator running the agent app (a process of its own, like the real service,
+so agents never share the engine's event loop), and the policy path:
 agents -> token-capture gateway -> sglang-router -> small local policy workers (the router
 only with more than one worker; the gateway only with the [gateway] extra).
 `engine_config()` points an EngineConfig at them, so the same engine code runs here and on
@@ -18,7 +19,6 @@ from typing import Any
 from ..config import EngineConfig, GatewayConfig, LLMConfig, LocalConfig
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
 from .process import ServiceProcess
-from .runtime import EmulatorConfig, RuntimeEmulator
 
 LOCAL_REGION = "us-east-1"
 LOCAL_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
@@ -45,7 +45,7 @@ class LocalStack:
         self.gateway: ServiceProcess | None = None
         self._admin_token = secrets.token_urlsafe(24)
         self.channel: ResultsChannel | None = None
-        self.emulator: RuntimeEmulator | None = None
+        self.emulator: ServiceProcess | None = None
 
     async def __aenter__(self) -> LocalStack:
         cfg = self.config
@@ -63,23 +63,18 @@ class LocalStack:
                 prefix=self.prefix,
                 queue=cfg.queue,
             )
-            if cfg.mode == "in_process":  # agents share this process and its environment
-                os.environ.update({k: v for k, v in self.agent_env().items() if k != "PYTHONPATH"})
-            self.emulator = RuntimeEmulator(
-                EmulatorConfig(
-                    app=cfg.app,
-                    mode=cfg.mode,
-                    runtime_arns=(LOCAL_RUNTIME_ARN,),
-                    cold_start=cfg.cold_start,
-                    invoke_tps=cfg.invoke_tps,
-                    max_sessions=cfg.max_sessions,
-                    idle_timeout=cfg.idle_timeout,
-                    max_lifetime=cfg.max_lifetime,
-                    env=self.agent_env(),
-                    log_dir=cfg.agent_log_dir,
-                )
+            self.emulator = ServiceProcess(
+                "runtime emulator",
+                "agentcore_rollout.local.runtime",
+                cfg.app,
+                *("--mode", cfg.mode, "--runtime-arn", LOCAL_RUNTIME_ARN),
+                *("--cold-start", str(cfg.cold_start), "--max-sessions", str(cfg.max_sessions)),
+                *("--idle-timeout", str(cfg.idle_timeout), "--max-lifetime", str(cfg.max_lifetime)),
+                *(["--invoke-tps", str(cfg.invoke_tps)] if cfg.invoke_tps else []),
+                *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
+                env=self.agent_env(),  # agents inherit the emulator's environment
             )
-            await self.emulator.start()
+            self.emulator.start()
         except BaseException:
             await self.__aexit__()
             raise
@@ -87,7 +82,7 @@ class LocalStack:
 
     async def __aexit__(self, *exc: object) -> None:
         if self.emulator is not None:
-            await self.emulator.stop()
+            self.emulator.stop()  # stops every session's agent first
         if self.gateway is not None:
             self.gateway.stop()
         if self.router is not None:
@@ -124,18 +119,6 @@ class LocalStack:
     def policy_url(self) -> str:
         """Where the policy is served: the router, or the one worker."""
         return self.router.url if self.router is not None else self.workers[0].url
-
-    @property
-    def pids(self) -> list[int]:
-        """Processes the stack started and still tracks (for tests and `local up`)."""
-        pids = [self.moto.pid, *(w.pid for w in self.workers)]
-        pids += [
-            self.router.pid if self.router else None,
-            self.gateway.pid if self.gateway else None,
-        ]
-        if self.emulator is not None:
-            pids += self.emulator.agent_pids()
-        return [p for p in pids if p is not None]
 
     def agent_env(self) -> dict[str, str]:
         """What an agent process needs to reach the local S3 and SQS."""
