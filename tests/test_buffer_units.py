@@ -9,16 +9,10 @@ import time
 
 from agentcore_rollout.buffer import RolloutBuffer
 from agentcore_rollout.config import EngineConfig
-from agentcore_rollout.contract import (
-    Outcome,
-    RolloutResult,
-    Timings,
-    encode_result,
-    result_key,
-    sign_result,
-)
+from agentcore_rollout.contract import Outcome, result_key
 
-KEY = "k" * 32
+from .factories import SIG_KEY as KEY
+from .factories import make_result, signed_body
 
 
 class FakeBody:
@@ -83,17 +77,7 @@ async def test_a_bug_on_one_message_and_a_failed_receive_do_not_stop_the_loop():
     )
     good, bad = result_key("rollouts", "e", 0, "good"), result_key("rollouts", "e", 0, "bad")
     now = time.time()
-    result = RolloutResult(
-        exp_id="e",
-        step=0,
-        request_id="good",
-        input_id="g",
-        session_id="s" * 33,
-        status="ok",
-        rewards=1.0,
-        timings=Timings(received=now, finished=now),
-    )
-    s3 = FakeS3({good: encode_result(sign_result(result, KEY))}, broken={bad})
+    s3 = FakeS3({good: signed_body(make_result(request_id="good"))}, broken={bad})
     sqs = FakeSQS(
         [
             OSError("connection reset"),

@@ -24,21 +24,12 @@ from agentcore_rollout.contract import (
     verify_result,
 )
 
-KEY = "k" * 32
+from .factories import SIG_KEY as KEY
+from .factories import make_result
 
 
 def _result(**kw) -> RolloutResult:
-    base = dict(
-        exp_id="e",
-        step=3,
-        request_id="r1",
-        input_id="g",
-        session_id="s" * 33,
-        status="ok",
-        rewards=1.0,
-        timings=Timings(received=1.0, started=1.5, finished=2.0),
-    )
-    return RolloutResult(**(base | kw))
+    return make_result(step=3, timings=Timings(received=1.0, started=1.5, finished=2.0), **kw)
 
 
 def _control(**kw) -> dict:

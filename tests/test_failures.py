@@ -11,15 +11,12 @@ import pytest
 
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 from agentcore_rollout.contract import (
-    RolloutResult,
-    Timings,
-    encode_result,
     result_key,
-    sign_result,
 )
 
 from .agents.basic import controls, expected_reward
 from .conftest import engine_config
+from .factories import make_result, signed_body
 
 
 def _batch(n: int, special: dict[int, dict] | None = None) -> list[RolloutRequest]:
@@ -180,17 +177,14 @@ async def test_result_of_an_older_step_is_kept_apart(moto, channel, emulator):
         engine.set_step(1)
         batch1_task = asyncio.create_task(engine.rollout(_batch(3)))
         control = controls[straggler.request_id]
-        late = RolloutResult(
+        late = make_result(
             exp_id="exp1",
-            step=0,
             request_id=straggler.request_id,
             input_id="late",
             session_id=control.session_id,
-            status="ok",
             rewards=0.25,
-            timings=Timings(received=time.time(), finished=time.time()),
         )
-        body = encode_result(sign_result(late, control.sig_key))
+        body = signed_body(late, control.sig_key)
         moto.client("s3").put_object(Bucket=channel.bucket, Key=control.result.key, Body=body)
         batch1 = await batch1_task
         await _until(lambda: engine.buffer.counts["stale"] >= 1)

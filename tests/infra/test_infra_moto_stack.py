@@ -31,15 +31,9 @@ from moto.server import ThreadedMotoServer
 from agentcore_rollout.aws import AwsClients
 from agentcore_rollout.buffer import RolloutBuffer
 from agentcore_rollout.config import EngineConfig
-from agentcore_rollout.contract import (
-    Outcome,
-    RolloutResult,
-    Timings,
-    encode_result,
-    result_key,
-    sign_result,
-)
+from agentcore_rollout.contract import Outcome, result_key
 from infra.cdk import app
+from tests.factories import SIG_KEY, make_result, signed_body
 
 from .cfn import Resolver, one_resource, resources_of_type
 
@@ -393,23 +387,11 @@ async def test_the_engines_buffer_gets_results_under_the_prefix_only(applied: De
         reconcile_before=0.0,
         result_grace=0.0,
     )
-    sig_key = "k" * 32
-    now = time.time()
-    result = RolloutResult(
-        exp_id="exp1",
-        step=3,
-        request_id="req-9",
-        input_id="g",
-        session_id="s" * 33,
-        status="ok",
-        rewards=0.5,
-        timings=Timings(received=now, finished=now),
-    )
-    body = encode_result(sign_result(result, sig_key))
+    body = signed_body(make_result(exp_id="exp1", step=3, request_id="req-9", rewards=0.5))
     async with AwsClients(cfg) as clients:
         buffer = RolloutBuffer(clients.s3, clients.sqs, cfg)
         await buffer.start()
-        buffer.expect("req-9", step=3, sig_key=sig_key, deadline=now + 20)
+        buffer.expect("req-9", step=3, sig_key=SIG_KEY, deadline=time.time() + 20)
         s3.put_object(Bucket=bucket, Key="other/exp1/00000003/req-9.json", Body=body)
         s3.put_object(Bucket=bucket, Key=result_key(PREFIX, "exp1", 3, "req-9"), Body=body)
         delivery = await buffer.wait("req-9")
