@@ -108,9 +108,12 @@ def provision_results_channel(
                     "Id": "rollout-results",
                     "QueueArn": queue_arn,
                     "Events": ["s3:ObjectCreated:*"],
-                    "Filter": {
+                    "Filter": {  # as infra/ sets it: result objects under the prefix
                         "Key": {
-                            "FilterRules": [{"Name": "prefix", "Value": f"{prefix.strip('/')}/"}]
+                            "FilterRules": [
+                                {"Name": "prefix", "Value": f"{prefix.strip('/')}/"},
+                                {"Name": "suffix", "Value": ".json"},
+                            ]
                         }
                     },
                 }
