@@ -33,3 +33,8 @@ async def test_batch_of_64_all_ok_with_the_agents_rewards(moto, channel, emulato
     assert sorted(emu.stopped) == sorted(emu.started) and len(emu.started) == 64
     assert batch.api_calls["bedrock-agentcore:InvokeAgentRuntime"] == 64
     assert batch.api_calls["bedrock-agentcore:StopRuntimeSession"] == 64
+    metrics = batch.metrics()
+    assert metrics["rollout/outcome/ok"] == 64 and metrics["rollout/outcome/timeout"] == 0
+    assert metrics["rollout/reward_mean"] == sum(o.reward for o in batch.outcomes) / 64
+    assert 0 < metrics["rollout/latency_p50"] <= metrics["rollout/latency_p99"]
+    assert metrics["rollout/api_calls_per_rollout"] >= 3  # invoke, stop, get (+ shared SQS)
