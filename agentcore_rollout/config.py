@@ -16,7 +16,7 @@ import yaml
 from dotenv import dotenv_values
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .contract import DEFAULT_MAX_RESULT_BYTES
+from .contract import DEFAULT_MAX_RESULT_BYTES, first_error
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
 _RESERVED_ENV = {"AGENTCORE_ROLLOUT_CONFIG", "AGENTCORE_ROLLOUT_PARENT_PID"}  # not config keys
@@ -170,10 +170,7 @@ def load_config(
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise ConfigError(f"config: {where}: {first['msg']}{more}") from None
+        raise ConfigError(f"config: {first_error(e)}") from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -333,11 +333,16 @@ def _check_version(data: Any, what: str) -> None:
         raise ContractError(f"{what} has schema version {data['v']!r}; this engine speaks v1")
 
 
+def first_error(e: ValidationError) -> str:
+    """A pydantic error in one line: `where.it.is: what is wrong (+N more)`."""
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(root)"
+    more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
 def _validate(model: type[_M], data: Any, what: str) -> _M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(root)"
-        more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise ContractError(f"{what}: {where}: {first['msg']}{more}") from None
+        raise ContractError(f"{what}: {first_error(e)}") from None

@@ -33,12 +33,18 @@ class TokenBucket:
         self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
 
+    def try_acquire(self) -> bool:
+        """Take a token if one is there, without waiting (a server refusing with 429)."""
+        self._refill()
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
     async def acquire(self) -> None:
         async with self._lock:
             while True:
-                self._refill()
-                if self._tokens >= 1:
-                    self._tokens -= 1
+                if self.try_acquire():
                     return
                 await asyncio.sleep((1 - self._tokens) / self.rate)
 

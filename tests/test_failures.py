@@ -36,7 +36,15 @@ def _assert_rest_ok(batch, bad: set[int]) -> None:
 
 async def test_agent_error_and_hang_past_deadline(moto, channel, emulator):
     emu = await emulator()
-    reqs = _batch(6, {1: {"mode": "raise"}, 4: {"mode": "hang"}, 5: {"mode": "slow_cancel"}})
+    reqs = _batch(
+        7,
+        {
+            1: {"mode": "raise"},
+            4: {"mode": "hang"},
+            5: {"mode": "slow_cancel"},
+            6: {"mode": "bad_output"},
+        },
+    )
     cfg = engine_config(moto, channel, emu, rollout_timeout=3.0, result_grace=3.0)
     async with RolloutEngine(cfg) as engine:
         batch = await engine.rollout(reqs)
@@ -50,7 +58,10 @@ async def test_agent_error_and_hang_past_deadline(moto, channel, emulator):
     assert hang.result.error.type == "DeadlineExceeded"
     slow = batch.outcomes[5]  # the watchdog does not wait for the rollout to give up
     assert slow.outcome is Outcome.TIMEOUT and slow.result is not None
-    _assert_rest_ok(batch, {1, 4, 5})
+    bad = batch.outcomes[6]  # output the contract rejects is the agent's error, said in one line
+    assert bad.outcome is Outcome.AGENT_ERROR
+    assert bad.error.startswith("InvalidOutput: rewards") and "\n" not in bad.error
+    _assert_rest_ok(batch, {1, 4, 5, 6})
     assert sorted(emu.stopped) == sorted(emu.started)
 
 
@@ -86,6 +97,15 @@ async def test_throttling_a_third_of_invocations_is_retried_and_slows_the_rate(
     assert counts["invoke_error:ThrottlingException"] == emu.counts["ThrottlingException"]
     assert counts["invoke"] == 24 + emu.counts["ThrottlingException"]
     assert cuts >= 1
+
+
+async def test_emulator_tps_limit_slows_the_dispatcher_down(moto, channel, emulator):
+    emu = await emulator(invoke_tps=8.0)
+    async with RolloutEngine(engine_config(moto, channel, emu, start_rate=40.0)) as engine:
+        batch = await engine.rollout(_batch(30))
+        cuts = engine.dispatcher.start_rate.cuts
+    _assert_rest_ok(batch, set())
+    assert emu.counts["ThrottlingException"] > 0 and cuts >= 1
 
 
 async def test_quota_402_is_retried_until_a_slot_frees(moto, channel, emulator):

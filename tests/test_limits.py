@@ -48,6 +48,14 @@ async def test_token_bucket_paces_to_its_rate():
     assert time.monotonic() - began >= 0.3 * 0.95  # 30 tokens after the first, at 100/s
 
 
+def test_try_acquire_refuses_when_empty_and_refills():
+    now = [0.0]
+    bucket = TokenBucket(rate=2.0, burst=2.0, clock=lambda: now[0])
+    assert [bucket.try_acquire() for _ in range(3)] == [True, True, False]
+    now[0] = 0.5  # one token back at 2/s
+    assert [bucket.try_acquire() for _ in range(2)] == [True, False]
+
+
 def test_adaptive_rate_cuts_once_per_cooldown_and_recovers():
     now = [0.0]
     rate = AdaptiveRate(TokenBucket(10.0), cooldown=1.0, recover_steps=10, clock=lambda: now[0])

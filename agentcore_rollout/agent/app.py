@@ -28,6 +28,7 @@ from ..contract import (
     RolloutControl,
     RolloutResult,
     Timings,
+    first_error,
     split_payload,
 )
 from .writer import ResultWriter
@@ -212,11 +213,5 @@ def _build(control: RolloutControl, fields: dict[str, Any], timings: Timings) ->
     try:
         return RolloutResult.model_validate({**base, **fields})
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return RolloutResult.model_validate(
-            {
-                **base,
-                **_failure("agent_error", "error", "InvalidOutput", f"{where}: {first['msg']}"),
-            }
-        )
+        invalid = _failure("agent_error", "error", "InvalidOutput", first_error(e))
+        return RolloutResult.model_validate({**base, **invalid})

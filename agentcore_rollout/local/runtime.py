@@ -28,7 +28,7 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 
-from ..limits import Gauge
+from ..limits import Gauge, TokenBucket
 
 log = logging.getLogger("agentcore_rollout.local.runtime")
 
@@ -92,8 +92,9 @@ class RuntimeEmulator:
         self.stopped: list[str] = []
         self.expired: list[str] = []
         self.counts: Counter[str] = Counter()
-        self._tokens = float(config.invoke_tps or 0)
-        self._stamp = time.monotonic()
+        self._invoke_tps = (
+            TokenBucket(config.invoke_tps, burst=config.invoke_tps) if config.invoke_tps else None
+        )
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -201,14 +202,8 @@ class RuntimeEmulator:
         n = self.counts["invoke"]
         if self.config.throttle_every and n % self.config.throttle_every == 0:
             raise _ApiError(429, "ThrottlingException", "Rate exceeded (injected)")
-        if self.config.invoke_tps:
-            now = time.monotonic()
-            tps = self.config.invoke_tps
-            self._tokens = min(tps, self._tokens + (now - self._stamp) * tps)
-            self._stamp = now
-            if self._tokens < 1:
-                raise _ApiError(429, "ThrottlingException", "Rate exceeded")
-            self._tokens -= 1
+        if self._invoke_tps is not None and not self._invoke_tps.try_acquire():
+            raise _ApiError(429, "ThrottlingException", "Rate exceeded")
         if len(self.sessions) >= self.config.max_sessions:
             raise _ApiError(
                 402,

@@ -53,6 +53,8 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
             timings=Timings(received=0, finished=0),
         )
         await _put(ctx, encode_result(sign_result(fake, "not-the-key-" * 4)))
+    if mode == "bad_output":
+        return {"rewards": "lots"}
     if mode == "big":
         return RolloutOutput(rewards=0.0, trajectory={"blob": "x" * payload["size"]})
     if mode == "leak":
