@@ -277,7 +277,7 @@ class RolloutBuffer:
             return
         w.busy = True
         try:
-            delivery = await self._verified(str(key), w.request_id, w.step, w.sig_key, via)
+            delivery = await self._verified(key.key, w.request_id, w.step, w.sig_key, via)
         finally:
             w.busy = False
         if delivery is not None:
@@ -289,7 +289,7 @@ class RolloutBuffer:
         if sig_key is None:
             self.counts["duplicates" if key.request_id in self._finished else "unmatched"] += 1
             return
-        delivery = await self._verified(str(key), key.request_id, key.step, sig_key, "notification")
+        delivery = await self._verified(key.key, key.request_id, key.step, sig_key, "notification")
         if delivery is not None and delivery.result is not None:
             self.stale.append(delivery.result)
             self.counts["stale" if key.step < self.step else "late"] += 1

@@ -212,13 +212,13 @@ _KEY_RE = re.compile(
 
 
 class ResultKey(_Model):
+    """A parsed result key; `key` is the object key exactly as it was given."""
+
+    key: str
     prefix: str
     exp_id: str
     step: int
     request_id: str
-
-    def __str__(self) -> str:
-        return result_key(self.prefix, self.exp_id, self.step, self.request_id)
 
 
 def result_key(prefix: str, exp_id: str, step: int, request_id: str) -> str:
@@ -233,6 +233,7 @@ def parse_result_key(key: str) -> ResultKey:
     if not m:
         raise ContractError(f"object key {key!r} is not a rollout result key")
     return ResultKey(
+        key=key,
         prefix=m["prefix"] or "",
         exp_id=m["exp_id"],
         step=int(m["step"]),

@@ -100,7 +100,7 @@ def test_key_layout_roundtrip():
         42,
         "abc",
     )
-    assert str(parsed) == key
+    assert parsed.key == key
     assert parse_result_key(result_key("", "e", 1, "r")).prefix == ""
     for bad in ("rollouts/e/12/r.json", "rollouts/e/00000001/r.txt", "x.json"):
         with pytest.raises(ContractError, match="not a rollout result key"):

@@ -87,8 +87,9 @@ class RolloutApp(BedrockAgentCoreApp):
             self.logger.setLevel(logging.WARNING)
         self._fn: RolloutFn | None = None
         self._writer = writer or ResultWriter()
-        self._tasks: dict[str, asyncio.Task[None]] = {}  # strong refs: tasks must not be GC'd
-        self._sessions: dict[str, set[str]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # running; strong refs against GC
+        self._seen: set[str] = set()  # every request_id accepted, to recognise retried invokes
+        self._sessions: dict[str, set[str]] = {}  # session_id -> its running request_ids
         self.entrypoint(self._accept)
 
     def rollout_entrypoint(self, fn: RolloutFn) -> RolloutFn:
@@ -96,11 +97,7 @@ class RolloutApp(BedrockAgentCoreApp):
         return fn
 
     def session_busy(self, session_id: str) -> bool:
-        return any(
-            not self._tasks[r].done()
-            for r in self._sessions.get(session_id, ())
-            if r in self._tasks
-        )
+        return bool(self._sessions.get(session_id))
 
     def cancel_session(self, session_id: str) -> None:
         """Cancel a session's rollouts without writing results, as a stopped session would
@@ -120,14 +117,24 @@ class RolloutApp(BedrockAgentCoreApp):
         except ContractError as e:
             raise HTTPException(400, str(e)) from None
         rid = control.request_id
-        if rid in self._tasks:  # a retried invoke whose first attempt did arrive
+        if rid in self._seen:  # a retried invoke whose first attempt did arrive
             return {"status": "accepted", "request_id": rid, "duplicate": True}
+        self._seen.add(rid)
         received = time.time()
         task_id = self.add_async_task("rollout", {"request_id": rid})
+        running = self._sessions.setdefault(control.session_id, set())
         task = asyncio.create_task(self._run(user, control, received))
-        task.add_done_callback(lambda _: self.complete_async_task(task_id))
         self._tasks[rid] = task
-        self._sessions.setdefault(control.session_id, set()).add(rid)
+        running.add(rid)
+
+        def finished(_: asyncio.Task[None]) -> None:
+            self.complete_async_task(task_id)
+            self._tasks.pop(rid, None)
+            running.discard(rid)
+            if not running and self._sessions.get(control.session_id) is running:
+                del self._sessions[control.session_id]
+
+        task.add_done_callback(finished)
         return {"status": "accepted", "request_id": rid}
 
     async def _run(self, user: dict[str, Any], control: RolloutControl, received: float) -> None:
@@ -172,12 +179,7 @@ class RolloutApp(BedrockAgentCoreApp):
 
 def _output_fields(output: Any) -> dict[str, Any]:
     if isinstance(output, RolloutOutput):
-        output = {
-            "rewards": output.rewards,
-            "trajectory": output.trajectory,
-            "metrics": output.metrics,
-            "stop_reason": output.stop_reason,
-        }
+        output = dict(vars(output))  # shallow: a trajectory can be large
     if not isinstance(output, Mapping) or "rewards" not in output:
         return _failure(
             "agent_error",
