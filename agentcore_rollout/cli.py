@@ -31,7 +31,14 @@ from rich.table import Table
 
 from .config import Config, ConfigError, load_config
 from .contract import Outcome
-from .engine import RolloutEngine, RolloutHandle, RolloutOutcome, RolloutRequest, quantiles
+from .engine import (
+    RolloutBatch,
+    RolloutEngine,
+    RolloutHandle,
+    RolloutOutcome,
+    RolloutRequest,
+    reward_mean,
+)
 
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
 
@@ -72,37 +79,29 @@ def build_requests(rows: list[tuple[str, dict[str, Any]]], n: int) -> list[Rollo
     ]
 
 
-def summarize(outcomes: list[RolloutOutcome], wall_time: float, api_calls: dict[str, int]) -> dict:
-    """The figures `summary.json` holds and the tables show."""
-    counts = {str(o): 0 for o in Outcome}
+def summarize(batch: RolloutBatch) -> dict:
+    """The figures `summary.json` holds and the tables show: the batch's, plus per group."""
     groups: dict[str, list[RolloutOutcome]] = defaultdict(list)
-    for o in outcomes:
-        counts[str(o.outcome)] += 1
+    for o in batch.outcomes:
         groups[o.request.input_id].append(o)
-    n = len(outcomes)
-    rewards = [o.reward for o in outcomes if o.reward is not None]
     return {
-        "requests": n,
-        "outcomes": counts,
-        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "requests": len(batch.outcomes),
+        "outcomes": batch.counts,
+        "reward_mean": batch.reward_mean,
         "groups": {
             gid: {
                 "n": len(members),
                 "ok": sum(m.outcome is Outcome.OK for m in members),
-                "reward_mean": _mean([m.reward for m in members if m.reward is not None]),
+                "reward_mean": reward_mean(members),
             }
             for gid, members in groups.items()
         },
-        "latency_s": quantiles([o.latency for o in outcomes], (0.5, 0.95, 0.99)),
-        "wall_time_s": wall_time,
-        "throughput_per_s": n / wall_time if wall_time > 0 else 0.0,
-        "api_calls": api_calls,
-        "api_calls_per_rollout": sum(api_calls.values()) / n if n else 0.0,
+        "latency_s": batch.latency(),
+        "wall_time_s": batch.wall_time,
+        "throughput_per_s": batch.throughput,
+        "api_calls": batch.api_calls,
+        "api_calls_per_rollout": batch.api_calls_per_rollout,
     }
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 # ---------------------------------------------------------------------- run
@@ -125,7 +124,8 @@ async def run(config: Config, *, interrupted: asyncio.Event) -> dict:
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
         began = time.monotonic()
         outcomes = await _roll_out(engine, requests, config, out / "rollouts.jsonl", interrupted)
-        summary = summarize(outcomes, time.monotonic() - began, engine.api_calls)
+        wall_time = time.monotonic() - began
+        summary = summarize(RolloutBatch(engine.step, outcomes, engine.api_calls, wall_time))
     summary["interrupted"] = interrupted.is_set()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -147,7 +147,7 @@ async def _roll_out(
             by_id[outcome.request.request_id] = outcome
             sink.write(json.dumps(outcome.to_dict()) + "\n")
             sink.flush()
-            update(by_id.values(), engine.dispatcher.live.value)
+            update(outcome, engine.dispatcher.live.value)
     stop_all.cancel()
     return [by_id[r.request_id] for r in requests]
 
@@ -173,19 +173,22 @@ class _ProgressBar:
             transient=False,
         )
         self._task = self._bar.add_task("rollouts", total=total, status="")
+        self._done = self._failed = 0
 
-    def __enter__(self) -> Callable[[Any, int], None]:
+    def __enter__(self) -> Callable[[RolloutOutcome, int], None]:
         self._bar.start()
         return self._update
 
     def __exit__(self, *exc: object) -> None:
         self._bar.stop()
 
-    def _update(self, finished: Any, running: int) -> None:
-        done = list(finished)
-        failed = sum(o.outcome is not Outcome.OK for o in done)
-        status = f"submitted {self._total}  running {running}  done {len(done)}  failed {failed}"
-        self._bar.update(self._task, completed=len(done), status=status)
+    def _update(self, finished: RolloutOutcome, running: int) -> None:
+        self._done += 1
+        self._failed += finished.outcome is not Outcome.OK
+        status = (
+            f"submitted {self._total}  running {running}  done {self._done}  failed {self._failed}"
+        )
+        self._bar.update(self._task, completed=self._done, status=status)
 
 
 def print_summary(summary: dict, out: Path) -> None:

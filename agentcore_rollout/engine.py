@@ -127,18 +127,34 @@ class RolloutBatch:
     def latency(self) -> dict[str, float]:
         return quantiles([o.latency for o in self.outcomes])
 
+    @property
+    def reward_mean(self) -> float | None:
+        return reward_mean(self.outcomes)
+
+    @property
+    def throughput(self) -> float:
+        return len(self.outcomes) / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def api_calls_per_rollout(self) -> float:
+        return sum(self.api_calls.values()) / len(self.outcomes) if self.outcomes else 0.0
+
     def metrics(self) -> dict[str, float]:
         """A flat dict of numbers, ready for a trainer's logger."""
-        n = len(self.outcomes)
         out: dict[str, float] = {f"rollout/outcome/{k}": v for k, v in self.counts.items()}
         out |= {f"rollout/latency_{k}": v for k, v in self.latency().items()}
-        rewards = [o.reward for o in self.ok if o.reward is not None]
-        if rewards:
-            out["rollout/reward_mean"] = sum(rewards) / len(rewards)
+        if self.reward_mean is not None:
+            out["rollout/reward_mean"] = self.reward_mean
         out["rollout/wall_time"] = self.wall_time
-        out["rollout/throughput"] = n / self.wall_time if self.wall_time > 0 else 0.0
-        out["rollout/api_calls_per_rollout"] = sum(self.api_calls.values()) / n if n else 0.0
+        out["rollout/throughput"] = self.throughput
+        out["rollout/api_calls_per_rollout"] = self.api_calls_per_rollout
         return out
+
+
+def reward_mean(outcomes: Iterable[RolloutOutcome]) -> float | None:
+    """Mean scalar reward of the outcomes that have one (failures have none)."""
+    rewards = [o.reward for o in outcomes if o.reward is not None]
+    return sum(rewards) / len(rewards) if rewards else None
 
 
 class RolloutHandle:
@@ -421,20 +437,14 @@ class RolloutEngine:
         gateway_session: Any = None,
     ) -> bytes:
         cfg = self.config
-        llm = None
-        if cfg.gateway is not None and gateway_session is not None:
+        llm = LLMSettings(**cfg.llm.model_dump()) if cfg.llm is not None else None
+        if gateway_session is not None:  # agents call the gateway with their session's key
+            assert cfg.gateway is not None
             llm = LLMSettings(
                 base_url=f"{(cfg.gateway.public_url or cfg.gateway.url).rstrip('/')}/v1",
-                model=cfg.llm.model if cfg.llm else (gateway_session.model or "policy"),
+                model=llm.model if llm else (gateway_session.model or "policy"),
                 api_key=gateway_session.api_key,
-                sampling=cfg.llm.sampling if cfg.llm else {},
-            )
-        elif cfg.llm is not None:
-            llm = LLMSettings(
-                base_url=cfg.llm.base_url,
-                model=cfg.llm.model,
-                api_key=cfg.llm.api_key,
-                sampling=cfg.llm.sampling,
+                sampling=llm.sampling if llm else {},
             )
         control = RolloutControl(
             exp_id=cfg.exp_id,

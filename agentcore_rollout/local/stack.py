@@ -148,13 +148,10 @@ class LocalStack:
             },
         }
         if self.gateway is not None and base.gateway is None:
-            fill["gateway"] = GatewayConfig(
+            fill["gateway"] = GatewayConfig(  # the engine points agents at it, per session
                 url=self.gateway.url,
                 admin_token=self._admin_token,
                 max_context=self.config.max_context,
-            )
-            fill["llm"] = (base.llm or LLMConfig(base_url=f"{self.gateway.url}/v1")).model_copy(
-                update={"base_url": f"{self.gateway.url}/v1", "model": "policy"}
             )
         elif base.llm is None:
             fill["llm"] = LLMConfig(base_url=f"{self.policy_url}/v1", model="tiny-char-policy")
@@ -173,7 +170,7 @@ class LocalStack:
             f"AGENTCORE_ROLLOUT_ENDPOINTS__S3={self.moto.url}",
             f"AGENTCORE_ROLLOUT_ENDPOINTS__SQS={self.moto.url}",
             f"AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE={cfg.endpoints.agentcore}",
-            f"AGENTCORE_ROLLOUT_LLM__BASE_URL={cfg.llm.base_url if cfg.llm else ''}",
+            *([f"AGENTCORE_ROLLOUT_LLM__BASE_URL={cfg.llm.base_url}"] if cfg.llm else []),
             *(
                 # an ephemeral token of this local stack, printed so a shell can use it
                 [
