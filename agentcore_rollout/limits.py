@@ -106,10 +106,16 @@ class Gauge:
         self.value = 0
         self.peak = 0
 
-    def __enter__(self) -> Gauge:
+    def add(self) -> None:
         self.value += 1
         self.peak = max(self.peak, self.value)
+
+    def remove(self) -> None:
+        self.value -= 1
+
+    def __enter__(self) -> Gauge:
+        self.add()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.value -= 1
+        self.remove()

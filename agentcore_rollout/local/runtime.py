@@ -215,7 +215,7 @@ class RuntimeEmulator:
         now = time.monotonic()
         session = _Session(session_id, created=now, last_active=now)
         self.sessions[session_id] = session
-        self.live.__enter__()
+        self.live.add()
         self.started.append(session_id)
         return session
 
@@ -264,7 +264,7 @@ class RuntimeEmulator:
     async def _end(self, session: _Session, ledger: list[str]) -> None:
         if self.sessions.pop(session.session_id, None) is None:
             return
-        self.live.__exit__()
+        self.live.remove()
         ledger.append(session.session_id)
         if session.agent is not None:
             await session.agent.terminate()
