@@ -45,6 +45,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .._http import read_json_object, sse_response
 from .backends import Backend, BackendError, Completion, TurnRequest
 from .render import Parsed, Renderer
 from .sampling import request_sampling
@@ -206,7 +207,7 @@ class Gateway:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session = self._agent_session(request)
-        body = await _read_json(request)
+        body = await read_json_object(request)
         tools = _tools(body.get("tools"))
         sampling = request_sampling(body, session.sampling)
         stream, want_logprobs = _flag(body, "stream"), _flag(body, "logprobs")
@@ -236,7 +237,7 @@ class Gateway:
             session.end_turn(turn)
         answer = self._answer(turn, completion, parsed, model, want_logprobs)
         if stream:
-            return await _sse(request, _chunks(answer, body.get("stream_options")))
+            return await sse_response(request, _chunks(answer, body.get("stream_options")))
         return _json(answer)
 
     async def _run_turn(
@@ -320,7 +321,7 @@ class Gateway:
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
         self._check_admin(request)
-        body = await _read_json(request)
+        body = await read_json_object(request)
         session, key = self.sessions.create(
             body.get("request_id"),
             sampling=body.get("sampling"),
@@ -361,16 +362,6 @@ class Gateway:
 def _bearer(request: web.Request) -> str | None:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
-
-
-async def _read_json(request: web.Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.read() or b"{}")
-    except ValueError as exc:
-        raise ValueError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ValueError("request body must be a JSON object")
-    return body
 
 
 def _flag(body: Mapping[str, Any], name: str) -> bool:
@@ -423,18 +414,6 @@ def _chunks(answer: dict[str, Any], options: Any) -> Iterator[dict[str, Any]]:
     yield chunk({}, finish=choice["finish_reason"])
     if isinstance(options, Mapping) and options.get("include_usage"):
         yield {**head, "choices": [], "usage": answer["usage"]}
-
-
-async def _sse(request: web.Request, events: Iterator[dict[str, Any]]) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    for event in events:
-        await response.write(f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
 
 
 @web.middleware

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from ..._http import read_json_object, sse_response
 from .model import Generation, TinyPolicy
 from .sampling import SamplingParams
 
@@ -195,14 +196,14 @@ class PolicyServer:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         """POST /generate (SGLang): single or batch (`text` list / `input_ids` list of lists);
         every per-request field may then be a list with one entry per prompt."""
-        body = await _body(request)
+        body = await read_json_object(request)
         prompts, batch = self._generate_prompts(body)
         with_text = _flag(body.get("return_text_in_logprobs"), "return_text_in_logprobs")
         # Validate every prompt's arguments before generating any, so a bad batch has no effect.
         jobs = [self._generate_job(body, i, batch, prompt) for i, prompt in enumerate(prompts)]
         outputs = [self._generate_one(*job, with_text=with_text) for job in jobs]
         if _flag(body.get("stream"), "stream"):
-            return await _sse(request, iter(outputs))
+            return await sse_response(request, iter(outputs))
         return _json(outputs if batch else outputs[0])
 
     def _generate_job(
@@ -271,7 +272,7 @@ class PolicyServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions; `return_token_ids` (vLLM's extension) adds
         `prompt_token_ids` and `choices[0].token_ids`."""
-        body = await _body(request)
+        body = await read_json_object(request)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
@@ -292,7 +293,7 @@ class PolicyServer:
         usage = _usage(prompt, gen)
         if stream:
             chunks = self._chat_chunks(head, gen, sp, logprobs, finish, usage, body)
-            return await _sse(request, chunks)
+            return await sse_response(request, chunks)
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": gen.text},
@@ -339,7 +340,7 @@ class PolicyServer:
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/completions (non-streaming); `logprobs: n` gives the legacy logprobs object."""
-        body = await _body(request)
+        body = await read_json_object(request)
         prompt = self._completion_prompt(body.get("prompt"))
         if _flag(body.get("stream"), "stream") or _flag(body.get("echo"), "echo"):
             raise ValueError("stream and echo are not supported on /v1/completions")
@@ -456,7 +457,7 @@ class PolicyServer:
         """SGLang's body {"model_path": file.npz, "weight_version"?: str} and answer
         {"success", "message", "num_paused_requests"}; a failure is a 400 carrying both that
         answer and the usual error object."""
-        body = await _body(request)
+        body = await read_json_object(request)
         path, label = body.get("model_path"), body.get("weight_version")
         try:
             if not isinstance(path, str) or not (label is None or isinstance(label, str)):
@@ -521,26 +522,6 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         if exc.status < 400:
             raise
         return _json(_error_body(exc.status, exc.reason), exc.status)
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.text())
-    except ValueError as exc:
-        raise ValueError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ValueError("request body must be a JSON object")
-    return body
-
-
-async def _sse(request: web.Request, events: Iterator[dict[str, Any]]) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    for event in events:
-        await response.write(f"data: {_dumps(event)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
 
 
 def _pick(value: Any, index: int, batch: bool) -> Any:

@@ -1,0 +1,37 @@
+"""Request and response helpers shared by the project's aiohttp servers (the policy server
+and the gateway): the same JSON-object bodies and the same OpenAI-style SSE streams."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from aiohttp import web
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object; ValueError (a 400 to the servers) otherwise."""
+    try:
+        body = json.loads(await request.read())
+    except ValueError as exc:
+        raise ValueError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    return body
+
+
+async def sse_response(
+    request: web.Request, events: Iterable[dict[str, Any]]
+) -> web.StreamResponse:
+    """Stream `events` as `data:` lines, closed by `data: [DONE]`, as OpenAI streams are."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    for event in events:
+        data = json.dumps(event, separators=(",", ":"), allow_nan=False)
+        await response.write(f"data: {data}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
