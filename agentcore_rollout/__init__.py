@@ -4,10 +4,10 @@ The trainer hands `RolloutEngine` a batch of `RolloutRequest`s; each runs as its
 AgentCore Runtime session; results come back through S3 and SQS as a `RolloutBatch`.
 """
 
-from .buffer import Delivery, RolloutBuffer
+from ._buffer import Delivery, RolloutBuffer
+from ._dispatcher import RequestDispatcher, SubmitFailed
 from .config import Config, ConfigError, EngineConfig, load_config
 from .contract import ContractError, Outcome, RolloutControl, RolloutResult
-from .dispatcher import RequestDispatcher, SubmitFailed
 from .engine import RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome, RolloutRequest
 from .sandbox import AgentCoreRuntime, SandboxRuntime, SessionCallError
 

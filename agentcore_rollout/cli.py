@@ -297,7 +297,7 @@ def _infra_args(sub: Any) -> None:
 
 def _infra(args: argparse.Namespace) -> int:
     """deploy / destroy / infra env: boto3 control plane, one line of output each."""
-    from . import infra
+    from . import _infra as infra
 
     if args.command == "infra":
         client = infra.aws_client("cloudformation", args.region, args.endpoint_url)

@@ -23,8 +23,9 @@ from uuid import uuid4
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .aws import AwsClients
-from .buffer import Delivery, RolloutBuffer
+from ._aws import AwsClients
+from ._buffer import Delivery, RolloutBuffer
+from ._dispatcher import RequestDispatcher, SubmitFailed
 from .config import ConfigError, EngineConfig
 from .contract import (
     CONTROL_KEY,
@@ -35,7 +36,6 @@ from .contract import (
     RolloutControl,
     RolloutResult,
 )
-from .dispatcher import RequestDispatcher, SubmitFailed
 from .sandbox import AgentCoreRuntime, SandboxRuntime
 
 log = logging.getLogger("agentcore_rollout.engine")

@@ -33,9 +33,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agentcore_rollout._process import ServiceProcess  # noqa: E402
 from agentcore_rollout.gateway import GatewayAdmin  # noqa: E402
 from agentcore_rollout.gateway.__main__ import TOKEN_ENV  # noqa: E402
-from agentcore_rollout.local.process import ServiceProcess  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 8}
 

@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 
-from agentcore_rollout.buffer import RolloutBuffer
+from agentcore_rollout._buffer import RolloutBuffer
 from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.contract import Outcome, result_key
 

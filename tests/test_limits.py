@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from agentcore_rollout._dispatcher import RequestDispatcher, SubmitFailed
+from agentcore_rollout._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from agentcore_rollout.config import EngineConfig
-from agentcore_rollout.dispatcher import RequestDispatcher, SubmitFailed
-from agentcore_rollout.limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from agentcore_rollout.sandbox import SessionCallError
 
 

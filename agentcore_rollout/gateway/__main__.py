@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import os
 
-from ..local.process import exit_with_parent, serve_until_signalled
+from .._process import exit_with_parent, serve_until_signalled
 from .backends import Backend, OpenAIBackend, SGLangBackend
 from .render import CharRenderer, HFRenderer, Renderer
 from .server import DEFAULT_SESSION_TTL, Gateway

@@ -28,7 +28,7 @@ from urllib.parse import unquote
 import aiohttp
 from aiohttp import web
 
-from ..limits import Gauge, TokenBucket
+from .._limits import Gauge, TokenBucket
 
 log = logging.getLogger("agentcore_rollout.local.runtime")
 
@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     environment. Prints the URL on one line once listening."""
     import argparse
 
-    from .process import exit_with_parent, serve_until_signalled
+    from .._process import exit_with_parent, serve_until_signalled
 
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.runtime")
     parser.add_argument("app", help="module:attribute of the RolloutApp each session runs")

@@ -16,9 +16,9 @@ import os
 import secrets
 from typing import Any
 
+from .._process import ServiceProcess
 from ..config import EngineConfig, GatewayConfig, LLMConfig, LocalConfig
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
-from .process import ServiceProcess
 
 LOCAL_REGION = "us-east-1"
 LOCAL_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"

@@ -28,8 +28,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from moto.server import ThreadedMotoServer
 
-from agentcore_rollout.aws import AwsClients
-from agentcore_rollout.buffer import RolloutBuffer
+from agentcore_rollout._aws import AwsClients
+from agentcore_rollout._buffer import RolloutBuffer
 from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.contract import Outcome, result_key
 from infra.cdk import app

@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from ._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from .config import EngineConfig
-from .limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from .sandbox import SandboxRuntime, SessionCallError
 
 log = logging.getLogger("agentcore_rollout.dispatcher")
