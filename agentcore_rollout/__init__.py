@@ -1,37 +1,36 @@
 """agentcore-rollout: a decoupled rollout engine for RL training of LLM agents.
 
 The trainer hands `RolloutEngine` a batch of `RolloutRequest`s; each runs as its own
-AgentCore Runtime session; results come back through S3 and SQS as a `RolloutBatch`.
+AgentCore Runtime session; results come back through S3 and SQS as a `RolloutBatch` with one
+`RolloutOutcome` per request.
+
+This module is the trainer's API. Agent authors use `agentcore_rollout.agent`; the wire
+contract is `agentcore_rollout.contract`. Modules whose names start with `_` are internal.
 """
 
-from ._buffer import Delivery, RolloutBuffer
-from ._dispatcher import RequestDispatcher, SubmitFailed
+from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, StaleResult
+from ._engine import RolloutEngine, RolloutHandle
+from ._sandbox import SandboxRuntime, SessionCallError
+from ._stats import EngineStats
 from .config import Config, ConfigError, EngineConfig, load_config
-from .contract import ContractError, Outcome, RolloutControl, RolloutResult
-from .engine import RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome, RolloutRequest
-from .sandbox import AgentCoreRuntime, SandboxRuntime, SessionCallError
+from .contract import ContractError, Outcome
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AgentCoreRuntime",
     "Config",
     "ConfigError",
     "ContractError",
-    "Delivery",
     "EngineConfig",
+    "EngineStats",
     "Outcome",
-    "RequestDispatcher",
     "RolloutBatch",
-    "RolloutBuffer",
-    "RolloutControl",
     "RolloutEngine",
     "RolloutHandle",
     "RolloutOutcome",
     "RolloutRequest",
-    "RolloutResult",
     "SandboxRuntime",
     "SessionCallError",
-    "SubmitFailed",
+    "StaleResult",
     "load_config",
 ]

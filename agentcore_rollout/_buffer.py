@@ -6,7 +6,8 @@ late, lost, foreign or malformed, so the buffer:
 - leaves another experiment's messages on the queue (visible again after a short delay),
 - verifies every object (size, schema, signature, key) before a request sees it,
 - looks a request's key up in S3 directly when its deadline nears with no notification,
-- remembers finished requests, so duplicates and late results are counted, never mixed in.
+- remembers ended requests (per step, for a window of steps), so duplicates and late results
+  are counted, never mixed in.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ._batch import StaleResult
 from .config import EngineConfig
 from .contract import (
     ContractError,
@@ -58,7 +61,6 @@ class _Waiter:
     step: int
     key: str
     sig_key: str
-    deadline: float
     future: asyncio.Future[Delivery]
     busy: bool = False  # a download for it is under way
 
@@ -68,7 +70,12 @@ class _Transient(Exception):
 
 
 class RolloutBuffer:
-    """Collects results for the requests registered with `expect`, and only those."""
+    """Collects results for the requests registered with `expect`, and only those.
+
+    Ended requests are remembered per step (to tell a duplicate or a late result from an
+    unknown one) until their step falls out of the retained window: `advance(step)` forgets
+    every step older than `step - retain_steps`, so a long run holds flat memory.
+    """
 
     def __init__(self, s3: Any, sqs: Any, config: EngineConfig) -> None:
         self._s3 = s3
@@ -76,58 +83,97 @@ class RolloutBuffer:
         self._cfg = config
         self._prefix = config.prefix.strip("/")
         self._waiters: dict[str, _Waiter] = {}
-        self._finished: set[str] = set()
-        self._late_keys: dict[str, str] = {}  # request_id -> sig_key, for ended-without-result
+        # step -> request_id -> the signing key of a request that ended without a result
+        # (its result may still come, late), or None once nothing more is expected of it
+        self._ended: dict[int, dict[str, str | None]] = {}
+        self._stale: dict[int, list[StaleResult]] = {}
+        self._step = 0
         self._downloads = asyncio.Semaphore(config.download_concurrency)
-        self._tasks: list[asyncio.Task[None]] = []
-        self.step = 0
-        self.counts: Counter[str] = Counter()
-        self.stale: list[RolloutResult] = []
+        self._pollers: list[asyncio.Task[None]] = []
+        self._counts: Counter[str] = Counter()
+        self._invalid: Counter[str] = Counter()
 
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        self._tasks = [
+        self._pollers = [
             asyncio.create_task(self._poll(), name=f"rollout-buffer-poller-{i}")
             for i in range(self._cfg.pollers)
         ]
 
     async def close(self) -> None:
-        for task in self._tasks:
+        for task in self._pollers:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        for task, ended in zip(
+            self._pollers,
+            await asyncio.gather(*self._pollers, return_exceptions=True),
+            strict=True,
+        ):
+            if not isinstance(ended, asyncio.CancelledError | None):
+                log.error("%s ended with %r", task.get_name(), ended)
+        self._pollers = []
+
+    def stats(self) -> dict[str, Any]:
+        """This buffer's share of `EngineStats`."""
+        c = self._counts
+        return {
+            "step": self._step,
+            "messages": c["messages"],
+            "downloads": c["downloads"],
+            "duplicates": c["duplicates"],
+            "unmatched": c["unmatched"],
+            "stale": c["stale"],
+            "foreign_messages": c["foreign_messages"],
+            "malformed_messages": c["malformed_messages"],
+            "test_events": c["test_events"],
+            "s3_lookups": c["lookups"],
+            "recovered_by_lookup": c["recovered_by_lookup"],
+            "invalid_results": self._invalid,
+            "handler_errors": c["handler_errors"],
+            "tracked_requests": len(self._waiters) + sum(map(len, self._ended.values())),
+        }
+
+    # ----------------------------------------------------------------- steps
+
+    def advance(self, step: int) -> None:
+        """Make `step` the current policy version and forget what is out of the window."""
+        self._step = step
+        horizon = step - self._cfg.retain_steps
+        for old in [s for s in self._ended if s < horizon]:
+            del self._ended[old]
+        for old in [s for s in self._stale if s < horizon]:
+            del self._stale[old]
+
+    def take_stale(self) -> list[StaleResult]:
+        """Hand over (and forget) the results that arrived after their request had ended."""
+        taken = [r for results in self._stale.values() for r in results]
+        self._stale.clear()
+        return taken
 
     # ----------------------------------------------------------------- requests
 
-    def expect(self, request_id: str, *, step: int, sig_key: str, deadline: float) -> None:
-        """Register a request before it is dispatched, so no result can arrive unclaimed."""
-        if request_id in self._waiters or request_id in self._finished:
+    def expect(self, request_id: str, *, step: int, sig_key: str) -> str:
+        """Register a request before it is dispatched, so no result can arrive unclaimed.
+        Returns the key its result must be written to."""
+        if request_id in self._waiters or any(request_id in e for e in self._ended.values()):
             raise ValueError(f"request_id {request_id!r} is already in use")
         key = result_key(self._prefix, self._cfg.exp_id, step, request_id)
         future = asyncio.get_running_loop().create_future()
-        self._waiters[request_id] = _Waiter(request_id, step, key, sig_key, deadline, future)
+        self._waiters[request_id] = _Waiter(request_id, step, key, sig_key, future)
+        return key
 
-    def expect_deadline(self, request_id: str, deadline: float) -> None:
-        """Move a registered request's deadline (it counts from dispatch, not registration)."""
-        self._waiters[request_id].deadline = deadline
-
-    def result_key(self, request_id: str) -> str:
-        return self._waiters[request_id].key
-
-    async def wait(self, request_id: str) -> Delivery:
-        """Wait for the request's result. Near the deadline, look in S3 directly; past the
+    async def wait(self, request_id: str, deadline: float) -> Delivery:
+        """Wait for the request's result. Near `deadline`, look in S3 directly; past the
         deadline plus grace, deliver a `timeout`."""
         w = self._waiters[request_id]
         try:
-            lookup_at = w.deadline - self._cfg.reconcile_before
-            give_up_at = w.deadline + self._cfg.result_grace
+            lookup_at = deadline - self._cfg.reconcile_before
+            give_up_at = deadline + self._cfg.result_grace
             for until in (lookup_at, give_up_at):
                 if not await self._wait_until(w.future, until):
                     await self._lookup(w)
                 if w.future.done():
                     return w.future.result()
-            self.counts["timeout"] += 1
             return self._resolve(
                 w, Delivery(Outcome.TIMEOUT, error="no result by the deadline", via="deadline")
             )
@@ -141,11 +187,13 @@ class RolloutBuffer:
             self._retire(w)
 
     def _retire(self, w: _Waiter) -> None:
-        self._waiters.pop(w.request_id, None)
-        self._finished.add(w.request_id)
+        if self._waiters.pop(w.request_id, None) is None:
+            return
+        if w.step < self._step - self._cfg.retain_steps:
+            return  # already out of the window: nothing to remember it for
         delivery = w.future.result() if w.future.done() and not w.future.cancelled() else None
-        if delivery is None or delivery.result is None:
-            self._late_keys[w.request_id] = w.sig_key
+        late_key = w.sig_key if delivery is None or delivery.result is None else None
+        self._ended.setdefault(w.step, {})[w.request_id] = late_key
 
     @staticmethod
     async def _wait_until(future: asyncio.Future[Delivery], when: float) -> bool:
@@ -155,21 +203,21 @@ class RolloutBuffer:
         except TimeoutError:
             return future.done()
 
-    def _resolve(self, w: _Waiter, delivery: Delivery) -> Delivery:
+    @staticmethod
+    def _resolve(w: _Waiter, delivery: Delivery) -> Delivery:
         if not w.future.done():
             w.future.set_result(delivery)
-            self.counts[f"delivered:{delivery.outcome}"] += 1
         return w.future.result()
 
     # ----------------------------------------------------------------- polling
 
     async def _poll(self) -> None:
         """Receive, hand each batch to a task, receive again: receiving overlaps with
-        downloading, and at most `_MAX_BATCHES` batches are in hand at once."""
+        downloading, and at most `_MAX_BATCHES` batches are in hand at once. The task group
+        owns those tasks: cancelling the poller cancels and awaits them."""
         failures = 0
         batches = asyncio.Semaphore(_MAX_BATCHES)
-        in_hand: set[asyncio.Task[None]] = set()
-        try:
+        async with asyncio.TaskGroup() as in_hand:
             while True:
                 await batches.acquire()
                 try:
@@ -187,24 +235,29 @@ class RolloutBuffer:
                     await asyncio.sleep(min(10.0, 0.2 * 2**failures))
                     continue
                 messages = resp.get("Messages", [])
-                self.counts["messages"] += len(messages)
-                task = asyncio.create_task(self._process(messages))
-                in_hand.add(task)
-                task.add_done_callback(lambda t: (in_hand.discard(t), batches.release()))
-        finally:
-            for task in in_hand:
-                task.cancel()
+                self._counts["messages"] += len(messages)
+                in_hand.create_task(self._process(messages, batches.release))
 
-    async def _process(self, messages: list[dict[str, Any]]) -> None:
-        handled = await asyncio.gather(*(self._handle(m) for m in messages), return_exceptions=True)
-        fates: list[_MessageFate] = []
-        for message, fate in zip(messages, handled, strict=True):
-            if isinstance(fate, BaseException):  # a bug must not stop the loop: keep it
-                log.error("handling message %s failed: %r", message.get("MessageId"), fate)
-                self.counts["handler_errors"] += 1
-                fate = "keep"
-            fates.append(fate)
-        await self._settle(messages, fates)
+    async def _process(self, messages: list[dict[str, Any]], done: Callable[[], None]) -> None:
+        """Handle one received batch and settle it; never raises (a bug must not stop the
+        poller: a message whose handling failed is kept, and comes back)."""
+        try:
+            handled = await asyncio.gather(
+                *(self._handle(m) for m in messages), return_exceptions=True
+            )
+            fates: list[_MessageFate] = []
+            for message, fate in zip(messages, handled, strict=True):
+                if isinstance(fate, BaseException):
+                    log.error("handling message %s failed: %r", message.get("MessageId"), fate)
+                    self._counts["handler_errors"] += 1
+                    fate = "keep"
+                fates.append(fate)
+            await self._settle(messages, fates)
+        except Exception as e:
+            log.error("settling %d messages failed: %r", len(messages), e)
+            self._counts["handler_errors"] += 1
+        finally:
+            done()
 
     async def _handle(self, message: dict[str, Any]) -> _MessageFate:
         try:
@@ -212,11 +265,11 @@ class RolloutBuffer:
         except ContractError as e:
             # Not ours to destroy: it returns after the visibility timeout, and a redrive
             # policy moves it to the dead-letter queue.
-            self.counts["malformed_messages"] += 1
+            self._counts["malformed_messages"] += 1
             log.warning("malformed message %s: %s", message.get("MessageId"), e)
             return "keep"
         if not refs:
-            self.counts["test_events"] += 1
+            self._counts["test_events"] += 1
             return "delete"
         own = [(ref, k) for ref in refs if (k := self._own_key(ref)) is not None]
         try:
@@ -225,7 +278,7 @@ class RolloutBuffer:
         except _Transient:
             return "keep"
         if len(own) < len(refs):
-            self.counts["foreign_messages"] += 1
+            self._counts["foreign_messages"] += 1
             return "release"
         return "delete"
 
@@ -273,7 +326,7 @@ class RolloutBuffer:
             await self._ingest_unclaimed(key)
             return
         if w.future.done() or w.busy:
-            self.counts["duplicates"] += 1
+            self._counts["duplicates"] += 1
             return
         w.busy = True
         try:
@@ -285,16 +338,28 @@ class RolloutBuffer:
 
     async def _ingest_unclaimed(self, key: ResultKey) -> None:
         """A result nobody waits for: a duplicate, a late one (kept apart), or unknown."""
-        sig_key = self._late_keys.pop(key.request_id, None)
-        if sig_key is None:
-            self.counts["duplicates" if key.request_id in self._finished else "unmatched"] += 1
+        ended = self._ended.get(key.step, {})
+        if key.request_id not in ended:
+            self._counts["unmatched"] += 1
             return
+        sig_key = ended[key.request_id]
+        if sig_key is None:
+            self._counts["duplicates"] += 1
+            return
+        ended[key.request_id] = None  # whatever this turns out to be, it is the only one
         delivery = await self._verified(key.key, key.request_id, key.step, sig_key, "notification")
-        if delivery is not None and delivery.result is not None:
-            self.stale.append(delivery.result)
-            self.counts["stale" if key.step < self.step else "late"] += 1
-        else:
-            self.counts["late_invalid"] += 1
+        if delivery is None or delivery.result is None:
+            return
+        result = delivery.result
+        self._counts["stale"] += 1
+        self._stale.setdefault(key.step, []).append(
+            StaleResult(
+                request_id=key.request_id,
+                step=key.step,
+                reward=result.scalar_reward(),
+                result=result if self._cfg.keep_stale_results else None,
+            )
+        )
 
     async def _verified(
         self,
@@ -316,18 +381,19 @@ class RolloutBuffer:
                 request_id,
             ):
                 raise ContractError(
-                    f"object at {key} is for {result.exp_id}/{result.step}/{result.request_id}"
+                    f"object at {key} is for {result.exp_id}/{result.step}/{result.request_id}",
+                    "wrong_object",
                 )
             verify_result(result, sig_key)
         except ContractError as e:
-            self.counts["invalid_results"] += 1
+            self._invalid[e.reason] += 1
             log.warning("invalid result request_id=%s: %s", request_id, e)
             return Delivery(Outcome.INVALID_RESULT, error=str(e), via=via)
         return Delivery(Outcome(result.status), result=result, via=via)
 
     async def _download(self, key: str) -> bytes | None:
         async with self._downloads:
-            self.counts["downloads"] += 1
+            self._counts["downloads"] += 1
             try:
                 resp = await self._s3.get_object(Bucket=self._cfg.bucket, Key=key)
             except ClientError as e:
@@ -339,7 +405,9 @@ class RolloutBuffer:
             size, limit = resp.get("ContentLength") or 0, self._cfg.max_result_bytes
             async with resp["Body"] as stream:
                 if size > limit:  # refuse before reading it into memory
-                    raise ContractError(f"result object is {size} bytes, over the {limit} limit")
+                    raise ContractError(
+                        f"result object is {size} bytes, over the {limit} limit", "too_large"
+                    )
                 try:
                     return await stream.read()
                 except (BotoCoreError, OSError, aiohttp.ClientError) as e:
@@ -349,10 +417,10 @@ class RolloutBuffer:
         """Read the request's key straight from S3, for when the notification is late or lost."""
         if w.future.done():
             return
-        self.counts["lookups"] += 1
+        self._counts["lookups"] += 1
         try:
             await self._ingest(parse_result_key(w.key), via="lookup")
         except _Transient as e:
             log.warning("lookup of request_id=%s failed: %s", w.request_id, e)
         if w.future.done():
-            self.counts["recovered_by_lookup"] += 1
+            self._counts["recovered_by_lookup"] += 1

@@ -4,7 +4,8 @@ Three bounds hold at once:
 - a start rate (token bucket, adapted down on throttling and back up on success),
 - at most `ceil(start_rate * session_start_time)` starts in flight (Little's law), so a
   cold-start wave cannot pile up connections,
-- at most `max_live_sessions` sessions alive; a slot frees only after the session is stopped.
+- at most `max_live_sessions` sessions alive; a slot frees only after the session is stopped
+  (the engine stops it inside `live_slot`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from ._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
+from ._sandbox import SandboxRuntime, SessionCallError
 from .config import EngineConfig
-from .sandbox import SandboxRuntime, SessionCallError
 
 log = logging.getLogger("agentcore_rollout.dispatcher")
 
@@ -41,45 +43,62 @@ class RequestDispatcher:
         self._live_slots = asyncio.Semaphore(config.max_live_sessions)
         self.starting = Gauge()
         self.live = Gauge()
-        self.counts: Counter[str] = Counter()
-        self.start_times: list[float] = []
+        self.invokes = self.stops = self.throttles = 0
+        self.retries: Counter[str] = Counter()
+        self.invoke_errors: Counter[str] = Counter()
+        self.stop_errors: Counter[str] = Counter()
+
+    def stats(self) -> dict[str, Any]:
+        """This dispatcher's share of `EngineStats`."""
+        return {
+            "live_sessions": self.live.value,
+            "starts_in_flight": self.starting.value,
+            "peak_live_sessions": self.live.peak,
+            "peak_starts_in_flight": self.starting.peak,
+            "start_rate": self.start_rate.rate,
+            "rate_cuts": self.start_rate.cuts,
+            "invokes": self.invokes,
+            "stops": self.stops,
+            "throttles": self.throttles,
+            "retries": self.retries,
+            "invoke_errors": self.invoke_errors,
+            "stop_errors": self.stop_errors,
+        }
 
     @asynccontextmanager
-    async def live_session(self, session_id: str) -> AsyncIterator[None]:
-        """Hold a live-session slot for the body; stop the session before releasing it."""
+    async def live_slot(self) -> AsyncIterator[None]:
+        """Hold one of the `max_live_sessions` slots; the caller stops its session inside."""
         async with self._live_slots:
             with self.live:
-                try:
-                    yield
-                finally:
-                    await asyncio.shield(self.stop(session_id))
+                yield
 
-    async def start(self, session_id: str, payload: bytes, deadline: float) -> None:
-        """Invoke the runtime in a new session, retrying what is retryable until `deadline`."""
+    async def start(self, session_id: str, payload: bytes, deadline: float) -> float:
+        """Invoke the runtime in a new session, retrying what is retryable until `deadline`.
+        Returns when the accepted invocation was sent (unix seconds)."""
         for attempt in range(self._cfg.max_retries + 1):
             async with self._starting_slots:
                 with self.starting:
                     await self.start_rate.acquire()
                     if time.time() >= deadline:
                         break
-                    self.counts["invoke"] += 1
-                    sent = time.monotonic()
+                    self.invokes += 1
+                    sent = time.time()
                     try:
                         await self._runtime.invoke(session_id, payload)
                     except SessionCallError as e:
                         error = e
                     else:
                         self.start_rate.on_success()
-                        self.start_times.append(sent)  # when the start was sent, not answered
-                        return
-            self.counts[f"invoke_error:{error.code}"] += 1
+                        return sent
+            self.invoke_errors[error.code] += 1
             if not error.retryable:
                 raise SubmitFailed(str(error))
             if error.throttled:
+                self.throttles += 1
                 self.start_rate.on_throttle()
             if attempt == self._cfg.max_retries:
                 raise SubmitFailed(f"gave up after {attempt + 1} attempts: {error}")
-            self.counts["invoke_retry"] += 1
+            self.retries[error.code] += 1
             delay = backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
             log.debug("retrying session_id=%s in %.2fs after %s", session_id, delay, error)
             await asyncio.sleep(min(delay, max(0.0, deadline - time.time())))
@@ -90,11 +109,11 @@ class RequestDispatcher:
         idle timeout reclaims it)."""
         for attempt in range(self._cfg.max_retries + 1):
             await self.stop_rate.acquire()
-            self.counts["stop"] += 1
+            self.stops += 1
             try:
                 await self._runtime.stop(session_id)
             except SessionCallError as e:
-                self.counts[f"stop_error:{e.code}"] += 1
+                self.stop_errors[e.code] += 1
                 if e.throttled:
                     self.stop_rate.on_throttle()
                 if not e.retryable or attempt == self._cfg.max_retries:

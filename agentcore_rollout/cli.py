@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .config import Config, ConfigError, load_config
-from .contract import Outcome
-from .engine import (
+from . import (
+    Config,
+    ConfigError,
+    Outcome,
     RolloutBatch,
     RolloutEngine,
     RolloutHandle,
     RolloutOutcome,
     RolloutRequest,
-    reward_mean,
+    load_config,
 )
 
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
@@ -92,7 +94,7 @@ def summarize(batch: RolloutBatch) -> dict:
             gid: {
                 "n": len(members),
                 "ok": sum(m.outcome is Outcome.OK for m in members),
-                "reward_mean": reward_mean(members),
+                "reward_mean": _mean([m.reward for m in members if m.reward is not None]),
             }
             for gid, members in groups.items()
         },
@@ -101,7 +103,12 @@ def summarize(batch: RolloutBatch) -> dict:
         "throughput_per_s": batch.throughput,
         "api_calls": batch.api_calls,
         "api_calls_per_rollout": batch.api_calls_per_rollout,
+        "engine": asdict(batch.stats),
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 # ---------------------------------------------------------------------- run
@@ -122,10 +129,11 @@ async def run(config: Config, *, interrupted: asyncio.Event) -> dict:
                 local = await stack.enter_async_context(LocalStack(config.local))
             engine_config = local.engine_config(config.engine)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
-        began = time.monotonic()
+        began, before = time.monotonic(), engine.stats()
         outcomes = await _roll_out(engine, requests, config, out / "rollouts.jsonl", interrupted)
         wall_time = time.monotonic() - began
-        summary = summarize(RolloutBatch(engine.step, outcomes, engine.api_calls, wall_time))
+        stats = engine.stats().since(before)
+        summary = summarize(RolloutBatch(engine.step, outcomes, stats, wall_time))
     summary["interrupted"] = interrupted.is_set()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -141,14 +149,17 @@ async def _roll_out(
     handles = [engine.submit(r, timeout=config.run.timeout) for r in requests]
     stop_all = asyncio.create_task(_cancel_on(interrupted, handles))
     by_id: dict[str, RolloutOutcome] = {}
-    with _ProgressBar(len(requests)) as update, path.open("w") as sink:
-        for next_done in asyncio.as_completed(handles):
-            outcome = await next_done
-            by_id[outcome.request.request_id] = outcome
-            sink.write(json.dumps(outcome.to_dict()) + "\n")
-            sink.flush()
-            update(outcome, engine.dispatcher.live.value)
-    stop_all.cancel()
+    try:
+        with _ProgressBar(len(requests)) as update, path.open("w") as sink:
+            for next_done in asyncio.as_completed(handles):
+                outcome = await next_done
+                by_id[outcome.request.request_id] = outcome
+                sink.write(json.dumps(outcome.to_dict()) + "\n")
+                sink.flush()
+                update(outcome, engine.stats().live_sessions)
+    finally:
+        stop_all.cancel()
+        await asyncio.gather(stop_all, return_exceptions=True)
     return [by_id[r.request_id] for r in requests]
 
 

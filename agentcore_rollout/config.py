@@ -96,6 +96,12 @@ class EngineConfig(_Section):
     download_concurrency: int = Field(default=16, ge=1)
     max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024)
     notify_directly: bool = Field(default=False, description="agents also send to SQS")
+    retain_steps: int = Field(
+        default=1, ge=0, description="older steps whose ended requests are remembered"
+    )
+    keep_stale_results: bool = Field(
+        default=False, description="keep whole late results, not just id, step and reward"
+    )
     max_pool_connections: int = Field(default=64, ge=1)
 
     def require_targets(self) -> None:

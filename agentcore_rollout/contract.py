@@ -25,7 +25,15 @@ SESSION_ID_MIN, SESSION_ID_MAX = 33, 256  # AgentCore's runtimeSessionId rule
 
 
 class ContractError(ValueError):
-    """A payload, result object or notification does not follow the wire contract."""
+    """A payload, result object or notification does not follow the wire contract.
+
+    `reason` names the kind of fault in one word (`schema`, `not_json`, `version`, `too_large`,
+    `signature`, `wrong_object`), so invalid results can be counted by cause.
+    """
+
+    def __init__(self, message: str, reason: str = "schema") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Outcome(StrEnum):
@@ -187,7 +195,7 @@ def verify_result(result: RolloutResult, sig_key: str) -> None:
     """Raise ContractError unless `result.sig` is the HMAC of its body under `sig_key`."""
     expected = hmac.new(sig_key.encode(), _signing_body(result), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, result.sig):
-        raise ContractError(f"result {result.request_id}: signature does not match")
+        raise ContractError(f"result {result.request_id}: signature does not match", "signature")
 
 
 def encode_result(result: RolloutResult) -> bytes:
@@ -197,7 +205,9 @@ def encode_result(result: RolloutResult) -> bytes:
 def decode_result(body: bytes, max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> RolloutResult:
     """Parse a result object, enforcing the size limit before reading it as JSON."""
     if len(body) > max_bytes:
-        raise ContractError(f"result object is {len(body)} bytes, over the {max_bytes} limit")
+        raise ContractError(
+            f"result object is {len(body)} bytes, over the {max_bytes} limit", "too_large"
+        )
     data = _loads(body, "result object")
     _check_version(data, "result object")
     return _validate(RolloutResult, data, "result object")
@@ -326,12 +336,14 @@ def _loads(body: bytes, what: str) -> Any:
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ContractError(f"{what} is not valid JSON: {e}") from None
+        raise ContractError(f"{what} is not valid JSON: {e}", "not_json") from None
 
 
 def _check_version(data: Any, what: str) -> None:
     if isinstance(data, dict) and "v" in data and data["v"] != SCHEMA_VERSION:
-        raise ContractError(f"{what} has schema version {data['v']!r}; this engine speaks v1")
+        raise ContractError(
+            f"{what} has schema version {data['v']!r}; this engine speaks v1", "version"
+        )
 
 
 def first_error(e: ValidationError) -> str:

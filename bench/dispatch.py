@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -21,9 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dataclasses import asdict  # noqa: E402
+
 from agentcore_rollout import RolloutEngine, RolloutRequest  # noqa: E402
 from agentcore_rollout.config import LocalConfig  # noqa: E402
-from agentcore_rollout.engine import quantiles  # noqa: E402
 from agentcore_rollout.local.stack import LocalStack  # noqa: E402
 
 
@@ -43,9 +45,7 @@ async def run(n: int, rate: float, mode: str) -> dict:
             began = time.monotonic()
             batch = await engine.rollout(requests)
             wall = time.monotonic() - began
-            starts = sorted(engine.dispatcher.start_times)
-            buffer_counts = dict(engine.buffer.counts)
-            engine_counts = dict(engine.dispatcher.counts)
+    starts = sorted(o.started_at for o in batch.outcomes if o.started_at is not None)
     ok = batch.ok
     handoff = [o.delivered_at - o.result.timings.finished for o in ok]
     span = starts[-1] - starts[0]
@@ -56,16 +56,22 @@ async def run(n: int, rate: float, mode: str) -> dict:
         "configured_start_rate": rate,
         "achieved_start_rate": round(achieved, 3),
         "start_rate_fraction": round(achieved / rate, 4),
-        "throttled": engine_counts.get("invoke_error:ThrottlingException", 0),
-        "write_to_handoff_s": {k: round(v, 4) for k, v in quantiles(handoff, (0.5, 0.99)).items()},
+        "throttled": batch.stats.throttles,
+        "write_to_handoff_s": {k: round(v, 4) for k, v in _quantiles(handoff).items()},
         "rollout_latency_s": {k: round(v, 3) for k, v in batch.latency().items()},
         "wall_time_s": round(wall, 3),
         "api_calls_per_rollout": round(sum(batch.api_calls.values()) / n, 3),
         "api_calls": batch.api_calls,
-        "buffer": buffer_counts,
+        "engine": asdict(batch.stats),
         "mode": mode,
     }
     return figures | {"_series": {"starts": [s - starts[0] for s in starts], "handoff": handoff}}
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    """Nearest rank."""
+    ordered = sorted(values)
+    return {f"p{q}": ordered[max(0, math.ceil(len(ordered) * q / 100) - 1)] for q in (50, 99)}
 
 
 def plot(figures: dict, path: Path) -> None:

@@ -4,6 +4,7 @@ failing receive never stops the poller, and only handled messages are deleted.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 
@@ -89,10 +90,42 @@ async def test_a_bug_on_one_message_and_a_failed_receive_do_not_stop_the_loop():
     )
     buffer = RolloutBuffer(s3, sqs, cfg)
     for rid in ("good", "bad"):
-        buffer.expect(rid, step=0, sig_key=KEY, deadline=now + 3)
+        buffer.expect(rid, step=0, sig_key=KEY)
     await buffer.start()
-    delivery = await buffer.wait("good")
+    delivery = await buffer.wait("good", deadline=now + 3)
     await buffer.close()
     assert delivery.outcome is Outcome.OK and delivery.result.rewards == 1.0
-    assert buffer.counts["handler_errors"] == 1
+    assert buffer.stats()["handler_errors"] == 1
     assert sqs.deleted == ["h-good"]  # the failed one stays on the queue
+
+
+class FailingDeleteSQS(FakeSQS):
+    async def delete_message_batch(self, QueueUrl: str, Entries: list[dict]) -> None:
+        if not self.deleted:
+            self.deleted.append("failed once")
+            raise RuntimeError("bug while settling")
+        await super().delete_message_batch(QueueUrl, Entries)
+
+
+async def test_a_failed_settle_is_counted_and_no_task_error_goes_unretrieved():
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    cfg = EngineConfig(bucket="bkt", queue_url="q", runtime_arn="a", exp_id="e")
+    keys = {rid: result_key("rollouts", "e", 0, rid) for rid in ("first", "second")}
+    s3 = FakeS3({k: signed_body(make_result(request_id=r)) for r, k in keys.items()}, set())
+    sqs = FailingDeleteSQS(
+        [[{"MessageId": r, "ReceiptHandle": f"h-{r}", "Body": _event(k)}] for r, k in keys.items()]
+    )
+    buffer = RolloutBuffer(s3, sqs, cfg)
+    for rid in keys:
+        buffer.expect(rid, step=0, sig_key=KEY)
+    await buffer.start()
+    deliveries = [await buffer.wait(rid, deadline=time.time() + 5) for rid in keys]
+    await buffer.close()
+    gc.collect()  # an unretrieved task exception is reported when the task is collected
+    await asyncio.sleep(0)
+    assert [d.outcome for d in deliveries] == [Outcome.OK, Outcome.OK]
+    assert buffer.stats()["handler_errors"] == 1
+    assert sqs.deleted == ["failed once", "h-second"]
+    assert unhandled == []

@@ -90,22 +90,25 @@ async def test_throttling_a_third_of_invocations_is_retried_and_slows_the_rate(
     reqs = _batch(24)
     async with RolloutEngine(engine_config(moto, channel, emu)) as engine:
         batch = await engine.rollout(reqs)
-        cuts = engine.dispatcher.start_rate.cuts
-        counts = engine.dispatcher.counts
     _assert_rest_ok(batch, set())
-    assert emu.counts["ThrottlingException"] >= 8
-    assert counts["invoke_error:ThrottlingException"] == emu.counts["ThrottlingException"]
-    assert counts["invoke"] == 24 + emu.counts["ThrottlingException"]
-    assert cuts >= 1
+    throttled, stats = emu.counts["ThrottlingException"], batch.stats
+    assert throttled >= 8
+    assert stats.throttles == stats.invoke_errors["ThrottlingException"] == throttled
+    assert stats.retries == {"ThrottlingException": throttled}
+    assert stats.invokes == 24 + throttled
+    assert stats.rate_cuts >= 1
+    metrics = batch.metrics()
+    assert metrics["rollout/engine/throttles"] == throttled
+    assert metrics["rollout/engine/retries/ThrottlingException"] == throttled
 
 
 async def test_emulator_tps_limit_slows_the_dispatcher_down(moto, channel, emulator):
     emu = await emulator(invoke_tps=8.0)
     async with RolloutEngine(engine_config(moto, channel, emu, start_rate=40.0)) as engine:
         batch = await engine.rollout(_batch(30))
-        cuts = engine.dispatcher.start_rate.cuts
     _assert_rest_ok(batch, set())
-    assert emu.counts["ThrottlingException"] > 0 and cuts >= 1
+    assert emu.counts["ThrottlingException"] > 0 and batch.stats.rate_cuts >= 1
+    assert batch.stats.start_rate < 40.0
 
 
 async def test_quota_402_is_retried_until_a_slot_frees(moto, channel, emulator):
@@ -135,10 +138,10 @@ async def test_non_retryable_error_fails_at_once(moto, channel, emulator):
     )
     async with RolloutEngine(engine_config(moto, channel, emu)) as engine:
         batch = await engine.rollout(_batch(2))
-        counts = engine.dispatcher.counts
     assert batch.counts["submit_failed"] == 2
     assert "ResourceNotFoundException" in batch.outcomes[0].error
-    assert counts["invoke"] == 2  # no retries
+    assert batch.stats.invokes == 2 and batch.stats.retries == {}  # no retries
+    assert batch.stats.invoke_errors == {"ResourceNotFoundException": 2}
 
 
 async def test_duplicate_notifications_give_one_outcome_each(moto, channel, emulator):
@@ -163,7 +166,7 @@ async def test_duplicate_notifications_give_one_outcome_each(moto, channel, emul
         outcomes = [await h for h in handles]
         for _ in range(3):  # late duplicates, after hand-off
             sqs.send_message(QueueUrl=channel.queue_url, MessageBody=json.dumps(event))
-        await _until(lambda: engine.buffer.counts["duplicates"] >= 12)
+        await _until(lambda: engine.stats().duplicates >= 12)
     assert [o.outcome for o in outcomes] == [Outcome.OK] * 4
 
 
@@ -175,7 +178,7 @@ async def test_message_of_another_experiment_stays_on_the_queue(moto, channel, e
     cfg = engine_config(moto, channel, emu, foreign_visibility=30)
     async with RolloutEngine(cfg) as engine:
         batch = await engine.rollout(_batch(3))
-        await _until(lambda: engine.buffer.counts["foreign_messages"] >= 1)
+        await _until(lambda: engine.stats().foreign_messages >= 1)
     _assert_rest_ok(batch, set())
     sqs.change_message_visibility  # noqa: B018  (kept visible-later, not deleted)
     attrs = sqs.get_queue_attributes(
@@ -207,10 +210,12 @@ async def test_result_of_an_older_step_is_kept_apart(moto, channel, emulator):
         body = signed_body(late, control.sig_key)
         moto.client("s3").put_object(Bucket=channel.bucket, Key=control.result.key, Body=body)
         batch1 = await batch1_task
-        await _until(lambda: engine.buffer.counts["stale"] >= 1)
-        stale = engine.buffer.stale
+        await _until(lambda: engine.stats().stale >= 1)
+        stale = engine.take_stale()
+        assert engine.take_stale() == []  # taken once
     _assert_rest_ok(batch1, set())
-    assert [(r.request_id, r.step, r.rewards) for r in stale] == [(straggler.request_id, 0, 0.25)]
+    assert [(r.request_id, r.step, r.reward) for r in stale] == [(straggler.request_id, 0, 0.25)]
+    assert stale[0].result is None  # only the whole result with engine.keep_stale_results
     assert all(o.step == 1 for o in batch1.outcomes)
 
 
@@ -227,6 +232,7 @@ async def test_corrupt_oversized_and_forged_results_are_invalid(moto, channel, e
     assert "not valid JSON" in o[1].error
     assert "over the 100000 limit" in o[2].error
     assert "signature does not match" in o[3].error
+    assert batch.stats.invalid_results == {"not_json": 1, "too_large": 1, "signature": 1}
     assert all(o[i].result is None and o[i].reward is None for i in (1, 2, 3))
     _assert_rest_ok(batch, {1, 2, 3})
 
@@ -239,9 +245,9 @@ async def test_lost_notifications_are_recovered_by_looking_in_s3(moto, channel, 
     )
     async with RolloutEngine(cfg) as engine:
         batch = await engine.rollout(_batch(4))
-        counts = engine.buffer.counts
     _assert_rest_ok(batch, set())
-    assert counts["recovered_by_lookup"] == 4 and counts["messages"] == 0
+    assert batch.stats.recovered_by_lookup == 4 and batch.stats.messages == 0
+    assert batch.stats.s3_lookups >= 4
 
 
 async def test_malformed_messages_do_not_stop_the_loop(moto, channel, emulator):
@@ -251,7 +257,7 @@ async def test_malformed_messages_do_not_stop_the_loop(moto, channel, emulator):
         sqs.send_message(QueueUrl=channel.queue_url, MessageBody=body)
     async with RolloutEngine(engine_config(moto, channel, emu)) as engine:
         batch = await engine.rollout(_batch(3))
-        await _until(lambda: engine.buffer.counts["malformed_messages"] >= 3)
+        await _until(lambda: engine.stats().malformed_messages >= 3)
     _assert_rest_ok(batch, set())
 
 
@@ -285,6 +291,8 @@ async def test_bounds_on_starts_and_live_sessions_hold(moto, channel, emulator):
     _assert_rest_ok(batch, set())
     assert emu.starting.peak == math.ceil(rate * start_time)  # reached, never exceeded
     assert emu.live.peak == live
+    assert batch.stats.peak_starts_in_flight == math.ceil(rate * start_time)
+    assert batch.stats.peak_live_sessions == live and batch.stats.live_sessions == 0
     assert len(emu.started) == 30 and sorted(emu.stopped) == sorted(emu.started)
 
 
@@ -329,6 +337,5 @@ async def test_direct_notifications_when_the_bucket_does_not_notify(moto, channe
     cfg = engine_config(moto, channel, emu, queue_url=silent_queue, notify_directly=True)
     async with RolloutEngine(cfg) as engine:
         batch = await engine.rollout(_batch(4))
-        counts = engine.buffer.counts
     _assert_rest_ok(batch, set())
-    assert counts["messages"] == 4 and counts["recovered_by_lookup"] == 0
+    assert batch.stats.messages == 4 and batch.stats.recovered_by_lookup == 0

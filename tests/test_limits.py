@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from agentcore_rollout import SessionCallError
 from agentcore_rollout._dispatcher import RequestDispatcher, SubmitFailed
 from agentcore_rollout._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from agentcore_rollout.config import EngineConfig
-from agentcore_rollout.sandbox import SessionCallError
 
 
 class FakeRuntime:
@@ -85,21 +85,20 @@ async def test_starts_in_flight_bounded_by_littles_law():
     assert runtime.in_flight.peak == d.starting.peak == math.ceil(200 * 0.05) == 10
 
 
-async def test_live_sessions_bounded_and_always_stopped():
+async def test_live_slots_bounded_and_released_on_error():
     d = RequestDispatcher(FakeRuntime(), _cfg(start_rate=1000.0, max_live_sessions=3))
     holders = Gauge()
 
     async def one(i: int) -> None:
-        async with d.live_session(f"s{i}"):
+        async with d.live_slot():
             with holders:
                 await asyncio.sleep(0.01)
             if i % 2:
                 raise RuntimeError("boom")
 
     results = await asyncio.gather(*(one(i) for i in range(12)), return_exceptions=True)
-    assert holders.peak == 3 and d.live.peak == 3
+    assert holders.peak == 3 and d.live.peak == 3 and d.live.value == 0
     assert sum(isinstance(r, RuntimeError) for r in results) == 6
-    assert sorted(d._runtime.stopped) == sorted(f"s{i}" for i in range(12))
 
 
 @pytest.mark.parametrize(
@@ -118,8 +117,11 @@ async def test_retry_policy(error, attempts, fails):
             await d.start("s" * 40, b"{}", time.time() + 10)
     else:
         await d.start("s" * 40, b"{}", time.time() + 10)
-    assert d.counts["invoke"] == attempts
-    assert d.start_rate.cuts == (1 if error.throttled else 0)
+    stats = d.stats()
+    assert stats["invokes"] == attempts
+    assert stats["retries"] == ({} if fails else {error.code: 2})
+    assert stats["throttles"] == (2 if error.throttled else 0)
+    assert stats["rate_cuts"] == (1 if error.throttled else 0)
 
 
 async def test_retries_exhausted_and_deadline():

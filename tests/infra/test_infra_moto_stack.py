@@ -391,11 +391,12 @@ async def test_the_engines_buffer_gets_results_under_the_prefix_only(applied: De
     async with AwsClients(cfg) as clients:
         buffer = RolloutBuffer(clients.s3, clients.sqs, cfg)
         await buffer.start()
-        buffer.expect("req-9", step=3, sig_key=SIG_KEY, deadline=time.time() + 20)
+        buffer.expect("req-9", step=3, sig_key=SIG_KEY)
         s3.put_object(Bucket=bucket, Key="other/exp1/00000003/req-9.json", Body=body)
         s3.put_object(Bucket=bucket, Key=result_key(PREFIX, "exp1", 3, "req-9"), Body=body)
-        delivery = await buffer.wait("req-9")
+        delivery = await buffer.wait("req-9", deadline=time.time() + 20)
         await buffer.close()
     assert delivery.outcome is Outcome.OK and delivery.via == "notification"
     assert delivery.result is not None and delivery.result.rewards == 0.5
-    assert buffer.counts["messages"] == 1 and buffer.counts["lookups"] == 0
+    stats = buffer.stats()
+    assert stats["messages"] == 1 and stats["s3_lookups"] == 0

@@ -15,17 +15,18 @@ import logging
 import math
 import secrets
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
-from uuid import uuid4
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable
+from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ._agentcore import AgentCoreRuntime
 from ._aws import AwsClients
+from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, StaleResult
 from ._buffer import Delivery, RolloutBuffer
 from ._dispatcher import RequestDispatcher, SubmitFailed
+from ._sandbox import SandboxRuntime
+from ._stats import EngineStats
 from .config import ConfigError, EngineConfig
 from .contract import (
     CONTROL_KEY,
@@ -34,127 +35,11 @@ from .contract import (
     Outcome,
     ResultTarget,
     RolloutControl,
-    RolloutResult,
 )
-from .sandbox import AgentCoreRuntime, SandboxRuntime
 
 log = logging.getLogger("agentcore_rollout.engine")
 
-
-@dataclass
-class RolloutRequest:
-    """One rollout: the user's JSON payload, its group (`input_id`) and index in the group."""
-
-    payload: dict[str, Any]
-    input_id: str
-    sample_index: int = 0
-    request_id: str = field(default_factory=lambda: uuid4().hex)
-
-
-@dataclass
-class RolloutOutcome:
-    """The terminal outcome of one request; `result` is set only if the agent wrote one."""
-
-    request: RolloutRequest
-    step: int
-    outcome: Outcome
-    session_id: str
-    result: RolloutResult | None = None
-    error: str | None = None
-    submitted_at: float = 0.0
-    trace: dict[str, Any] | None = None
-    """Exact token trace from the gateway (prompt ids, sampled ids, mask, log-probs)."""
-    started_at: float | None = None
-    delivered_at: float | None = None
-    finished_at: float = 0.0
-
-    @property
-    def reward(self) -> float | None:
-        return self.result.scalar_reward() if self.result is not None else None
-
-    @property
-    def latency(self) -> float:
-        return self.finished_at - self.submitted_at
-
-    def to_dict(self) -> dict[str, Any]:
-        """One JSON line per request: what `rollouts.jsonl` holds."""
-        return {
-            "request_id": self.request.request_id,
-            "input_id": self.request.input_id,
-            "sample_index": self.request.sample_index,
-            "step": self.step,
-            "session_id": self.session_id,
-            "outcome": str(self.outcome),
-            "reward": self.reward,
-            "error": self.error,
-            "latency": round(self.latency, 4),
-            "result": self.result.model_dump(mode="json", exclude={"sig"}) if self.result else None,
-            "trace": self.trace,
-        }
-
-
-def quantiles(values: Sequence[float], qs: Iterable[float] = (0.5, 0.95, 0.99)) -> dict[str, float]:
-    """Nearest-rank quantiles, keyed `p50`, `p95`, ...; empty input gives an empty dict."""
-    ordered = sorted(values)
-    if not ordered:
-        return {}
-    return {
-        f"p{round(q * 100)}": ordered[
-            min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
-        ]
-        for q in qs
-    }
-
-
-@dataclass
-class RolloutBatch:
-    """Outcomes in request order, with the figures a trainer logs."""
-
-    step: int
-    outcomes: list[RolloutOutcome]
-    api_calls: dict[str, int]
-    wall_time: float
-
-    @property
-    def counts(self) -> dict[str, int]:
-        counted = Counter(str(o.outcome) for o in self.outcomes)
-        return {str(k): counted.get(str(k), 0) for k in Outcome}
-
-    @property
-    def ok(self) -> list[RolloutOutcome]:
-        return [o for o in self.outcomes if o.outcome is Outcome.OK]
-
-    def latency(self) -> dict[str, float]:
-        return quantiles([o.latency for o in self.outcomes])
-
-    @property
-    def reward_mean(self) -> float | None:
-        return reward_mean(self.outcomes)
-
-    @property
-    def throughput(self) -> float:
-        return len(self.outcomes) / self.wall_time if self.wall_time > 0 else 0.0
-
-    @property
-    def api_calls_per_rollout(self) -> float:
-        return sum(self.api_calls.values()) / len(self.outcomes) if self.outcomes else 0.0
-
-    def metrics(self) -> dict[str, float]:
-        """A flat dict of numbers, ready for a trainer's logger."""
-        out: dict[str, float] = {f"rollout/outcome/{k}": v for k, v in self.counts.items()}
-        out |= {f"rollout/latency_{k}": v for k, v in self.latency().items()}
-        if self.reward_mean is not None:
-            out["rollout/reward_mean"] = self.reward_mean
-        out["rollout/wall_time"] = self.wall_time
-        out["rollout/throughput"] = self.throughput
-        out["rollout/api_calls_per_rollout"] = self.api_calls_per_rollout
-        return out
-
-
-def reward_mean(outcomes: Iterable[RolloutOutcome]) -> float | None:
-    """Mean scalar reward of the outcomes that have one (failures have none)."""
-    rewards = [o.reward for o in outcomes if o.reward is not None]
-    return sum(rewards) / len(rewards) if rewards else None
+_T = TypeVar("_T")
 
 
 class RolloutHandle:
@@ -203,13 +88,15 @@ class RolloutEngine:
         step: int = 0,
     ) -> None:
         self.config = config
-        self.step = step
+        self._step = step
         self._runtime = runtime
         self._clients = AwsClients(config)
-        self._pending: set[asyncio.Task[RolloutOutcome]] = set()
+        self._llm = LLMSettings(**config.llm.model_dump()) if config.llm is not None else None
+        self._requests: set[asyncio.Task[RolloutOutcome]] = set()
+        self._cleanups: set[asyncio.Task[Any]] = set()  # session stops, gateway closes
         self._gateway: Any = None
-        self.dispatcher: RequestDispatcher
-        self.buffer: RolloutBuffer
+        self._dispatcher: RequestDispatcher
+        self._buffer: RolloutBuffer
 
     async def __aenter__(self) -> RolloutEngine:
         self.config.require_targets()
@@ -222,21 +109,22 @@ class RolloutEngine:
         runtime = self._runtime or AgentCoreRuntime(
             self._clients.agentcore, self.config.runtime_arn, self.config.qualifier
         )
-        self.dispatcher = RequestDispatcher(runtime, self.config)
-        self.buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
-        self.buffer.step = self.step
+        self._dispatcher = RequestDispatcher(runtime, self.config)
+        self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
+        self._buffer.advance(self._step)
         if self.config.gateway is not None:
-            from .gateway.client import GatewayAdmin  # needs the [gateway] extra
+            from .gateway.client import GatewayAdmin  # aiohttp's client only: a core dependency
 
             self._gateway = GatewayAdmin(self.config.gateway.url, self.config.gateway.admin_token)
-        await self.buffer.start()
+        await self._buffer.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for task in list(self._pending):
+        for task in list(self._requests):
             task.cancel()
-        await asyncio.gather(*self._pending, return_exceptions=True)
-        await self.buffer.close()
+        await asyncio.gather(*self._requests, return_exceptions=True)
+        await asyncio.gather(*self._cleanups, return_exceptions=True)  # never cancelled
+        await self._buffer.close()
         if self._gateway is not None:
             await self._gateway.close()
         await self._clients.__aexit__(*exc)
@@ -267,16 +155,30 @@ class RolloutEngine:
                 where = getattr(cfg.endpoints, service) or f"the AWS {service} endpoint"
                 raise ConfigError(f"config: cannot reach {where}: {e}") from None
 
+    # ------------------------------------------------------------------ public API
+
     @property
-    def api_calls(self) -> dict[str, int]:
-        return dict(self._clients.api_calls)
+    def step(self) -> int:
+        """The policy version new requests are submitted with."""
+        return self._step
 
     def set_step(self, step: int) -> None:
-        """Move to a new policy version; results of older steps are then kept apart."""
-        self.step = step
-        self.buffer.step = step
+        """Move to a new policy version. Results of older steps are then kept apart, and what
+        the engine remembers of steps older than `retain_steps` before this one is dropped."""
+        self._step = step
+        self._buffer.advance(step)
 
-    # ------------------------------------------------------------------ public API
+    def stats(self) -> EngineStats:
+        """A snapshot: sessions alive, starts in flight, retries, throttles, duplicates, ..."""
+        return EngineStats(
+            **self._dispatcher.stats(),
+            **self._buffer.stats(),
+            api_calls=self._clients.api_calls,
+        )
+
+    def take_stale(self) -> list[StaleResult]:
+        """Results that arrived after their request had ended, since the last call."""
+        return self._buffer.take_stale()
 
     def submit(
         self,
@@ -288,26 +190,19 @@ class RolloutEngine:
         """Start one rollout now. `timeout` counts from dispatch (default: config);
         `deadline` (unix seconds) caps it. A request_id already in use is a ValueError."""
         timeout = self.config.rollout_timeout if timeout is None else timeout
-        submitted = time.time()
+        step = self._step
         sig_key = secrets.token_hex(32)
-        self.buffer.expect(
-            request.request_id,
-            step=self.step,
-            sig_key=sig_key,
-            deadline=min(submitted + timeout, deadline or math.inf),
-        )
+        result_key = self._buffer.expect(request.request_id, step=step, sig_key=sig_key)
         outcome = RolloutOutcome(
             request,
-            self.step,
+            step,
             Outcome.CANCELLED,
-            _session_id(self.config.exp_id, self.step, request.request_id),
+            _session_id(self.config.exp_id, step, request.request_id),
             error="cancelled",
-            submitted_at=submitted,
+            submitted_at=time.time(),
         )
-        task = asyncio.create_task(self._run(outcome, sig_key, timeout, deadline))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-        return RolloutHandle(task, outcome, lambda: self.buffer.cancel(request.request_id))
+        task = _owned(self._requests, self._run(outcome, sig_key, result_key, timeout, deadline))
+        return RolloutHandle(task, outcome, lambda: self._buffer.cancel(request.request_id))
 
     async def stream(
         self,
@@ -318,12 +213,16 @@ class RolloutEngine:
     ) -> AsyncIterator[RolloutOutcome]:
         """Yield outcomes as they complete; closing the iterator cancels what is left."""
         handles = [self.submit(r, timeout=timeout, deadline=deadline) for r in requests]
+        waiting = {asyncio.ensure_future(h) for h in handles}
         try:
-            for next_done in asyncio.as_completed(handles):
-                yield await next_done
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    yield finished.result()
         finally:
             for h in handles:
                 h.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
 
     async def rollout(
         self,
@@ -333,58 +232,74 @@ class RolloutEngine:
         deadline: float | None = None,
     ) -> RolloutBatch:
         """Run a batch; outcomes come back in request order."""
-        began = time.monotonic()
-        calls_before = Counter(self._clients.api_calls)
+        began, before = time.monotonic(), self.stats()
         handles = [self.submit(r, timeout=timeout, deadline=deadline) for r in requests]
         outcomes = [await h for h in handles]
-        calls = Counter(self._clients.api_calls)
-        calls.subtract(calls_before)
         return RolloutBatch(
-            step=self.step,
+            step=self._step,
             outcomes=outcomes,
-            api_calls={k: v for k, v in calls.items() if v},
+            stats=self.stats().since(before),
             wall_time=time.monotonic() - began,
         )
 
     # ------------------------------------------------------------------ one request
 
     async def _run(
-        self, outcome: RolloutOutcome, sig_key: str, timeout: float, deadline: float | None
+        self,
+        outcome: RolloutOutcome,
+        sig_key: str,
+        result_key: str,
+        timeout: float,
+        deadline: float | None,
     ) -> RolloutOutcome:
-        request, step, session_id = outcome.request, outcome.step, outcome.session_id
+        request, session_id = outcome.request, outcome.session_id
         gateway_session = None
         decided = False  # a cancel that lands while the session is being stopped changes nothing
         try:
-            async with self.dispatcher.live_session(session_id):
-                # The deadline counts from dispatch (once a live slot is ours), so queueing
-                # for a slot does not eat into the agent's time.
-                until = min(time.time() + timeout, deadline or math.inf)
-                self.buffer.expect_deadline(request.request_id, until)
+            async with self._dispatcher.live_slot():
                 try:
-                    gateway_session = await self._open_gateway_session(request)
-                    payload = self._payload(
-                        request, step, session_id, sig_key, until, gateway_session
-                    )
-                    await self.dispatcher.start(session_id, payload, until)
-                except SubmitFailed as e:
-                    self.buffer.cancel(request.request_id, str(e))
-                    outcome.outcome, outcome.error = Outcome.SUBMIT_FAILED, str(e)
+                    # The deadline counts from dispatch (once a live slot is ours), so queueing
+                    # for a slot does not eat into the agent's time.
+                    until = min(time.time() + timeout, deadline or math.inf)
+                    try:
+                        gateway_session = await self._open_gateway_session(request)
+                        payload = self._payload(
+                            outcome, sig_key, result_key, until, gateway_session
+                        )
+                        outcome.started_at = await self._dispatcher.start(
+                            session_id, payload, until
+                        )
+                    except SubmitFailed as e:
+                        self._buffer.cancel(request.request_id, str(e))
+                        outcome.outcome, outcome.error = Outcome.SUBMIT_FAILED, str(e)
+                        decided = True
+                        log.warning("submit_failed request_id=%s: %s", request.request_id, e)
+                        return outcome
+                    self._take(outcome, await self._buffer.wait(request.request_id, until))
                     decided = True
-                    log.warning("submit_failed request_id=%s: %s", request.request_id, e)
                     return outcome
-                outcome.started_at = time.time()
-                self._take(outcome, await self.buffer.wait(request.request_id))
-                decided = True
-                return outcome
+                finally:
+                    await self._uncancellable(self._dispatcher.stop(session_id))
         except asyncio.CancelledError:
             if not decided:
-                self.buffer.cancel(request.request_id)
+                self._buffer.cancel(request.request_id)
                 outcome.outcome, outcome.error = Outcome.CANCELLED, "cancelled"
+            return outcome
+        except Exception as e:  # a bug must end its request, not leave it hanging
+            log.exception("request_id=%s failed inside the engine", request.request_id)
+            self._buffer.cancel(request.request_id, repr(e))
+            if not decided:
+                outcome.outcome, outcome.error = Outcome.SUBMIT_FAILED, f"engine error: {e!r}"
             return outcome
         finally:
             if gateway_session is not None:
-                await asyncio.shield(self._close_gateway_session(gateway_session, outcome))
+                await self._uncancellable(self._close_gateway_session(gateway_session, outcome))
             outcome.finished_at = time.time()
+
+    async def _uncancellable(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Run cleanup to its end even if the request is cancelled meanwhile; the engine
+        awaits it on close."""
+        return await asyncio.shield(_owned(self._cleanups, work))
 
     async def _open_gateway_session(self, request: RolloutRequest) -> Any:
         if self._gateway is None:
@@ -393,11 +308,10 @@ class RolloutEngine:
 
         gw = self.config.gateway
         assert gw is not None
-        sampling = self.config.llm.sampling if self.config.llm else None
         try:
             return await self._gateway.create_session(
                 request.request_id,
-                sampling=sampling,
+                sampling=self._llm.sampling if self._llm else None,
                 max_context=gw.max_context,
                 max_turns=gw.max_turns,
             )
@@ -429,15 +343,13 @@ class RolloutEngine:
 
     def _payload(
         self,
-        request: RolloutRequest,
-        step: int,
-        session_id: str,
+        outcome: RolloutOutcome,
         sig_key: str,
+        result_key: str,
         deadline: float,
         gateway_session: Any = None,
     ) -> bytes:
-        cfg = self.config
-        llm = LLMSettings(**cfg.llm.model_dump()) if cfg.llm is not None else None
+        cfg, llm, request = self.config, self._llm, outcome.request
         if gateway_session is not None:  # agents call the gateway with their session's key
             assert cfg.gateway is not None
             llm = LLMSettings(
@@ -448,14 +360,14 @@ class RolloutEngine:
             )
         control = RolloutControl(
             exp_id=cfg.exp_id,
-            step=step,
+            step=outcome.step,
             request_id=request.request_id,
             input_id=request.input_id,
             sample_index=request.sample_index,
-            session_id=session_id,
+            session_id=outcome.session_id,
             result=ResultTarget(
                 bucket=cfg.bucket,
-                key=self.buffer.result_key(request.request_id),
+                key=result_key,
                 queue_url=cfg.queue_url if cfg.notify_directly else None,
             ),
             llm=llm,
@@ -464,6 +376,14 @@ class RolloutEngine:
         )
         body = {**request.payload, CONTROL_KEY: control.model_dump(mode="json")}
         return json.dumps(body).encode()
+
+
+def _owned(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+    """A task held in `tasks` until it ends (so it is never garbage-collected mid-run)."""
+    task = asyncio.create_task(work)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    return task
 
 
 def _session_id(exp_id: str, step: int, request_id: str) -> str:

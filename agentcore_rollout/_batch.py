@@ -1,0 +1,146 @@
+"""What goes in and what comes out: `RolloutRequest` -> `RolloutOutcome`, many of them a
+`RolloutBatch`. A failure carries no rewards: no training row is ever invented for it."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import uuid4
+
+from ._stats import EngineStats
+from .contract import Outcome, RolloutResult
+
+
+@dataclass
+class RolloutRequest:
+    """One rollout: the user's JSON payload, its group (`input_id`) and index in the group."""
+
+    payload: dict[str, Any]
+    input_id: str
+    sample_index: int = 0
+    request_id: str = field(default_factory=lambda: uuid4().hex)
+
+
+@dataclass
+class RolloutOutcome:
+    """The terminal outcome of one request; `result` is set only if the agent wrote one."""
+
+    request: RolloutRequest
+    step: int
+    outcome: Outcome
+    session_id: str
+    result: RolloutResult | None = None
+    error: str | None = None
+    submitted_at: float = 0.0
+    trace: dict[str, Any] | None = None
+    """Exact token trace from the gateway (prompt ids, sampled ids, mask, log-probs)."""
+    started_at: float | None = None
+    """When the invocation that started the session was sent (unix seconds)."""
+    delivered_at: float | None = None
+    finished_at: float = 0.0
+
+    @property
+    def reward(self) -> float | None:
+        return self.result.scalar_reward() if self.result is not None else None
+
+    @property
+    def latency(self) -> float:
+        return self.finished_at - self.submitted_at
+
+    def to_dict(self) -> dict[str, Any]:
+        """One JSON line per request: what `rollouts.jsonl` holds."""
+        return {
+            "request_id": self.request.request_id,
+            "input_id": self.request.input_id,
+            "sample_index": self.request.sample_index,
+            "step": self.step,
+            "session_id": self.session_id,
+            "outcome": str(self.outcome),
+            "reward": self.reward,
+            "error": self.error,
+            "latency": round(self.latency, 4),
+            "result": self.result.model_dump(mode="json", exclude={"sig"}) if self.result else None,
+            "trace": self.trace,
+        }
+
+
+@dataclass(frozen=True)
+class StaleResult:
+    """A result that arrived after its request had ended (timed out, cancelled, or of an older
+    step). Kept apart, never mixed into a batch; `result` only with
+    `engine.keep_stale_results`."""
+
+    request_id: str
+    step: int
+    reward: float | None
+    result: RolloutResult | None = None
+
+
+@dataclass
+class RolloutBatch:
+    """Outcomes in request order, with the figures a trainer logs. `stats` holds what the
+    engine did while the batch ran (retries, throttles, duplicates, API calls, ...)."""
+
+    step: int
+    outcomes: list[RolloutOutcome]
+    stats: EngineStats
+    wall_time: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counted = Counter(str(o.outcome) for o in self.outcomes)
+        return {str(k): counted.get(str(k), 0) for k in Outcome}
+
+    @property
+    def ok(self) -> list[RolloutOutcome]:
+        return [o for o in self.outcomes if o.outcome is Outcome.OK]
+
+    def latency(self) -> dict[str, float]:
+        return _quantiles([o.latency for o in self.outcomes])
+
+    @property
+    def reward_mean(self) -> float | None:
+        """Mean scalar reward of the outcomes that have one (failures have none)."""
+        rewards = [o.reward for o in self.outcomes if o.reward is not None]
+        return sum(rewards) / len(rewards) if rewards else None
+
+    @property
+    def throughput(self) -> float:
+        return len(self.outcomes) / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def api_calls(self) -> dict[str, int]:
+        return self.stats.api_calls
+
+    @property
+    def api_calls_per_rollout(self) -> float:
+        return sum(self.api_calls.values()) / len(self.outcomes) if self.outcomes else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """A flat dict of numbers, ready for a trainer's logger."""
+        out: dict[str, float] = {f"rollout/outcome/{k}": v for k, v in self.counts.items()}
+        out |= {f"rollout/latency_{k}": v for k, v in self.latency().items()}
+        if self.reward_mean is not None:
+            out["rollout/reward_mean"] = self.reward_mean
+        out["rollout/wall_time"] = self.wall_time
+        out["rollout/throughput"] = self.throughput
+        out["rollout/api_calls_per_rollout"] = self.api_calls_per_rollout
+        return out | self.stats.metrics()
+
+
+def _quantiles(
+    values: Sequence[float], qs: Iterable[float] = (0.5, 0.95, 0.99)
+) -> dict[str, float]:
+    """Nearest-rank quantiles, keyed `p50`, `p95`, ...; empty input gives an empty dict."""
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+    return {
+        f"p{round(q * 100)}": ordered[
+            min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+        ]
+        for q in qs
+    }

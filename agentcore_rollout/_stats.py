@@ -1,0 +1,100 @@
+"""EngineStats: a typed snapshot of what the engine holds now and has done so far.
+
+Counters count from the engine's start; `since(earlier)` turns two snapshots into what
+happened in between, which is how a `RolloutBatch` reports its own share. Gauges (sessions
+alive, starts in flight, peaks, the current start rate, requests tracked) are not differences:
+`since` keeps the later value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+_GAUGES = frozenset(
+    {
+        "step",
+        "live_sessions",
+        "starts_in_flight",
+        "peak_live_sessions",
+        "peak_starts_in_flight",
+        "start_rate",
+        "tracked_requests",
+    }
+)
+
+
+def _nonzero(counts: Mapping[str, int] | None = None) -> dict[str, int]:
+    return {k: v for k, v in sorted((counts or {}).items()) if v}
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What `RolloutEngine.stats()` returns. Mappings are keyed by error kind or reason."""
+
+    step: int = 0
+    # dispatcher: sessions and the calls that start and stop them
+    live_sessions: int = 0
+    starts_in_flight: int = 0
+    peak_live_sessions: int = 0
+    peak_starts_in_flight: int = 0
+    start_rate: float = 0.0
+    """The adaptive start rate now (sessions/s); below the configured rate after throttling."""
+    rate_cuts: int = 0
+    invokes: int = 0
+    stops: int = 0
+    throttles: int = 0
+    retries: dict[str, int] = field(default_factory=dict)
+    """Invocations retried, by the error kind that caused the retry."""
+    invoke_errors: dict[str, int] = field(default_factory=dict)
+    stop_errors: dict[str, int] = field(default_factory=dict)
+    # buffer: notifications and result objects
+    messages: int = 0
+    downloads: int = 0
+    duplicates: int = 0
+    unmatched: int = 0
+    """Results of this experiment that no request (waiting or remembered) expects."""
+    stale: int = 0
+    """Results that arrived after their request had ended (kept apart, see `take_stale`)."""
+    foreign_messages: int = 0
+    malformed_messages: int = 0
+    test_events: int = 0
+    s3_lookups: int = 0
+    recovered_by_lookup: int = 0
+    invalid_results: dict[str, int] = field(default_factory=dict)
+    """Result objects refused, by reason (`signature`, `too_large`, `schema`, ...)."""
+    handler_errors: int = 0
+    tracked_requests: int = 0
+    """Requests the buffer remembers: waiting, or ended within the retained steps."""
+    api_calls: dict[str, int] = field(default_factory=dict)
+    """AWS API calls (HTTP attempts) by `service:Operation`."""
+
+    def __post_init__(self) -> None:  # own copies, without zeros, in a stable order
+        for f in fields(self):
+            if isinstance(value := getattr(self, f.name), Mapping):
+                object.__setattr__(self, f.name, _nonzero(value))
+
+    def since(self, earlier: EngineStats) -> EngineStats:
+        """Counters minus `earlier`'s; gauges as they are now."""
+        changes: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name in _GAUGES:
+                continue
+            now, then = getattr(self, f.name), getattr(earlier, f.name)
+            if isinstance(now, Mapping):
+                changes[f.name] = {k: v - then.get(k, 0) for k, v in now.items()}
+            else:
+                changes[f.name] = now - then
+        return replace(self, **changes)
+
+    def metrics(self, prefix: str = "rollout/engine/") -> dict[str, float]:
+        """A flat dict of numbers for a trainer's logger; mappings become `name/key`."""
+        out: dict[str, float] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Mapping):
+                out |= {f"{prefix}{f.name}/{k}": v for k, v in value.items()}
+            else:
+                out[f"{prefix}{f.name}"] = value
+        return out

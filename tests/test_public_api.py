@@ -1,0 +1,69 @@
+"""The public face: what `agentcore_rollout` exports, and that nothing meant for users (README,
+examples, the CLI) reaches into the internals."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import agentcore_rollout
+import agentcore_rollout.agent
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "agentcore_rollout"
+
+TRAINER_API = {
+    "Config",
+    "ConfigError",
+    "ContractError",
+    "EngineConfig",
+    "EngineStats",
+    "Outcome",
+    "RolloutBatch",
+    "RolloutEngine",
+    "RolloutHandle",
+    "RolloutOutcome",
+    "RolloutRequest",
+    "SandboxRuntime",
+    "SessionCallError",
+    "StaleResult",
+    "load_config",
+}
+AGENT_API = {"ResultWriter", "RolloutApp", "RolloutContext", "RolloutOutput"}
+
+
+def test_the_package_exports_the_trainer_api_and_nothing_else():
+    assert set(agentcore_rollout.__all__) == TRAINER_API
+    assert all(getattr(agentcore_rollout, name) for name in TRAINER_API)
+    assert set(agentcore_rollout.agent.__all__) == AGENT_API
+
+
+def test_engine_exposes_no_internals():
+    public = {n for n in vars(agentcore_rollout.RolloutEngine) if not n.startswith("_")}
+    assert public == {"rollout", "set_step", "stats", "step", "stream", "submit", "take_stale"}
+
+
+def test_readme_and_examples_use_only_the_public_api():
+    texts = {p: p.read_text() for p in [ROOT / "README.md", *ROOT.glob("examples/**/*.py")]}
+    for path, text in texts.items():
+        assert not re.search(r"agentcore_rollout\._|agentcore_rollout\.(engine|buffer)\b", text), (
+            path
+        )
+        assert not re.search(r"\bengine\._?(dispatcher|buffer)\b|\bbuffer\.(stale|step)\b", text), (
+            path
+        )
+
+
+def test_cli_imports_only_the_public_api():
+    tree = ast.parse((PACKAGE / "cli.py").read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            imported.add("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names if a.name.startswith("agentcore_rollout")}
+    # `.` is the trainer API; the local stack and the control-plane helpers are the CLI's own
+    # subcommands (`local up`, `deploy`), not the engine's internals.
+    assert imported <= {".", ".local.stack", "._infra"}, imported
+    assert not re.search(r"\._(dispatcher|buffer|stats|batch)\b", (PACKAGE / "cli.py").read_text())
