@@ -88,7 +88,7 @@ async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
         "--backend-url",
         policy.url,
         "--renderer",
-        "char",
+        "agentcore_rollout.local.policy.render:CharRenderer",
         env={TOKEN_ENV: token},
     )
     try:

@@ -20,7 +20,6 @@ import openai
 import pytest
 
 from agentcore_rollout.gateway import (
-    CharRenderer,
     Gateway,
     GatewayAdmin,
     GatewayError,
@@ -29,7 +28,7 @@ from agentcore_rollout.gateway import (
     SGLangBackend,
     SGLangRouter,
 )
-from agentcore_rollout.local.policy import PolicyServer
+from agentcore_rollout.local.policy import CharRenderer, PolicyServer
 
 from .gateway_support import ScriptedWorker, hf_renderer
 

@@ -1,4 +1,5 @@
-"""Gateway pieces without HTTP: trajectory merging, tool-call parsing, rendering, sampling."""
+"""Gateway pieces without HTTP: trajectory merging, tool-call parsing, rendering (and choosing a
+renderer), sampling."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import json
 
 import pytest
 
-from agentcore_rollout.gateway import CharRenderer, Trajectory, Turn
+from agentcore_rollout.gateway import HFRenderer, Trajectory, Turn, load_renderer
+from agentcore_rollout.gateway.__main__ import TOKEN_ENV
+from agentcore_rollout.gateway.__main__ import main as gateway_main
 from agentcore_rollout.gateway.render import normalize_messages, parse_tool_calls
 from agentcore_rollout.gateway.sampling import check_sampling, request_sampling, to_sglang
+from agentcore_rollout.local.policy import CharRenderer
+from agentcore_rollout.local.stack import CHAR_RENDERER
 
-from .gateway_support import hf_renderer
+from .gateway_support import TOKENIZER_DIR, hf_renderer
 
 
 def turn(index: int, prompt: list[int], out: list[int], finish: str = "stop") -> Turn:
@@ -141,6 +146,36 @@ def test_char_renderer_matches_the_policy_servers_own_template_and_lists_tools()
 def test_malformed_messages_are_value_errors(messages: object) -> None:
     with pytest.raises(ValueError, match="messages"):
         normalize_messages(messages)
+
+
+def test_a_renderer_is_a_tokenizer_directory_or_a_module_attribute_spec() -> None:
+    assert isinstance(load_renderer(str(TOKENIZER_DIR)), HFRenderer)
+    assert isinstance(load_renderer(CHAR_RENDERER), CharRenderer)  # what the local stack passes
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ("char", "'char' is neither a tokenizer directory nor module:attribute"),
+        ("agentcore_rollout.nope:R", "cannot import agentcore_rollout.nope:R: No module named"),
+        ("json:Nope", "cannot import json:Nope: module 'json' has no attribute 'Nope'"),
+        ("json:loads", "json:loads() failed: TypeError: "),
+        ("json:JSONDecoder", "json:JSONDecoder() returned a JSONDecoder, not a Renderer"),
+        (str(TOKENIZER_DIR.parent), f"no tokenizer with a chat template in {TOKENIZER_DIR.parent}"),
+    ],
+)
+def test_a_bad_renderer_spec_is_a_one_line_usage_error(
+    spec: str, error: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ValueError) as exc:
+        load_renderer(spec)
+    assert str(exc.value).startswith(error) and "\n" not in str(exc.value)
+    monkeypatch.setenv(TOKEN_ENV, "t" * 32)
+    with pytest.raises(SystemExit) as exit_:
+        gateway_main(["--backend-url", "http://127.0.0.1:9", "--renderer", spec])
+    assert exit_.value.code == 2
+    *_, last = capsys.readouterr().err.strip().splitlines()
+    assert last == f"python -m agentcore_rollout.gateway: error: --renderer: {exc.value}"
 
 
 # -- sampling ------------------------------------------------------------------------------------

@@ -8,26 +8,67 @@
             trace = await admin.finish_session(session.session_id)
 
 Modules, one concept each: `server` (the aiohttp app and its routes), `sessions` (per-session
-keys, limits, expiry), `render` (messages <-> token ids, tool-call parsing), `backends` (SGLang
-/generate with log-probs; OpenAI pass-through), `sampling` (which sampling fields pass, and how),
-`trajectory` (turns -> training samples with loss masks), `router` (sglang-router as a managed
-subprocess), `client` (the engine's admin client, and the trace's JSON shape).
+keys, limits, expiry), `render` (messages <-> token ids, tool-call parsing, choosing a renderer),
+`backends` (SGLang /generate with log-probs; OpenAI pass-through), `sampling` (which sampling
+fields pass, and how), `trajectory` (turns -> training samples with loss masks), `router`
+(sglang-router as a managed subprocess), `client` (the engine's admin client, and the trace's
+JSON shape).
+
+The names below are imported on first use, so the engine's `from .gateway.client import
+GatewayAdmin` loads the admin client alone (aiohttp's client, which the core install has), never
+the server, the router or a tokenizer. The gateway depends on no particular model: the local toy
+policy's renderer is `agentcore_rollout.local.policy.CharRenderer`.
 
 Needs the [gateway] extra for the Hugging Face renderer (transformers, tokenizers) and the router
 (sglang-router); the server itself needs only aiohttp.
 """
 
-from .backends import Backend, BackendError, Completion, OpenAIBackend, SGLangBackend, TurnRequest
-from .client import GatewayAdmin, GatewayError, GatewaySession
-from .render import CharRenderer, HFRenderer, Parsed, Renderer
-from .router import RouterError, SGLangRouter
-from .server import Gateway
-from .trajectory import Sample, Trajectory, Turn
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backends import (
+        Backend,
+        BackendError,
+        Completion,
+        OpenAIBackend,
+        SGLangBackend,
+        TurnRequest,
+    )
+    from .client import GatewayAdmin, GatewayError, GatewaySession
+    from .render import HFRenderer, Parsed, Renderer, TextRenderer, load_renderer
+    from .router import RouterError, SGLangRouter
+    from .server import Gateway
+    from .trajectory import Sample, Trajectory, Turn
+
+_SUBMODULE = {
+    "Backend": "backends",
+    "BackendError": "backends",
+    "Completion": "backends",
+    "OpenAIBackend": "backends",
+    "SGLangBackend": "backends",
+    "TurnRequest": "backends",
+    "GatewayAdmin": "client",
+    "GatewayError": "client",
+    "GatewaySession": "client",
+    "HFRenderer": "render",
+    "Parsed": "render",
+    "Renderer": "render",
+    "TextRenderer": "render",
+    "load_renderer": "render",
+    "RouterError": "router",
+    "SGLangRouter": "router",
+    "Gateway": "server",
+    "Sample": "trajectory",
+    "Trajectory": "trajectory",
+    "Turn": "trajectory",
+}
 
 __all__ = [
     "Backend",
     "BackendError",
-    "CharRenderer",
     "Completion",
     "Gateway",
     "GatewayAdmin",
@@ -41,7 +82,22 @@ __all__ = [
     "SGLangBackend",
     "SGLangRouter",
     "Sample",
+    "TextRenderer",
     "Trajectory",
     "Turn",
     "TurnRequest",
+    "load_renderer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    submodule = _SUBMODULE.get(name)
+    if submodule is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{submodule}", __name__), name)
+    globals()[name] = value  # once: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,12 +1,13 @@
 """`python -m agentcore_rollout.gateway`: run a Gateway until SIGINT/SIGTERM.
 
     AGENTCORE_GATEWAY_ADMIN_TOKEN=... python -m agentcore_rollout.gateway \\
-        --backend sglang --backend-url http://127.0.0.1:30000 --renderer char
+        --backend sglang --backend-url http://127.0.0.1:30000 --renderer /path/to/tokenizer
 
 The admin token comes from the environment (never the command line, which `ps` shows to every
 user); the process prints only its URL, on one line, once it is listening, so a parent (the local
-stack, a benchmark) can wait for that line. `--renderer` is `char` (the toy policy) or a local
-directory holding a Hugging Face tokenizer with a chat template.
+stack, a benchmark) can wait for that line. `--renderer` is a local directory holding a Hugging
+Face tokenizer with a chat template, or `module:attribute` naming a Renderer class or factory
+(the local stack passes `agentcore_rollout.local.policy.render:CharRenderer`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 
 from .._process import exit_with_parent, serve_until_signalled
 from .backends import Backend, OpenAIBackend, SGLangBackend
-from .render import CharRenderer, HFRenderer, Renderer
+from .render import Renderer, load_renderer
 from .server import DEFAULT_SESSION_TTL, Gateway
 
 TOKEN_ENV = "AGENTCORE_GATEWAY_ADMIN_TOKEN"
@@ -30,7 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--backend", choices=("sglang", "openai"), default="sglang")
     parser.add_argument("--backend-url", required=True, help="SGLang worker/router, or .../v1")
-    parser.add_argument("--renderer", help="'char' or a tokenizer directory (sglang: required)")
+    parser.add_argument(
+        "--renderer", help="a tokenizer directory or module:attribute (sglang: required)"
+    )
     parser.add_argument("--model-name", default="policy", help="the name /v1/models reports")
     parser.add_argument("--upstream-model", help="openai backend: model name sent upstream")
     parser.add_argument("--session-ttl", type=float, default=DEFAULT_SESSION_TTL)
@@ -39,10 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     if not token:
         parser.error(f"set {TOKEN_ENV} to the admin token (at least 16 characters)")
     renderer: Renderer | None = None
-    if args.renderer == "char":
-        renderer = CharRenderer()
-    elif args.renderer:
-        renderer = HFRenderer.from_pretrained(args.renderer)
+    if args.renderer:
+        try:
+            renderer = load_renderer(args.renderer)
+        except ValueError as exc:
+            parser.error(f"--renderer: {exc}")
     backend: Backend
     if args.backend == "sglang":
         if renderer is None:

@@ -9,26 +9,27 @@ text. A renderer is the one place that knows a model's chat template and its too
 
 `parse` never raises on model output: a tool call the model botched (bad JSON, no name, an
 unclosed tag) is returned as plain content with `ill_formed=True`, which the trajectory records,
-so a bad sample is a training signal and never an HTTP 500. Both renderers here use the Hermes /
-Qwen tool-call syntax `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; a model with a
-different syntax gets its own renderer behind the same interface.
+so a bad sample is a training signal and never an HTTP 500. `TextRenderer` implements `parse` for
+the Hermes / Qwen tool-call syntax `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; a
+model with a different syntax gets its own renderer behind the same interface, and
+`load_renderer("module:attribute")` is how the gateway's command line picks it up.
 
 `HFRenderer` wraps a Hugging Face fast tokenizer (its Jinja chat template, with tools); it only
-loads from local files, never from the hub. `CharRenderer` wraps the local toy policy's
-`CharTokenizer`.
+loads from local files, never from the hub. The gateway knows no particular model beyond that: the
+local toy policy's renderer lives with that policy (`agentcore_rollout.local.policy.render`).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
-
-from ..local.policy.tokenizer import CharTokenizer
 
 Message = dict[str, Any]
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -153,19 +154,21 @@ def _ill_formed(text: str, error: str) -> Parsed:
     return Parsed({"role": "assistant", "content": text}, ill_formed=True, error=error)
 
 
-class _TextRenderer:
-    """Shared `parse`: drop a trailing stop token, decode, then split tool calls if enabled."""
+class TextRenderer:
+    """A renderer's `parse` for models that write Hermes tool calls as text: drop a trailing stop
+    token, `decode`, then split tool calls if enabled. Subclasses supply `name`,
+    `stop_token_ids`, `render`, `decode` and `token_text`."""
 
     stop_token_ids: tuple[int, ...] = ()
 
-    def _decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
 
     def parse(self, output_ids: Sequence[int], *, tools_enabled: bool) -> Parsed:
         ids = list(output_ids)
         if ids and ids[-1] in self.stop_token_ids:
             ids.pop()
-        text = self._decode(ids)
+        text = self.decode(ids)
         if tools_enabled:
             return parse_tool_calls(text)
         return Parsed({"role": "assistant", "content": text})
@@ -174,7 +177,7 @@ class _TextRenderer:
 # -- Hugging Face ---------------------------------------------------------------------------------
 
 
-class HFRenderer(_TextRenderer):
+class HFRenderer(TextRenderer):
     """A Hugging Face fast tokenizer and its chat template (rendered with `tools`).
 
     The template is rendered to text and then encoded without adding BOS/EOS, which is what
@@ -215,44 +218,40 @@ class HFRenderer(_TextRenderer):
             raise ValueError(f"chat template failed: {exc}") from None
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
 
-# -- the local toy policy -------------------------------------------------------------------------
+# -- choosing one ---------------------------------------------------------------------------------
 
 
-class CharRenderer(_TextRenderer):
-    """The toy policy's `CharTokenizer` and its ChatML rendering (see local.policy.tokenizer).
+def load_renderer(spec: str) -> Renderer:
+    """The renderer `spec` names: a local directory holding a Hugging Face tokenizer with a chat
+    template (`HFRenderer`), or `module:attribute`, a Renderer class or zero-argument factory (how
+    a model with another template or tool-call syntax plugs in). Raises ValueError, in one line."""
+    if Path(spec).is_dir():
+        try:
+            return HFRenderer.from_pretrained(spec)
+        except (ImportError, OSError, ValueError) as exc:
+            raise ValueError(f"no tokenizer with a chat template in {spec}: {_line(exc)}") from None
+    module, sep, attribute = spec.partition(":")
+    if not (sep and module and attribute):
+        raise ValueError(f"{spec!r} is neither a tokenizer directory nor module:attribute")
+    try:
+        factory = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError, TypeError) as exc:  # TypeError: a relative module
+        raise ValueError(f"cannot import {spec}: {_line(exc)}") from None
+    try:
+        renderer = factory()
+    except Exception as exc:  # the user's factory: any failure is a configuration error
+        raise ValueError(f"{spec}() failed: {type(exc).__name__}: {_line(exc)}") from None
+    if not isinstance(renderer, Renderer):
+        raise ValueError(f"{spec}() returned a {type(renderer).__name__}, not a Renderer")
+    return renderer
 
-    Renders exactly what the policy server's own /v1/chat/completions renders, so the gateway and
-    a direct call see the same prompt. That template has no tools slot: tools, if given, are
-    described in the system message (Qwen's wording), prepended to an existing one.
-    """
 
-    name = "char"
-
-    def __init__(self, tokenizer: CharTokenizer | None = None) -> None:
-        self.tokenizer = tokenizer or CharTokenizer()
-        self.stop_token_ids = (self.tokenizer.eos_token_id,)
-
-    def render(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
-    ) -> list[int]:
-        norm = normalize_messages(messages)
-        if tools:
-            block = "# Tools\n<tools>\n" + "\n".join(json.dumps(t) for t in tools) + "\n</tools>"
-            if norm[0]["role"] == "system":
-                norm[0] = {**norm[0], "content": f"{norm[0].get('content') or ''}\n\n{block}"}
-            else:
-                norm.insert(0, {"role": "system", "content": block})
-        return self.tokenizer.apply_chat_template(norm, add_generation_prompt=True)
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.token_text(token_id)
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

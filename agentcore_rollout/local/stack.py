@@ -7,13 +7,19 @@ agents -> token-capture gateway -> sglang-router -> small local policy workers (
 only with more than one worker; the gateway only with the [gateway] extra).
 `engine_config()` points an EngineConfig at them, so the same engine code runs here and on
 AWS. Nothing binds anything but 127.0.0.1.
+
+Children start concurrently where they can (moto with the workers, then the policy path with the
+emulator), and every blocking call (a child's start and stop, boto3 provisioning) runs in a
+thread, so a stack started inside a trainer's event loop never stalls it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import secrets
+from collections.abc import Awaitable
 from typing import Any
 
 from .._process import ServiceProcess
@@ -22,6 +28,7 @@ from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_resul
 
 LOCAL_REGION = "us-east-1"
 LOCAL_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
+CHAR_RENDERER = "agentcore_rollout.local.policy.render:CharRenderer"  # the gateway's --renderer
 
 
 class LocalStack:
@@ -48,48 +55,60 @@ class LocalStack:
         self.emulator: ServiceProcess | None = None
 
     async def __aenter__(self) -> LocalStack:
-        cfg = self.config
         for name, value in LOCAL_CREDENTIALS.items():  # the engine's clients need some
             os.environ.setdefault(name, value)
         try:
-            self.moto.start()
-            for worker in self.workers:
-                worker.start()
-            await self._start_policy_path()
-            self.channel = provision_results_channel(
-                self.moto.client("s3"),
-                self.moto.client("sqs"),
-                bucket=cfg.bucket,
-                prefix=self.prefix,
-                queue=cfg.queue,
+            await _together(
+                asyncio.to_thread(self.moto.start),
+                *(asyncio.to_thread(worker.start) for worker in self.workers),
             )
-            self.emulator = ServiceProcess(
-                "runtime emulator",
-                "agentcore_rollout.local.runtime",
-                cfg.app,
-                *("--mode", cfg.mode, "--runtime-arn", LOCAL_RUNTIME_ARN),
-                *("--cold-start", str(cfg.cold_start), "--max-sessions", str(cfg.max_sessions)),
-                *("--idle-timeout", str(cfg.idle_timeout), "--max-lifetime", str(cfg.max_lifetime)),
-                *(["--invoke-tps", str(cfg.invoke_tps)] if cfg.invoke_tps else []),
-                *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
-                env=self.agent_env(),  # agents inherit the emulator's environment
+            self.emulator = self._emulator()  # needs moto's URL, as the channel does
+            await _together(
+                self._start_policy_path(),
+                asyncio.to_thread(self._provision),
+                asyncio.to_thread(self.emulator.start),
             )
-            self.emulator.start()
         except BaseException:
             await self.__aexit__()
             raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.emulator is not None:
-            self.emulator.stop()  # stops every session's agent first
-        if self.gateway is not None:
-            self.gateway.stop()
-        if self.router is not None:
-            await self.router.stop()
-        for worker in self.workers:
-            worker.stop()
-        self.moto.stop()
+        # The emulator first: it stops every session's agent, and an agent may still write to S3.
+        try:
+            if self.emulator is not None:
+                await asyncio.to_thread(self.emulator.stop)
+        finally:
+            await _together(
+                *([asyncio.to_thread(self.gateway.stop)] if self.gateway is not None else []),
+                *([self.router.stop()] if self.router is not None else []),
+                *(asyncio.to_thread(worker.stop) for worker in self.workers),
+                asyncio.to_thread(self.moto.stop),
+            )
+
+    def _emulator(self) -> ServiceProcess:
+        cfg = self.config
+        return ServiceProcess(
+            "runtime emulator",
+            "agentcore_rollout.local.runtime",
+            cfg.app,
+            *("--mode", cfg.mode, "--runtime-arn", LOCAL_RUNTIME_ARN),
+            *("--cold-start", str(cfg.cold_start), "--max-sessions", str(cfg.max_sessions)),
+            *("--idle-timeout", str(cfg.idle_timeout), "--max-lifetime", str(cfg.max_lifetime)),
+            *(["--invoke-tps", str(cfg.invoke_tps)] if cfg.invoke_tps else []),
+            *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
+            env=self.agent_env(),  # agents inherit the emulator's environment
+        )
+
+    def _provision(self) -> None:
+        """The bucket, queue and notification on moto (blocking boto3 calls)."""
+        self.channel = provision_results_channel(
+            self.moto.client("s3"),
+            self.moto.client("sqs"),
+            bucket=self.config.bucket,
+            prefix=self.prefix,
+            queue=self.config.queue,
+        )
 
     async def _start_policy_path(self) -> None:
         """sglang-router in front of the workers (if more than one), the gateway in front."""
@@ -110,10 +129,10 @@ class LocalStack:
         self.gateway = ServiceProcess(
             "gateway",
             "agentcore_rollout.gateway",
-            *("--backend", "sglang", "--backend-url", backend, "--renderer", "char"),
+            *("--backend", "sglang", "--backend-url", backend, "--renderer", CHAR_RENDERER),
             env={"AGENTCORE_GATEWAY_ADMIN_TOKEN": self._admin_token},
         )
-        self.gateway.start()
+        await asyncio.to_thread(self.gateway.start)
 
     @property
     def policy_url(self) -> str:
@@ -181,3 +200,25 @@ class LocalStack:
                 else []
             ),
         ]
+
+
+async def _together(*steps: Awaitable[object]) -> None:
+    """Run `steps` concurrently, wait until every one has finished, then raise the first error.
+
+    Unlike `gather`, neither a failure nor a cancellation returns early: a start running in a
+    thread cannot be interrupted, and whatever it starts must exist before `__aexit__` stops it,
+    or it would be left running.
+    """
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    pending = set(tasks)
+    cancelled: asyncio.CancelledError | None = None
+    while pending:
+        try:
+            _, pending = await asyncio.wait(pending)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    errors = [error for task in tasks if (error := task.exception()) is not None]
+    if cancelled is not None:
+        raise cancelled
+    if errors:
+        raise errors[0]

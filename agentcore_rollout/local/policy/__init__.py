@@ -8,13 +8,22 @@ without a GPU, with true sampling log-probs and real (CPU) policy-gradient updat
 
     python -m agentcore_rollout.local.policy --port 30000 [--params FILE] [--seed S] [--record]
 
-See `model` for what the policy is (and is not), `sampling` for what the log-probs mean, and
-`server` for the endpoints.
+See `model` for what the policy is (and is not), `sampling` for what the log-probs mean,
+`server` for the endpoints, and `render` for `CharRenderer`, the token-capture gateway's renderer
+for this policy (it lives here because the gateway depends on no particular model).
 """
 
 from .model import Generation, TinyPolicy
+from .render import CharRenderer
 from .sampling import SamplingParams
 from .server import PolicyServer
 from .tokenizer import CharTokenizer
 
-__all__ = ["CharTokenizer", "Generation", "PolicyServer", "SamplingParams", "TinyPolicy"]
+__all__ = [
+    "CharRenderer",
+    "CharTokenizer",
+    "Generation",
+    "PolicyServer",
+    "SamplingParams",
+    "TinyPolicy",
+]

@@ -1,0 +1,374 @@
+"""Package boundaries, checked three ways.
+
+1. Statically: every import of every module (inside functions too) is parsed and resolved. The
+   core (every top-level module but a few named below) imports nothing of the local stack, the
+   agent side, the gateway (except its admin client) or any server framework or heavy library;
+   the gateway and the agent side import nothing of the local stack or of each other.
+2. In a subprocess of the full environment: importing the package and the gateway's admin client
+   (what the engine does) loads none of them.
+3. In a bare virtualenv holding only the core distributions (the closure of pyproject.toml's
+   `dependencies`, linked from this environment, nothing downloaded): a rollout batch runs end
+   to end through the public API against a local stack started here, with and without the
+   gateway.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from importlib.metadata import Distribution, distribution
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+import agentcore_rollout.gateway as gateway
+from agentcore_rollout.config import EngineConfig, LocalConfig
+from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
+from agentcore_rollout.local.stack import LocalStack
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "agentcore_rollout"
+NOT_CORE = {"cli", "_infra", "_http", "_process"}  # top-level modules outside the core install
+CORE = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in NOT_CORE)
+ADMIN_CLIENT = "agentcore_rollout.gateway.client"  # the one gateway module the core may import
+# What importing the admin client runs besides the core (for it, imports under TYPE_CHECKING
+# do not count: they never run).
+LOADED_WITH_CORE = [PACKAGE / "gateway" / "__init__.py", PACKAGE / "gateway" / "client.py"]
+HEAVY = (
+    "aiohttp.web",
+    "starlette",
+    "uvicorn",
+    "fastapi",
+    "flask",
+    "numpy",
+    "transformers",
+    "tokenizers",
+    "torch",
+    "moto",
+    "bedrock_agentcore",
+)
+MAY_IMPORT = {"gateway": set(), "agent": set(), "local": {"gateway", "agent"}}  # one-way
+# Must not be loaded by `import agentcore_rollout, agentcore_rollout.gateway.client`.
+NOT_LOADED = (
+    "numpy",
+    "aiohttp.web",
+    "transformers",
+    "agentcore_rollout.gateway.server",
+    "agentcore_rollout.local",
+    "agentcore_rollout.agent",
+)
+
+
+# -- 1. statically --------------------------------------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_internal_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports(path: Path, *, runtime_only: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) of every import in the module at `path`, wherever it is."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    yield from parse_imports(path.read_text(), package, runtime_only=runtime_only)
+
+
+def parse_imports(
+    source: str, package: str, *, runtime_only: bool = False
+) -> Iterator[tuple[int, str]]:
+    """`import x`; `from x import y` as `x.y` when y is a submodule (for other distributions
+    always `x.y`, so that `from aiohttp import web` reads as `aiohttp.web`), else `x`; and
+    `importlib.import_module("x")`. Relative names are resolved against `package`."""
+    for node in _nodes(ast.parse(source), runtime_only):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                internal = base.split(".")[0] == "agentcore_rollout"
+                yield node.lineno, full if not internal or is_internal_module(full) else base
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield node.lineno, importlib.util.resolve_name(node.args[0].value, package)
+
+
+def _nodes(tree: ast.AST, runtime_only: bool) -> Iterator[ast.AST]:
+    """Every node under `tree`; with `runtime_only`, not those under `if TYPE_CHECKING:`."""
+    for child in ast.iter_child_nodes(tree):
+        if (
+            runtime_only
+            and isinstance(child, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(child.test)
+        ):
+            children: list[ast.AST] = list(child.orelse)
+        else:
+            children = [child]
+        for node in children:
+            yield node
+            yield from _nodes(node, runtime_only)
+
+
+def is_under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(f"{p}.") for p in prefixes)
+
+
+def core_may_import(name: str) -> bool:
+    parts = name.split(".")
+    if parts[0] != "agentcore_rollout":
+        return not is_under(name, HEAVY)
+    return len(parts) == 1 or parts[1] in CORE or name == ADMIN_CLIENT
+
+
+def subpackage(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[0] == "agentcore_rollout" and len(parts) > 1 and parts[1] in MAY_IMPORT:
+        return parts[1]
+    return None
+
+
+def where(path: Path, line: int, name: str) -> str:
+    return f"{path.relative_to(ROOT)}:{line} imports {name}"
+
+
+def test_the_core_list_is_discovered_and_what_is_not_core_exists() -> None:
+    assert {"__init__", "config", "contract"} <= set(CORE)
+    assert all((PACKAGE / f"{name}.py").is_file() for name in NOT_CORE), "stale allow-list"
+
+
+def test_the_core_imports_only_the_core_the_admin_client_and_light_libraries() -> None:
+    bad = [
+        where(path, line, name)
+        for path in [PACKAGE / f"{module}.py" for module in CORE]
+        for line, name in imports(path)
+        if not core_may_import(name)
+    ]
+    bad += [
+        where(path, line, name)
+        for path in LOADED_WITH_CORE
+        for line, name in imports(path, runtime_only=True)
+        if not core_may_import(name)
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize("folder", sorted(MAY_IMPORT))
+def test_gateway_and_agent_import_nothing_of_the_local_stack_or_each_other(folder: str) -> None:
+    bad = [
+        where(path, line, name)
+        for path in sorted((PACKAGE / folder).rglob("*.py"))
+        for line, name in imports(path)
+        if subpackage(name) not in (None, folder, *MAY_IMPORT[folder])
+    ]
+    assert bad == []
+
+
+def test_there_is_no_cycle_between_gateway_local_and_agent() -> None:
+    edges: dict[str, set[str]] = {folder: set() for folder in MAY_IMPORT}
+    for folder in MAY_IMPORT:
+        for path in (PACKAGE / folder).rglob("*.py"):
+            edges[folder] |= {subpackage(name) for _, name in imports(path)} - {None, folder}
+
+    def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
+        return any(
+            nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt}))
+            for nxt in edges[start]
+        )
+
+    assert [folder for folder in edges if reaches(folder, folder)] == [], edges
+
+
+def test_the_import_parser_resolves_relative_lazy_and_dynamic_imports() -> None:
+    """The checks above are only as good as this: imports shaped like violations are found."""
+    source = (
+        "from ..local.policy import tokenizer\n"
+        "from . import client\n"
+        "from aiohttp import web\n"
+        "def f():\n    from ..agent import RolloutApp\n"
+        "if TYPE_CHECKING:\n    import numpy\n"
+        "importlib.import_module('transformers')\n"
+    )
+    assert list(parse_imports(source, "agentcore_rollout.gateway")) == [
+        (1, "agentcore_rollout.local.policy.tokenizer"),
+        (2, "agentcore_rollout.gateway.client"),
+        (3, "aiohttp.web"),
+        (5, "agentcore_rollout.agent"),
+        (7, "numpy"),
+        (8, "transformers"),
+    ]
+    assert (7, "numpy") not in parse_imports(source, "agentcore_rollout.gateway", runtime_only=True)
+
+
+# -- 2. what the engine's imports load -----------------------------------------------------------
+
+
+def test_the_package_and_the_admin_client_load_no_server_policy_or_heavy_library() -> None:
+    code = (
+        "import sys, json, agentcore_rollout, agentcore_rollout.gateway.client\n"
+        f"print(json.dumps([m for m in {list(NOT_LOADED)!r} if m in sys.modules]))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(loaded.stdout) == []
+
+
+def test_the_gateways_names_resolve_on_first_use() -> None:
+    for name in gateway.__all__:
+        assert getattr(gateway, name).__module__.startswith("agentcore_rollout.gateway.")
+    assert set(gateway.__all__) <= set(dir(gateway))
+    assert "CharRenderer" not in gateway.__all__  # it lives with the local policy now
+    with pytest.raises(AttributeError, match="has no attribute 'CharRenderer'"):
+        gateway.CharRenderer  # noqa: B018
+
+
+# -- 3. a bare install ---------------------------------------------------------------------------
+
+# Run by the bare venv's Python: the public API only, config and requests on stdin.
+CHILD = """
+import asyncio, importlib.util, json, sys
+
+from agentcore_rollout import EngineConfig, RolloutEngine, RolloutRequest
+
+spec = json.load(sys.stdin)
+missing = [m for m in spec["not_installed"] if importlib.util.find_spec(m) is None]
+
+
+async def main():
+    async with RolloutEngine(EngineConfig.model_validate(spec["config"])) as engine:
+        return await engine.rollout([RolloutRequest(**r) for r in spec["requests"]])
+
+
+batch = asyncio.run(main())
+outcomes = [
+    {"outcome": str(o.outcome), "error": o.error, "trace": o.trace is not None}
+    for o in batch.outcomes
+]
+loaded = [m for m in spec["not_loaded"] if m in sys.modules]
+print(json.dumps({"missing": missing, "outcomes": outcomes, "loaded": loaded}))
+"""
+NOT_INSTALLED = ["numpy", "transformers", "moto", "bedrock_agentcore", "starlette"]
+
+
+def core_distributions() -> list[Distribution]:
+    """The installed distributions of pyproject.toml's `dependencies`, transitively: extras only
+    when a requirement asks for them, markers evaluated for this interpreter."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        texts = tomllib.load(f)["project"]["dependencies"]
+    pending = [r for r in map(Requirement, texts) if applies(r, "")]
+    found: dict[str, Distribution] = {}
+    seen: set[tuple[str, str]] = set()
+    while pending:
+        req = pending.pop()
+        name = canonicalize_name(req.name)
+        dist = found.setdefault(name, distribution(req.name))
+        for extra in {"", *req.extras}:
+            if (name, extra) in seen:
+                continue
+            seen.add((name, extra))
+            pending += [r for r in map(Requirement, dist.requires or []) if applies(r, extra)]
+    return list(found.values())
+
+
+def applies(req: Requirement, extra: str) -> bool:
+    return req.marker is None or req.marker.evaluate({"extra": extra})
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with no pip, holding links to the core distributions and a .pth to this repo."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+    )
+    for dist in core_distributions():
+        assert dist.files is not None, f"{dist.name} has no RECORD"
+        for top in {f.parts[0] for f in dist.files} - {"..", "__pycache__"}:
+            if not (site / top).exists():  # a namespace package shared by two distributions
+                (site / top).symlink_to(dist.locate_file(top))
+    (site / "agentcore_rollout_repo.pth").write_text(f"{ROOT}\n")
+    return python
+
+
+@pytest.mark.parametrize("with_gateway", [True, False], ids=["gateway", "llm"])
+async def test_a_core_only_install_rolls_out_a_batch(
+    bare_python: Path, with_gateway: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # the emulator imports the example agent from here
+    rows = [json.loads(line) for line in (ROOT / "examples/math_agent/data/train.jsonl").open()]
+    requests = [
+        {"payload": {"question": r["question"], "answer": r["answer"]}, "input_id": r["id"]}
+        for r in rows[:4]
+    ]
+    local = LocalConfig(
+        mode="in_process", policy_workers=1, gateway=with_gateway, bucket="bare", queue="bare"
+    )
+    async with LocalStack(local) as stack:
+        config = stack.engine_config(
+            EngineConfig(exp_id="bare", start_rate=50.0, rollout_timeout=60.0, wait_time=1)
+        )
+        assert (config.gateway is not None) == with_gateway and (config.llm is None) == with_gateway
+        spec = {
+            "config": config.model_dump(mode="json"),  # holds the admin token: stdin, not argv
+            "requests": requests,
+            "not_installed": NOT_INSTALLED,
+            "not_loaded": list(NOT_LOADED),
+        }
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AWS_"))},
+            **LOCAL_CREDENTIALS,
+        }
+        env.pop("VIRTUAL_ENV", None)
+        child = await asyncio.create_subprocess_exec(
+            bare_python,
+            "-I",
+            "-c",
+            CHILD,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+        )
+        try:
+            out, err = await asyncio.wait_for(child.communicate(json.dumps(spec).encode()), 120)
+        finally:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+    assert child.returncode == 0, err.decode()[-3000:]
+    report = json.loads(out.decode().splitlines()[-1])
+    assert report["missing"] == NOT_INSTALLED  # so that the run below proves something
+    assert [o["outcome"] for o in report["outcomes"]] == ["ok"] * len(requests), report
+    assert [o["trace"] for o in report["outcomes"]] == [with_gateway] * len(requests)
+    assert report["loaded"] == []

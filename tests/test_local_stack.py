@@ -1,0 +1,76 @@
+"""LocalStack's lifecycle: its blocking work (children starting and stopping, boto3
+provisioning) never runs on the event loop, and a start that fails leaves nothing running."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import agentcore_rollout.local.stack as stack_module
+from agentcore_rollout._process import ServiceProcess
+from agentcore_rollout.config import LocalConfig
+from agentcore_rollout.local.stack import LocalStack
+
+
+def on_the_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_a_failed_start_stops_every_child_and_never_blocks_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    blocking: list[str] = []  # blocking calls made on the event loop's thread
+    started: dict[str, int] = {}
+
+    def watch(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if on_the_loop():
+                blocking.append(name)
+            return call(*args, **kwargs)
+
+        return run
+
+    def start(self: ServiceProcess, timeout: float = 60.0) -> str:
+        url = real_start(self, timeout)
+        assert self.pid is not None
+        started[self.name] = self.pid
+        return url
+
+    real_start = ServiceProcess.start
+    monkeypatch.setattr(ServiceProcess, "start", watch("start", start))
+    monkeypatch.setattr(ServiceProcess, "stop", watch("stop", ServiceProcess.stop))
+    provision = watch("provision", stack_module.provision_results_channel)
+    monkeypatch.setattr(stack_module, "provision_results_channel", provision)
+
+    # The emulator cannot load this app, while the gateway, started alongside it, can start.
+    config = LocalConfig(
+        app="tests.no_such_agent:app",
+        mode="in_process",
+        policy_workers=1,
+        bucket="failed",
+        queue="failed",
+    )
+    stack = LocalStack(config)
+    with pytest.raises(RuntimeError, match="runtime emulator did not start"):
+        async with stack:
+            pytest.fail("the stack started")
+    assert blocking == []
+    assert sorted(started) == ["gateway", "moto", "policy worker 0"]
+    assert stack.channel is not None  # provisioning, concurrent with the failure, was awaited
+    assert [name for name, pid in started.items() if alive(pid)] == []
