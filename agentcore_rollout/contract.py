@@ -11,24 +11,36 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import unquote_plus
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 1
 CONTROL_KEY = "_rollout"
 DEFAULT_MAX_RESULT_BYTES = 8 * 1024 * 1024
 SESSION_ID_MIN, SESSION_ID_MAX = 33, 256  # AgentCore's runtimeSessionId rule
+MAX_DEPTH = 64
+"""How deeply arrays and objects may nest in a result, counting the result object itself.
+
+Real trajectories nest under 10 levels (messages, content parts, tool-call arguments), so 64
+refuses none of them; and it keeps every recursive reader of a result (json, pydantic, the
+trainer's own code) far below Python's default recursion limit of 1000, which a 10,000-deep
+object would blow in the agent, the engine or the trainer instead of failing as one named
+error."""
 
 
 class ContractError(ValueError):
     """A payload, result object or notification does not follow the wire contract.
 
     `reason` names the kind of fault in one word (`schema`, `not_json`, `version`, `too_large`,
-    `signature`, `wrong_object`), so invalid results can be counted by cause.
+    `signature`, `wrong_object`, `not_finite`, `too_deep`), so invalid results can be counted
+    by cause.
     """
 
     def __init__(self, message: str, reason: str = "schema") -> None:
@@ -52,7 +64,13 @@ AgentStatus = Literal["ok", "agent_error", "timeout", "cancelled"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or infinity in any number field: JSON has no such values, and a trainer must not
+    # get one as a reward. `ser_json_inf_nan="constants"` keeps a non-finite number in untyped
+    # data (a trajectory) a number when dumped, so `canonical_json` refuses it rather than
+    # pydantic silently turning it into null.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, ser_json_inf_nan="constants"
+    )
 
 
 # --------------------------------------------------------------------------- request
@@ -92,6 +110,9 @@ class RolloutControl(_Model):
     llm: LLMSettings | None = None
     deadline: float = Field(description="unix seconds; counted from dispatch so cold start counts")
     sig_key: str = Field(min_length=16, repr=False)
+    max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024)
+    """The largest result object the engine accepts, so the agent can refuse a bigger one as
+    its own error instead of writing an object the engine would throw away."""
 
 
 def split_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], RolloutControl]:
@@ -102,6 +123,7 @@ def split_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], RolloutContr
     if raw is None:
         raise ContractError(f"payload has no {CONTROL_KEY!r} control block")
     _check_version(raw, "control block")
+    _check(raw, "control block")  # its strings come back in the result, which must encode
     control = _validate(RolloutControl, raw, "control block")
     user = {k: v for k, v in payload.items() if k != CONTROL_KEY}
     return user, control
@@ -170,6 +192,18 @@ class RolloutResult(_Model):
     error: ErrorInfo | None = None
     sig: str = ""
 
+    @field_validator("rewards")
+    @classmethod
+    def _finite_scalar(cls, v: Rewards | None) -> Rewards | None:
+        """Each reward is finite by type; their sum, the training scalar, must be too."""
+        total = scalar_reward(v)
+        if total is not None and not math.isfinite(total):
+            what = "sum of per-step rewards overflows to" if isinstance(v, list) else "reward is"
+            raise PydanticCustomError(
+                "not_finite", "{what} {total}", {"what": what, "total": total}
+            )
+        return v
+
     def scalar_reward(self) -> float | None:
         return scalar_reward(self.rewards)
 
@@ -203,14 +237,102 @@ def encode_result(result: RolloutResult) -> bytes:
 
 
 def decode_result(body: bytes, max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> RolloutResult:
-    """Parse a result object, enforcing the size limit before reading it as JSON."""
+    """Parse a result object, enforcing the size limit before reading it as JSON, and the
+    rules of `check_json` before the schema, so an object a hostile agent wrote by hand (NaN,
+    a lone surrogate, 10,000 levels deep) is a ContractError, not a crash in the engine."""
     if len(body) > max_bytes:
         raise ContractError(
             f"result object is {len(body)} bytes, over the {max_bytes} limit", "too_large"
         )
     data = _loads(body, "result object")
     _check_version(data, "result object")
+    _check(data, "result object")
     return _validate(RolloutResult, data, "result object")
+
+
+_Where = tuple[Any, Any] | None  # (key, where the parent is), linked up to the root: None
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def check_json(value: Any, max_depth: int = MAX_DEPTH) -> None:
+    """Raise ContractError unless `value` can go on the wire as interoperable JSON: every float
+    finite (`not_finite`), every string and key valid Unicode, that is without a lone
+    surrogate, which UTF-8 cannot encode (`not_json`), and arrays and objects nested at most
+    `max_depth` deep, `value` itself being level 1 (`too_deep`). The message says where, as
+    `trajectory.messages[3].content: invalid unicode (lone surrogate)`.
+
+    Walks without recursion, so a 10,000-deep or cyclic value is refused at level
+    `max_depth + 1` rather than overflowing the stack. Mappings, lists, tuples and pydantic
+    models are walked into; any other object is left to the serializer. Both sides call it on
+    every result, so the loop dispatches on exact classes first.
+    """
+    # The root rides in a one-item list at level 0, so it is checked like any other item;
+    # `_path` drops that list's index.
+    stack: list[tuple[Any, int, _Where]] = [([value], 0, None)]
+    while stack:
+        container, level, where = stack.pop()
+        if level > max_depth:
+            raise ContractError(
+                f"{_path(where)}: nested deeper than {max_depth} levels", "too_deep"
+            )
+        if container.__class__ is dict:
+            pairs = container.items()
+        elif isinstance(container, list | tuple):
+            pairs = enumerate(container)
+        else:
+            pairs = container.items() if isinstance(container, Mapping) else iter(container)
+        for key, item in pairs:
+            if key.__class__ is str and not key.isascii() and _SURROGATE.search(key):
+                raise ContractError(
+                    f"{_path(where)}: key {key!r} is invalid unicode (lone surrogate)",
+                    "not_json",
+                )
+            kind = item.__class__
+            if kind not in _JSON_CLASSES:  # a subclass or another object: classify it slowly
+                kind = _json_class(item)
+            if kind is str:
+                if not item.isascii() and _SURROGATE.search(item):
+                    raise ContractError(
+                        f"{_path((key, where))}: invalid unicode (lone surrogate)", "not_json"
+                    )
+            elif kind is float:
+                if not -math.inf < item < math.inf:
+                    raise ContractError(
+                        f"{_path((key, where))}: non-finite number {item}", "not_finite"
+                    )
+            elif kind is dict or kind is list:
+                stack.append((item, level + 1, (key, where)))
+
+
+_JSON_CLASSES = frozenset({str, float, int, bool, type(None), dict, list})
+
+
+def _json_class(item: Any) -> type:
+    """What `check_json` treats `item` as: str, float, dict, list, or (not checked) None."""
+    if isinstance(item, str | float):
+        return str if isinstance(item, str) else float
+    if isinstance(item, Mapping | BaseModel):
+        return dict
+    return list if isinstance(item, list | tuple) else type(None)
+
+
+def _path(where: _Where) -> str:
+    """`trajectory.messages[3].content` for the linked keys. Odd keys are quoted, in full:
+    cut short, a secret in one would escape the writer's scrubbing."""
+    keys: list[Any] = []
+    while where is not None:
+        key, where = where
+        keys.append(key)
+    out = ""
+    for key in reversed(keys[:-1]):  # the last is the root's index in its one-item list
+        if isinstance(key, int) and not isinstance(key, bool):
+            out += f"[{key}]"
+        elif _PLAIN_KEY.fullmatch(key := str(key)):
+            out += f".{key}" if out else key
+        else:
+            out += f"[{key!r}]"
+    return out or "(root)"
 
 
 # --------------------------------------------------------------------------- S3 key layout
@@ -337,6 +459,15 @@ def _loads(body: bytes, what: str) -> Any:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ContractError(f"{what} is not valid JSON: {e}", "not_json") from None
+    except RecursionError:
+        raise ContractError(f"{what} is nested too deeply to parse", "too_deep") from None
+
+
+def _check(data: Any, what: str) -> None:
+    try:
+        check_json(data)
+    except ContractError as e:
+        raise ContractError(f"{what}: {e}", e.reason) from None
 
 
 def _check_version(data: Any, what: str) -> None:
@@ -358,4 +489,7 @@ def _validate(model: type[_M], data: Any, what: str) -> _M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise ContractError(f"{what}: {first_error(e)}") from None
+        finite = e.errors()[0]["type"] in ("finite_number", "not_finite")
+        raise ContractError(
+            f"{what}: {first_error(e)}", "not_finite" if finite else "schema"
+        ) from None

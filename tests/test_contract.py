@@ -7,12 +7,16 @@ import json
 from urllib.parse import quote_plus
 
 import pytest
+from pydantic import ValidationError
 
 from agentcore_rollout.contract import (
+    MAX_DEPTH,
     ContractError,
     NamedRewards,
     RolloutResult,
     Timings,
+    canonical_json,
+    check_json,
     decode_result,
     encode_result,
     parse_notification,
@@ -152,3 +156,155 @@ def test_direct_notification_and_garbage():
     ):
         with pytest.raises(ContractError):
             parse_notification(body)
+
+
+# --------------------------------------------------------------------------- finiteness
+
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"rewards": _NAN},
+        {"rewards": -_INF},
+        {"rewards": [0.5, _NAN]},
+        {"rewards": {"components": {"a": _NAN}, "scalar": "a"}},
+        {"metrics": {"turns": _NAN}},
+    ],
+)
+def test_models_refuse_non_finite_rewards_and_metrics(fields):
+    with pytest.raises(ValidationError, match="finite number"):
+        _result(**fields)
+
+
+def test_every_number_field_of_the_contract_is_finite():
+    with pytest.raises(ValidationError, match="finite number"):
+        Timings(received=1.0, finished=_INF)
+    with pytest.raises(ValidationError, match="finite number"):
+        NamedRewards(components={"a": _NAN}, scalar="a")
+    bypassed = NamedRewards.model_construct(components={"a": _INF}, scalar="a")
+    with pytest.raises(ValidationError, match="reward is inf"):  # the scalar is checked too
+        _result(rewards=bypassed)
+
+
+def test_per_step_rewards_whose_sum_overflows_are_refused():
+    assert _result(rewards=[1e308, -1e308, 1e308]).scalar_reward() == 1e308
+    with pytest.raises(ValidationError, match="sum of per-step rewards overflows to inf"):
+        _result(rewards=[1e308, 1e308])
+    with pytest.raises(ValidationError, match="overflows to -inf"):
+        _result(rewards=[-1e308, -1e308])
+
+
+def test_canonical_json_refuses_nan():
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        canonical_json({"x": _NAN})
+
+
+def _raw(**fields) -> bytes:
+    """A result object as a hostile agent could write it: Python's json allows NaN."""
+    return json.dumps(_result().model_dump(mode="json") | fields, separators=(",", ":")).encode()
+
+
+def _nest(body: bytes, levels: int) -> bytes:
+    """`body` with its trajectory's `x` nested `levels` arrays deep (json.dumps cannot)."""
+    return body.replace(b'"x":0', b'"x":' + b"[" * levels + b"]" * levels)
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "reason"),
+    [
+        (_raw(rewards=_NAN), "result object: rewards: non-finite number nan", "not_finite"),
+        (
+            _raw(rewards=[1.0, _INF]),
+            "result object: rewards[1]: non-finite number inf",
+            "not_finite",
+        ),
+        (
+            _raw(rewards={"components": {"a": -_INF}, "scalar": "a"}),
+            "result object: rewards.components.a: non-finite number -inf",
+            "not_finite",
+        ),
+        (
+            _raw(metrics={"turns": 7.5}).replace(b"7.5", b"1e999"),  # parses as inf
+            "result object: metrics.turns: non-finite number inf",
+            "not_finite",
+        ),
+        (
+            _raw(rewards=[1e308, 1e308]),
+            "result object: rewards: sum of per-step rewards overflows to inf",
+            "not_finite",
+        ),
+        (
+            _raw(trajectory={"m": ["\ud800"]}),
+            "result object: trajectory.m[0]: invalid unicode (lone surrogate)",
+            "not_json",
+        ),
+        (
+            _nest(_raw(trajectory={"x": 0}), 70),
+            # the object is level 1 and x level 3, so level MAX_DEPTH + 1 is MAX_DEPTH - 2 below x
+            f"result object: trajectory.x{'[0]' * (MAX_DEPTH - 2)}: "
+            f"nested deeper than {MAX_DEPTH} levels",
+            "too_deep",
+        ),
+        (
+            _nest(_raw(trajectory={"x": 0}), 10_000),
+            "result object is nested too deeply to parse",
+            "too_deep",
+        ),
+    ],
+)
+def test_decode_refuses_what_a_hostile_agent_writes_by_hand(body, message, reason):
+    with pytest.raises(ContractError) as info:
+        decode_result(body)
+    assert str(info.value) == message and info.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("value", "message", "reason"),
+    [
+        (_NAN, "(root): non-finite number nan", "not_finite"),
+        ({"a": (1, {"b": -_INF})}, "a[1].b: non-finite number -inf", "not_finite"),
+        (
+            {"odd key\n": {"\ud800": 1}},
+            "['odd key\\n']: key '\\ud800' is invalid unicode (lone surrogate)",
+            "not_json",
+        ),
+        (
+            _result(trajectory={"t": "\udfff"}),
+            "trajectory.t: invalid unicode (lone surrogate)",
+            "not_json",
+        ),
+    ],
+)
+def test_check_json_names_the_fault_and_where(value, message, reason):
+    with pytest.raises(ContractError) as info:
+        check_json(value)
+    assert str(info.value) == message and info.value.reason == reason
+    assert "\n" not in str(info.value)
+
+
+def test_check_json_depth_limit_and_cycles():
+    def nested(levels: int) -> list:
+        value: list = []
+        for _ in range(levels - 1):
+            value = [value]
+        return value
+
+    check_json(nested(MAX_DEPTH))
+    check_json({"ok": [1, True, None, "é", 2.5]})
+    with pytest.raises(ContractError, match=f"nested deeper than {MAX_DEPTH} levels"):
+        check_json(nested(MAX_DEPTH + 1))
+    cycle: dict = {}
+    cycle["self"] = cycle
+    with pytest.raises(ContractError, match="nested deeper") as info:
+        check_json(cycle)
+    assert info.value.reason == "too_deep"
+
+
+def test_control_block_must_be_finite_and_valid_unicode():
+    with pytest.raises(ContractError, match="control block: deadline: non-finite number nan"):
+        split_payload({"_rollout": _control(deadline=_NAN)})
+    with pytest.raises(ContractError, match="input_id: invalid unicode") as info:
+        split_payload({"_rollout": _control(input_id="q\ud800")})
+    assert info.value.reason == "not_json"

@@ -28,6 +28,7 @@ from ..contract import (
     RolloutControl,
     RolloutResult,
     Timings,
+    check_json,
     first_error,
     split_payload,
 )
@@ -79,7 +80,12 @@ RolloutFn = Callable[[dict[str, Any], RolloutContext], Awaitable[Any] | Any]
 
 class RolloutApp(BedrockAgentCoreApp):
     """`app = RolloutApp()`, then decorate `async def rollout(payload, ctx)` with
-    `@app.rollout_entrypoint`, and serve it like any AgentCore app (port 8080)."""
+    `@app.rollout_entrypoint`, and serve it like any AgentCore app (port 8080).
+
+    Rollouts start (`_accept`) and end (their done callbacks) on the base app's worker loop,
+    the one thread that changes `_tasks`, `_seen` and `_sessions`; a method other threads may
+    call (`cancel_session`, `session_busy`) hands its work to that loop or only reads.
+    """
 
     def __init__(self, *, writer: ResultWriter | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -97,17 +103,19 @@ class RolloutApp(BedrockAgentCoreApp):
         return fn
 
     def session_busy(self, session_id: str) -> bool:
+        """Callable from any thread: one atomic read, at worst a moment out of date."""
         return bool(self._sessions.get(session_id))
 
     def cancel_session(self, session_id: str) -> None:
         """Cancel a session's rollouts without writing results, as a stopped session would
-        end (thread-safe: runs on the app's worker loop)."""
-        if self._worker_loop is None:
-            return
+        end. Callable from any thread: the cancellation runs on the worker loop, so the
+        session's set is never iterated while a rollout starting or ending changes it."""
+        if self._worker_loop is not None:  # None: no rollout was ever accepted
+            self._worker_loop.call_soon_threadsafe(self._cancel_session, session_id)
+
+    def _cancel_session(self, session_id: str) -> None:
         for request_id in self._sessions.pop(session_id, ()):
-            task = self._tasks.get(request_id)
-            if task is not None:
-                self._worker_loop.call_soon_threadsafe(task.cancel)
+            self._tasks[request_id].cancel()  # its done callback runs later, not in this loop
 
     async def _accept(self, payload: dict[str, Any], context: Any = None) -> dict[str, Any]:
         if self._fn is None:
@@ -140,7 +148,6 @@ class RolloutApp(BedrockAgentCoreApp):
     async def _run(self, user: dict[str, Any], control: RolloutControl, received: float) -> None:
         ctx = RolloutContext(control)
         started = time.time()
-        fields: dict[str, Any]
         work = asyncio.ensure_future(self._call(user, ctx))
         try:
             # Not wait_for: a rollout that swallows cancellation must not delay the result.
@@ -150,31 +157,41 @@ class RolloutApp(BedrockAgentCoreApp):
             return  # the session was stopped: like a killed microVM, nothing is written
         if not done:
             work.cancel()
-            fields = _failure(
-                "timeout", "deadline", "DeadlineExceeded", "rollout ran past its deadline"
+        timings = Timings(received=received, started=started, finished=time.time())
+        try:
+            result = _build(control, _fields(work), timings)
+        except Exception as e:  # output that breaks even being read, e.g. a raising __str__
+            why = f"{type(e).__name__} while reading the rollout's output"
+            result = _build(
+                control, _failure("agent_error", "error", "InvalidOutput", why), timings
             )
-        elif work.cancelled():
-            fields = _failure(
-                "cancelled", "cancelled", "CancelledError", "rollout cancelled itself"
-            )
-        elif work.exception() is not None:
-            e = work.exception()
-            fields = _failure("agent_error", "error", type(e).__name__, str(e))
-        else:
-            fields = _output_fields(work.result())
-        result = _build(
-            control, fields, Timings(received=received, started=started, finished=time.time())
-        )
         try:
             await self._writer.write(result, control)
-        except Exception:
-            log.exception("could not write result request_id=%s", control.request_id)
+        except Exception as e:  # S3 unreachable: the engine will report a timeout
+            log.error(
+                "no result written for request_id=%s: %s: %s",
+                control.request_id,
+                type(e).__name__,
+                next(iter(str(e).splitlines()), ""),
+            )
 
     async def _call(self, user: dict[str, Any], ctx: RolloutContext) -> Any:
         assert self._fn is not None
         if inspect.iscoroutinefunction(self._fn):
             return await self._fn(user, ctx)
         return await asyncio.to_thread(self._fn, user, ctx)
+
+
+def _fields(work: asyncio.Future[Any]) -> dict[str, Any]:
+    """The result fields for how `work` ended: past its deadline (the watchdog has just asked
+    it to cancel, so it is not done yet), cancelled by itself, raised, or returned."""
+    if not work.done():
+        return _failure("timeout", "deadline", "DeadlineExceeded", "rollout ran past its deadline")
+    if work.cancelled():
+        return _failure("cancelled", "cancelled", "CancelledError", "rollout cancelled itself")
+    if (e := work.exception()) is not None:
+        return _failure("agent_error", "error", type(e).__name__, str(e))
+    return _output_fields(work.result())
 
 
 def _output_fields(output: Any) -> dict[str, Any]:
@@ -196,10 +213,12 @@ def _output_fields(output: Any) -> dict[str, Any]:
 
 
 def _failure(status: str, stop_reason: str, type_: str, message: str) -> dict[str, Any]:
+    # An exception's message may hold a lone surrogate, which no UTF-8 result can carry.
+    message = message[:_MAX_ERROR_CHARS].encode("utf-8", "backslashreplace").decode()
     return {
         "status": status,
         "stop_reason": stop_reason,
-        "error": ErrorInfo(type=type_, message=message[:_MAX_ERROR_CHARS]),
+        "error": ErrorInfo(type=type_, message=message),
     }
 
 
@@ -213,7 +232,13 @@ def _build(control: RolloutControl, fields: dict[str, Any], timings: Timings) ->
         "timings": timings,
     }
     try:
+        # Numbers first, so a NaN reward reads `rewards: non-finite number nan`, not pydantic's
+        # error for each branch of the Rewards union. The trajectory is the writer's to check.
+        check_json({k: v for k, v in fields.items() if k in ("rewards", "metrics")})
         return RolloutResult.model_validate({**base, **fields})
+    except ContractError as e:
+        why = str(e)
     except ValidationError as e:
-        invalid = _failure("agent_error", "error", "InvalidOutput", first_error(e))
-        return RolloutResult.model_validate({**base, **invalid})
+        why = first_error(e)
+    invalid = _failure("agent_error", "error", "InvalidOutput", why)
+    return RolloutResult.model_validate({**base, **invalid})

@@ -1,21 +1,33 @@
-"""Writes an agent's one result: signed, secrets scrubbed, conditional put, optional SQS note."""
+"""Writes an agent's one result: checked, secrets scrubbed, signed, conditional put, optional
+SQS note.
+
+Whatever result it is given, what reaches S3 is a valid result object. One that cannot go on
+the wire (a non-finite number, a lone surrogate, nesting deeper than `MAX_DEPTH`, an object
+that does not serialize, more bytes than the engine accepts) is replaced by an `agent_error`
+result that says why in one line, so the engine learns at once instead of waiting out the
+rollout's deadline for an object that never comes.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
 
 from ..contract import (
+    ContractError,
     DirectNotification,
+    ErrorInfo,
     RolloutControl,
     RolloutResult,
+    check_json,
     encode_result,
+    first_error,
     sign_result,
 )
 
@@ -47,9 +59,18 @@ class ResultWriter:
         self._clients.clear()
 
     async def write(self, result: RolloutResult, control: RolloutControl) -> bool:
-        """Put the result once. False if one was already there (a late write never
-        overwrites the first); raises if S3 cannot be written at all."""
-        body = encode_result(sign_result(_scrub(result, control), control.sig_key))
+        """Put the result, or the `agent_error` result replacing it, once. False if one was
+        already there (a late write never overwrites the first); raises if S3 cannot be
+        written at all, or if not even the replacement can be encoded."""
+        try:
+            body = _body(result, control)
+        except ContractError as e:
+            log.warning(  # the reason only: the message may quote the output's keys
+                "result request_id=%s cannot be written (%s); writing agent_error instead",
+                control.request_id,
+                e.reason,
+            )
+            body = _body(_rejected(result, str(e)), control)
         s3 = await self._client("s3")
         try:
             await s3.put_object(
@@ -85,14 +106,56 @@ class ResultWriter:
             log.warning("direct notification failed request_id=%s: %s", control.request_id, e)
 
 
+def _body(result: RolloutResult, control: RolloutControl) -> bytes:
+    """The signed bytes of `result`, secrets scrubbed; ContractError if it cannot go on the
+    wire. Checked first, so nothing after it meets a value it would choke on."""
+    check_json(result)
+    try:
+        body = encode_result(sign_result(_scrub(result, control), control.sig_key))
+    except ValidationError as e:  # scrubbing broke a field with a pattern
+        raise ContractError(f"scrubbed result: {first_error(e)}") from None
+    except (ValueError, TypeError, RecursionError) as e:  # e.g. an object json cannot encode
+        first_line = next(iter(str(e).splitlines()), "")
+        raise ContractError(f"result cannot be encoded: {type(e).__name__}: {first_line}") from None
+    if len(body) > control.max_result_bytes:
+        raise ContractError(
+            f"result is {len(body)} bytes, over the {control.max_result_bytes} limit", "too_large"
+        )
+    return body
+
+
+def _rejected(result: RolloutResult, why: str) -> RolloutResult:
+    """The `agent_error` result written instead of one that cannot go on the wire."""
+    return result.model_copy(
+        update={
+            "status": "agent_error",
+            "stop_reason": "error",
+            "rewards": None,
+            "trajectory": None,
+            "metrics": {},
+            "error": ErrorInfo(type="InvalidOutput", message=why),
+        }
+    )
+
+
 def _scrub(result: RolloutResult, control: RolloutControl) -> RolloutResult:
-    """Replace the per-request secrets wherever user data echoed them."""
+    """Replace the per-request secrets wherever user data echoed them, in keys and values."""
     secrets = [control.sig_key]
     if control.llm is not None and control.llm.api_key not in ("", "EMPTY"):
         secrets.append(control.llm.api_key)
-    text = json.dumps(result.model_dump(mode="json"))
-    if not any(s in text for s in secrets):
-        return result
-    for s in secrets:
-        text = text.replace(s, _REDACTED)
-    return RolloutResult.model_validate(json.loads(text))
+    data = result.model_dump(mode="json")
+    clean = _replace(data, secrets)
+    return result if clean == data else RolloutResult.model_validate(clean)
+
+
+def _replace(value: Any, secrets: list[str]) -> Any:
+    """`value` with each secret redacted; its depth was bounded by `check_json`."""
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, _REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {_replace(k, secrets): _replace(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace(v, secrets) for v in value]
+    return value

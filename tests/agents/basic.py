@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import math
+from collections.abc import Callable
 from typing import Any
 
 from agentcore_rollout.agent import RolloutApp, RolloutContext, RolloutOutput
-from agentcore_rollout.contract import RolloutResult, Timings, encode_result, sign_result
+from agentcore_rollout.contract import (
+    DEFAULT_MAX_RESULT_BYTES,
+    RolloutResult,
+    Timings,
+    encode_result,
+    sign_result,
+)
 
 app = RolloutApp()
 controls: dict[str, Any] = {}  # request_id -> control block, for in-process tests
@@ -21,6 +31,71 @@ def expected_reward(payload: dict[str, Any]) -> float:
 async def _put(ctx: RolloutContext, body: bytes) -> None:
     s3 = await app._writer._client("s3")
     await s3.put_object(Bucket=ctx.control.result.bucket, Key=ctx.control.result.key, Body=body)
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    inner: dict[str, Any] = {}
+    outer = inner
+    for _ in range(depth - 1):
+        inner["a"] = {}
+        inner = inner["a"]
+    return outer
+
+
+# Outputs the wire cannot carry, returned through the SDK (payload `hostile`).
+HOSTILE: dict[str, Callable[[RolloutContext], RolloutOutput]] = {
+    "nan_reward": lambda ctx: RolloutOutput(rewards=math.nan),
+    "inf_reward": lambda ctx: RolloutOutput(rewards=math.inf),
+    "overflowing_steps": lambda ctx: RolloutOutput(rewards=[1e308, 1e308]),
+    "nan_metric": lambda ctx: RolloutOutput(rewards=0.5, metrics={"turns": math.nan}),
+    "nan_in_trajectory": lambda ctx: RolloutOutput(rewards=0.5, trajectory={"score": -math.inf}),
+    "lone_surrogate": lambda ctx: RolloutOutput(
+        rewards=0.5,
+        trajectory={"messages": [{"content": "ok"}] * 3 + [{"content": "bad \ud800 text"}]},
+    ),
+    "deep": lambda ctx: RolloutOutput(rewards=0.5, trajectory=_nested(10_000)),
+    "too_big": lambda ctx: RolloutOutput(
+        rewards=0.5, trajectory={"blob": "x" * (DEFAULT_MAX_RESULT_BYTES + 1)}
+    ),
+    "secret_key_nan": lambda ctx: RolloutOutput(
+        rewards=0.5, trajectory={f"key-{ctx.control.sig_key}": math.nan}
+    ),
+}
+
+
+def _by_hand(ctx: RolloutContext, what: str) -> bytes:
+    """A result object written without the SDK and signed with the real key, as a hostile
+    agent could: the engine must refuse it on its own."""
+    c = ctx.control
+    data: dict[str, Any] = {
+        "v": 1,
+        "exp_id": c.exp_id,
+        "step": c.step,
+        "request_id": c.request_id,
+        "input_id": c.input_id,
+        "session_id": c.session_id,
+        "status": "ok",
+        "stop_reason": "done",
+        "rewards": 1.0,
+        "trajectory": None,
+        "metrics": {},
+        "timings": {"received": 0.0, "started": 0.0, "finished": 0.0},
+        "error": None,
+    }
+    if what == "nan_reward":
+        data["rewards"] = math.nan
+    elif what == "overflowing_steps":
+        data["rewards"] = [1e308, 1e308]
+    elif what == "lone_surrogate":
+        data["trajectory"] = {"messages": [{"content": "\ud800"}]}
+    elif what == "deep":
+        data["trajectory"] = {"x": "DEEP"}
+    unsigned = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    sig = hmac.new(
+        c.sig_key.encode(), unsigned.encode("utf-8", "surrogatepass"), hashlib.sha256
+    ).hexdigest()
+    body = json.dumps({**data, "sig": sig})  # ASCII: a surrogate goes as a \ud800 escape
+    return body.replace('"DEEP"', "[" * 10_000 + "]" * 10_000).encode()
 
 
 @app.rollout_entrypoint
@@ -55,8 +130,14 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
         await _put(ctx, encode_result(sign_result(fake, "not-the-key-" * 4)))
     if mode == "bad_output":
         return {"rewards": "lots"}
+    if mode == "hostile":
+        return HOSTILE[payload["what"]](ctx)
+    if mode == "by_hand":  # the SDK's own write afterwards finds the object there, and stops
+        await _put(ctx, _by_hand(ctx, payload["what"]))
     if mode == "big":
         return RolloutOutput(rewards=0.0, trajectory={"blob": "x" * payload["size"]})
+    if mode == "big_by_hand":  # past the SDK, which would refuse it
+        await _put(ctx, b" " * payload["size"])
     if mode == "leak":
         return {"rewards": 0.5, "trajectory": {"echo": json.dumps(ctx.control.model_dump())}}
     return RolloutOutput(
