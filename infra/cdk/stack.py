@@ -10,7 +10,8 @@ Security shape (tests/infra checks each point, and the Terraform module mirrors 
 * queue + DLQ: SSE-SQS, redrive, only this bucket in this account may send S3 events;
 * runtime role: trusted by AgentCore in this account only; may put results under the prefix,
   send to the queue, pull from this repository and write its own logs, nothing else;
-* trainer policy: invoke/stop this runtime, consume the queue, read results under the prefix.
+* trainer policy: invoke/stop this runtime, consume the queue, read and list results under the
+  prefix (never the whole bucket: the engine's start-up check lists ``<prefix>/``).
 
 The runtime itself sits behind the ``DeployRuntime`` parameter: the image must be pushed to the
 repository this stack creates before a runtime can start, so the first deploy is without it.
@@ -397,7 +398,11 @@ class AgentCoreRolloutStack(cdk.Stack):
             iam.PolicyStatement(
                 sid="ReadRolloutResults", actions=["s3:GetObject"], resources=[self.results_arn]
             ),
-            # Listing makes a missing result a 404 instead of a 403 (reconcile, resume).
+            # Only with an s3:prefix under the prefix: the engine's start-up check lists
+            # "<prefix>/" (ListObjectsV2, MaxKeys=1; HeadBucket, with no s3:prefix, is denied),
+            # and listing makes a missing result a 404 instead of a 403 (resume). StringLike's
+            # "*" also matches nothing, so "<prefix>/*" alone would cover "<prefix>/"; both are
+            # named to say so. Not "<prefix>*": that would list sibling prefixes too.
             iam.PolicyStatement(
                 sid="ListRolloutResults",
                 actions=["s3:ListBucket"],

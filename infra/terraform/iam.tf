@@ -106,7 +106,9 @@ data "aws_iam_policy_document" "trainer" {
     resources = [local.results_arn]
   }
 
-  # Listing makes a missing result a 404 instead of a 403 (reconcile, resume).
+  # Only with an s3:prefix under the prefix: the engine's start-up check lists "<prefix>/"
+  # (ListObjectsV2, MaxKeys=1; HeadBucket, with no s3:prefix, is denied), and listing makes a
+  # missing result a 404 instead of a 403 (resume). Not "<prefix>*": that lists siblings too.
   statement {
     sid       = "ListRolloutResults"
     actions   = ["s3:ListBucket"]
