@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+)
 
 from ._sandbox import SessionCallError
 
@@ -25,6 +30,10 @@ _AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {
 }
 
 
+# Refusals that start nothing: the service answered before creating a session.
+_REFUSED = {400, 402, 403, 404, 429}
+
+
 def classify_client_error(e: ClientError) -> SessionCallError:
     err = e.response.get("Error", {})
     code = err.get("Code", "Unknown")
@@ -33,7 +42,20 @@ def classify_client_error(e: ClientError) -> SessionCallError:
         code, (status >= 500 or status == 429, status == 429)
     )
     return SessionCallError(
-        code, err.get("Message", str(e)), retryable=retryable, throttled=throttled
+        code,
+        err.get("Message", str(e)),
+        retryable=retryable,
+        throttled=throttled,
+        outage=status >= 500,
+        maybe_started=status not in _REFUSED,
+    )
+
+
+def _transport_error(e: Exception) -> SessionCallError:
+    """No answer: unreachable (nothing was sent, nothing started) or cut off mid-call."""
+    unreachable = isinstance(e, EndpointConnectionError | ConnectTimeoutError)
+    return SessionCallError(
+        type(e).__name__, str(e), retryable=True, outage=True, maybe_started=not unreachable
     )
 
 
@@ -60,7 +82,7 @@ class AgentCoreRuntime:
         except ClientError as e:
             raise classify_client_error(e) from None
         except (BotoCoreError, OSError, TimeoutError) as e:
-            raise SessionCallError(type(e).__name__, str(e), retryable=True) from None
+            raise _transport_error(e) from None
         _check_accepted(body)
 
     async def stop(self, session_id: str) -> None:
@@ -73,7 +95,7 @@ class AgentCoreRuntime:
             if err.code != "ResourceNotFoundException":
                 raise err from None
         except (BotoCoreError, OSError, TimeoutError) as e:
-            raise SessionCallError(type(e).__name__, str(e), retryable=True) from None
+            raise _transport_error(e) from None
 
 
 def _check_accepted(body: bytes) -> None:

@@ -39,6 +39,10 @@ class RolloutOutcome:
     """Exact token trace from the gateway (prompt ids, sampled ids, mask, log-probs)."""
     started_at: float | None = None
     """When the invocation that started the session was sent (unix seconds)."""
+    deadline: float | None = None
+    """The rollout's deadline given to its agent: `started_at + timeout`, capped."""
+    gateway_session_id: str | None = None
+    """The gateway session the agent called the policy through (none without a gateway)."""
     delivered_at: float | None = None
     finished_at: float = 0.0
 

@@ -180,6 +180,23 @@ class RolloutBuffer:
         finally:
             self._retire(w)
 
+    async def look_up(self, request_id: str) -> Delivery | None:
+        """Read a registered request's result straight from S3 now (resuming after a restart:
+        the result may have been written while no engine listened). None if there is none."""
+        w = self._waiters[request_id]
+        for attempt in range(3):
+            try:
+                delivery = await self._verified(w.key, w.request_id, w.step, w.sig_key, "lookup")
+            except _Transient as e:
+                log.warning(
+                    "lookup of request_id=%s failed (%s), attempt %d", request_id, e, attempt
+                )
+                await asyncio.sleep(0.5 * 2**attempt)
+                continue
+            self._counts["lookups"] += 1
+            return None if delivery is None else self._resolve(w, delivery)
+        return None
+
     def cancel(self, request_id: str, reason: str = "cancelled") -> None:
         w = self._waiters.get(request_id)
         if w is not None:
@@ -271,16 +288,17 @@ class RolloutBuffer:
         if not refs:
             self._counts["test_events"] += 1
             return "delete"
-        own = [(ref, k) for ref in refs if (k := self._own_key(ref)) is not None]
+        own = [k for ref in refs if (k := self._own_key(ref)) is not None]
         try:
-            for _, key in own:
-                await self._ingest(key, via="notification")
+            expected = [await self._ingest(key, via="notification") for key in own]
         except _Transient:
             return "keep"
         if len(own) < len(refs):
             self._counts["foreign_messages"] += 1
             return "release"
-        return "delete"
+        # Ours, but nobody here expects it: another engine of this experiment on the same
+        # queue, or one resuming after a restart, may. Let it come back for them.
+        return "delete" if all(expected) else "release"
 
     async def _settle(self, messages: list[dict[str, Any]], fates: list[_MessageFate]) -> None:
         done = [m for m, f in zip(messages, fates, strict=True) if f == "delete"]
@@ -320,14 +338,14 @@ class RolloutBuffer:
 
     # ----------------------------------------------------------------- results
 
-    async def _ingest(self, key: ResultKey, via: Literal["notification", "lookup"]) -> None:
+    async def _ingest(self, key: ResultKey, via: Literal["notification", "lookup"]) -> bool:
+        """Route one announced result; False if no request here, waiting or ended, expects it."""
         w = self._waiters.get(key.request_id)
         if w is None:
-            await self._ingest_unclaimed(key)
-            return
+            return await self._ingest_unclaimed(key)
         if w.future.done() or w.busy:
             self._counts["duplicates"] += 1
-            return
+            return True
         w.busy = True
         try:
             delivery = await self._verified(key.key, w.request_id, w.step, w.sig_key, via)
@@ -335,21 +353,22 @@ class RolloutBuffer:
             w.busy = False
         if delivery is not None:
             self._resolve(w, delivery)
+        return True
 
-    async def _ingest_unclaimed(self, key: ResultKey) -> None:
+    async def _ingest_unclaimed(self, key: ResultKey) -> bool:
         """A result nobody waits for: a duplicate, a late one (kept apart), or unknown."""
         ended = self._ended.get(key.step, {})
         if key.request_id not in ended:
             self._counts["unmatched"] += 1
-            return
+            return False
         sig_key = ended[key.request_id]
         if sig_key is None:
             self._counts["duplicates"] += 1
-            return
+            return True
         ended[key.request_id] = None  # whatever this turns out to be, it is the only one
         delivery = await self._verified(key.key, key.request_id, key.step, sig_key, "notification")
         if delivery is None or delivery.result is None:
-            return
+            return True
         result = delivery.result
         self._counts["stale"] += 1
         self._stale.setdefault(key.step, []).append(
@@ -360,6 +379,7 @@ class RolloutBuffer:
                 result=result if self._cfg.keep_stale_results else None,
             )
         )
+        return True
 
     async def _verified(
         self,

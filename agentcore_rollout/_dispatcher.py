@@ -6,18 +6,25 @@ Three bounds hold at once:
   cold-start wave cannot pile up connections,
 - at most `max_live_sessions` sessions alive; a slot frees only after the session is stopped
   (the engine stops it inside `live_slot`).
+
+And it fails fast: when the runtime keeps failing with outage errors (unreachable, 5xx) for
+longer than the retry budget, it is declared down, and every request waiting to start ends at
+once with the cause, instead of each spending its own retries at the start rate. While down,
+one attempt per `backoff_max` seconds probes whether it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from ._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from ._sandbox import SandboxRuntime, SessionCallError
@@ -25,9 +32,68 @@ from .config import EngineConfig
 
 log = logging.getLogger("agentcore_rollout.dispatcher")
 
+_T = TypeVar("_T")
+
 
 class SubmitFailed(Exception):
-    """The rollout could not be started: non-retryable error, retries spent, or deadline."""
+    """The rollout could not be started: non-retryable error, retries spent, the runtime is
+    down, or it waited too long to start. The message says which, with the last cause."""
+
+
+@dataclass
+class StartAttempts:
+    """What the attempts to start one session did, for the engine to decide about the stop."""
+
+    maybe_started: bool = False
+    """Some attempt may have created the session (it was sent and not clearly refused)."""
+    sent_at: float | None = None
+    """When the accepted invocation was sent (unix seconds): the session's start."""
+    deadline: float | None = None
+    """The rollout's deadline written into the accepted invocation (unix seconds)."""
+
+
+class _Outage:
+    """Tracks whether the runtime is down: outage errors with no answer in between, for longer
+    than the retry budget."""
+
+    def __init__(self, budget: float, probe_every: float) -> None:
+        self._budget = budget
+        self._probe_every = probe_every
+        self._since: float | None = None
+        self._next_probe = 0.0
+        self.cause: SessionCallError | None = None
+        self.declared = asyncio.Event()
+
+    def failed(self, error: SessionCallError) -> None:
+        now = time.monotonic()
+        self._since = now if self._since is None else self._since
+        self.cause = error
+        if now - self._since >= self._budget and not self.declared.is_set():
+            log.error("runtime down for %.1fs, failing queued starts: %s", self.down_for(), error)
+            self.declared.set()
+            self._next_probe = now + self._probe_every
+
+    def answered(self) -> None:
+        if self.declared.is_set():
+            log.warning("runtime answers again")
+        self._since, self.cause = None, None
+        self.declared.clear()
+
+    def down_for(self) -> float:
+        return time.monotonic() - self._since if self._since is not None else 0.0
+
+    def may_try(self) -> bool:
+        """Up, or down and due for one probe."""
+        if not self.declared.is_set():
+            return True
+        now = time.monotonic()
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + self._probe_every
+        return True
+
+    def refusal(self) -> SubmitFailed:
+        return SubmitFailed(f"runtime down for {self.down_for():.1f}s: {self.cause}")
 
 
 class RequestDispatcher:
@@ -41,6 +107,7 @@ class RequestDispatcher:
         self.stop_rate = AdaptiveRate(_bucket(config.stop_rate or config.start_rate))
         self._starting_slots = asyncio.Semaphore(config.max_starting)
         self._live_slots = asyncio.Semaphore(config.max_live_sessions)
+        self._outage = _Outage(retry_budget(config), config.backoff_max)
         self.starting = Gauge()
         self.live = Gauge()
         self.invokes = self.stops = self.throttles = 0
@@ -63,50 +130,81 @@ class RequestDispatcher:
             "retries": self.retries,
             "invoke_errors": self.invoke_errors,
             "stop_errors": self.stop_errors,
+            "runtime_down": self._outage.declared.is_set(),
         }
 
     @asynccontextmanager
-    async def live_slot(self) -> AsyncIterator[None]:
-        """Hold one of the `max_live_sessions` slots; the caller stops its session inside."""
-        async with self._live_slots:
+    async def live_slot(self, start_by: float) -> AsyncIterator[None]:
+        """Hold one of the `max_live_sessions` slots; the caller stops its session inside.
+        Waiting for it counts against `start_by` (unix seconds)."""
+        await self._until(self._live_slots.acquire(), start_by, "a live-session slot")
+        try:
             with self.live:
                 yield
+        finally:
+            self._live_slots.release()
 
-    async def start(self, session_id: str, payload: bytes, deadline: float) -> float:
-        """Invoke the runtime in a new session, retrying what is retryable until `deadline`.
-        Returns when the accepted invocation was sent (unix seconds)."""
+    async def start(
+        self,
+        session_id: str,
+        payload_for: Callable[[float], bytes],
+        *,
+        timeout: float,
+        cap: float,
+        start_by: float,
+        attempts: StartAttempts,
+    ) -> None:
+        """Invoke the runtime in a new session, retrying what is retryable.
+
+        Each attempt's payload carries its own deadline, `min(now + timeout, cap)`, taken once
+        the start-rate token is ours: time queued to start never eats into the rollout's
+        timeout. Giving up (retries spent, runtime down, `start_by` passed) raises SubmitFailed;
+        `attempts` records what happened either way."""
+        error: SessionCallError | None = None
         for attempt in range(self._cfg.max_retries + 1):
-            async with self._starting_slots:
+            if not self._outage.may_try():
+                raise self._outage.refusal()
+            await self._until(self._starting_slots.acquire(), start_by, "a start slot", error)
+            try:
                 with self.starting:
-                    await self.start_rate.acquire()
-                    if time.time() >= deadline:
-                        break
-                    self.invokes += 1
+                    await self._until(self.start_rate.acquire(), start_by, "the start rate", error)
                     sent = time.time()
+                    deadline = min(sent + timeout, cap)
+                    self.invokes += 1
+                    already, attempts.maybe_started = attempts.maybe_started, True
                     try:
-                        await self._runtime.invoke(session_id, payload)
+                        await self._runtime.invoke(session_id, payload_for(deadline))
                     except SessionCallError as e:
                         error = e
+                        attempts.maybe_started = already or e.maybe_started
                     else:
+                        self._outage.answered()
                         self.start_rate.on_success()
-                        return sent
+                        attempts.sent_at, attempts.deadline = sent, deadline
+                        return
+            finally:
+                self._starting_slots.release()
             self.invoke_errors[error.code] += 1
+            if error.outage:
+                self._outage.failed(error)
+            else:
+                self._outage.answered()
             if not error.retryable:
                 raise SubmitFailed(str(error))
             if error.throttled:
                 self.throttles += 1
                 self.start_rate.on_throttle()
             if attempt == self._cfg.max_retries:
-                raise SubmitFailed(f"gave up after {attempt + 1} attempts: {error}")
+                break
             self.retries[error.code] += 1
             delay = backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
             log.debug("retrying session_id=%s in %.2fs after %s", session_id, delay, error)
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.time())))
-        raise SubmitFailed("deadline passed before the session could be started")
+            await self._until(asyncio.sleep(delay), start_by, "a retry", error)
+        raise SubmitFailed(f"gave up after {self._cfg.max_retries + 1} attempts: {error}")
 
     async def stop(self, session_id: str) -> None:
         """Best effort: a failed stop is counted and logged, never raised (the session's
-        idle timeout reclaims it)."""
+        idle timeout reclaims it). A runtime declared down gets one attempt, not retries."""
         for attempt in range(self._cfg.max_retries + 1):
             await self.stop_rate.acquire()
             self.stops += 1
@@ -114,17 +212,56 @@ class RequestDispatcher:
                 await self._runtime.stop(session_id)
             except SessionCallError as e:
                 self.stop_errors[e.code] += 1
+                if e.outage:
+                    self._outage.failed(e)
                 if e.throttled:
                     self.stop_rate.on_throttle()
-                if not e.retryable or attempt == self._cfg.max_retries:
+                last = attempt == self._cfg.max_retries or self._outage.declared.is_set()
+                if not e.retryable or last:
                     log.warning("could not stop session_id=%s: %s", session_id, e)
                     return
                 await asyncio.sleep(
                     backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
                 )
             else:
+                self._outage.answered()
                 self.stop_rate.on_success()
                 return
+
+    async def _until(
+        self,
+        work: Awaitable[_T],
+        start_by: float,
+        what: str,
+        cause: SessionCallError | None = None,
+    ) -> _T:
+        """Await `work` unless `start_by` passes or the runtime is declared down first."""
+        task = asyncio.ensure_future(work)
+        down = asyncio.ensure_future(self._outage.declared.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {task, down},
+                timeout=max(0.0, start_by - time.time()) if start_by < math.inf else None,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for pending in (task, down):
+                if not pending.done():
+                    pending.cancel()
+            await asyncio.gather(task, down, return_exceptions=True)
+        if task in done:  # it won (even if the other finished too): what it got is ours
+            return task.result()
+        if down in done:
+            raise self._outage.refusal()
+        last = f" (last error: {cause})" if cause is not None else ""
+        raise SubmitFailed(f"not started in time: still waiting for {what}{last}")
+
+
+def retry_budget(config: EngineConfig) -> float:
+    """The longest back-off one request can spend retrying: the sum of the capped delays."""
+    return sum(
+        min(config.backoff_max, config.backoff_base * 2**k) for k in range(config.max_retries)
+    )
 
 
 def _bucket(rate: float) -> TokenBucket:

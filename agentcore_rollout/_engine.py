@@ -10,12 +10,16 @@ a failure carries no rewards.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -24,7 +28,7 @@ from ._agentcore import AgentCoreRuntime
 from ._aws import AwsClients
 from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, StaleResult
 from ._buffer import Delivery, RolloutBuffer
-from ._dispatcher import RequestDispatcher, SubmitFailed
+from ._dispatcher import RequestDispatcher, StartAttempts, SubmitFailed
 from ._sandbox import SandboxRuntime
 from ._stats import EngineStats
 from .config import ConfigError, EngineConfig
@@ -92,6 +96,8 @@ class RolloutEngine:
         self._runtime = runtime
         self._clients = AwsClients(config)
         self._llm = LLMSettings(**config.llm.model_dump()) if config.llm is not None else None
+        # Without a configured secret results are verifiable by this engine alone (no resume).
+        self._run_secret = (config.run_secret or secrets.token_hex(32)).encode()
         self._requests: set[asyncio.Task[RolloutOutcome]] = set()
         self._cleanups: set[asyncio.Task[Any]] = set()  # session stops, gateway closes
         self._gateway: Any = None
@@ -134,7 +140,13 @@ class RolloutEngine:
         rather than after a batch of rollouts has nowhere to report."""
         cfg = self.config
         checks = [
-            ("bucket", "s3", lambda: self._clients.s3.head_bucket(Bucket=cfg.bucket)),
+            (  # ListBucket under the prefix: what the least-privilege trainer role may do
+                "bucket",
+                "s3",
+                lambda: self._clients.s3.list_objects_v2(
+                    Bucket=cfg.bucket, Prefix=_listing_prefix(cfg.prefix), MaxKeys=1
+                ),
+            ),
             (
                 "queue_url",
                 "sqs",
@@ -184,35 +196,87 @@ class RolloutEngine:
         self,
         request: RolloutRequest,
         *,
+        step: int | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
+        on_start: Callable[[RolloutOutcome], None] | None = None,
     ) -> RolloutHandle:
-        """Start one rollout now. `timeout` counts from dispatch (default: config);
-        `deadline` (unix seconds) caps it. A request_id already in use is a ValueError."""
-        timeout = self.config.rollout_timeout if timeout is None else timeout
-        step = self._step
-        sig_key = secrets.token_hex(32)
-        result_key = self._buffer.expect(request.request_id, step=step, sig_key=sig_key)
+        """Start one rollout. `step` is its policy version (default: the engine's current
+        step); `timeout` counts from its session's start (default: `rollout_timeout`);
+        `deadline` (unix seconds) caps both its start and its run. `on_start(outcome)` is
+        called once its session started (`started_at`, `deadline` and `gateway_session_id`
+        set): what to journal to `resume` it after a restart.
+
+        A malformed request (bad request_id, negative sample_index, payload that is not a JSON
+        object) or a request_id in use is a ValueError, raised before anything is taken."""
+        return self._submit(request, step, timeout, deadline, on_start)
+
+    def resume(
+        self,
+        request: RolloutRequest,
+        *,
+        step: int,
+        running_until: float | None = None,
+        gateway_session_id: str | None = None,
+        timeout: float | None = None,
+        on_start: Callable[[RolloutOutcome], None] | None = None,
+    ) -> RolloutHandle:
+        """Take over a request an earlier engine of this experiment (same `exp_id` and
+        `run_secret`) submitted, e.g. after a crash. If its result is in S3 it is delivered
+        without invoking the agent again; if its session was started and `running_until` (the
+        `deadline` the earlier engine journaled) has not passed, the engine waits for it;
+        otherwise it is dispatched as `submit` would. `gateway_session_id` (journaled too)
+        lets the gateway's trace be collected."""
+        resumed = _Resumed(running_until, gateway_session_id)
+        return self._submit(request, step, timeout, None, on_start, resumed)
+
+    def _submit(
+        self,
+        request: RolloutRequest,
+        step: int | None,
+        timeout: float | None,
+        deadline: float | None,
+        on_start: Callable[[RolloutOutcome], None] | None,
+        resumed: _Resumed | None = None,
+    ) -> RolloutHandle:
+        _check_request(request)
+        step = self._step if step is None else step
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        submitted = time.time()
+        cap = deadline if deadline is not None else math.inf
+        queue_timeout = self.config.queue_timeout
+        job = _Job(
+            sig_key=_signing_key(self._run_secret, self.config.exp_id, request.request_id),
+            result_key="",
+            timeout=self.config.rollout_timeout if timeout is None else timeout,
+            cap=cap,
+            start_by=min(cap, submitted + queue_timeout if queue_timeout else math.inf),
+            on_start=on_start,
+            resumed=resumed,
+        )
+        job.result_key = self._buffer.expect(request.request_id, step=step, sig_key=job.sig_key)
         outcome = RolloutOutcome(
             request,
             step,
             Outcome.CANCELLED,
             _session_id(self.config.exp_id, step, request.request_id),
             error="cancelled",
-            submitted_at=time.time(),
+            submitted_at=submitted,
         )
-        task = _owned(self._requests, self._run(outcome, sig_key, result_key, timeout, deadline))
+        task = _owned(self._requests, self._run(outcome, job))
         return RolloutHandle(task, outcome, lambda: self._buffer.cancel(request.request_id))
 
     async def stream(
         self,
         requests: Iterable[RolloutRequest],
         *,
+        step: int | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
     ) -> AsyncIterator[RolloutOutcome]:
         """Yield outcomes as they complete; closing the iterator cancels what is left."""
-        handles = [self.submit(r, timeout=timeout, deadline=deadline) for r in requests]
+        handles = [self.submit(r, step=step, timeout=timeout, deadline=deadline) for r in requests]
         waiting = {asyncio.ensure_future(h) for h in handles}
         try:
             while waiting:
@@ -228,15 +292,17 @@ class RolloutEngine:
         self,
         requests: Iterable[RolloutRequest],
         *,
+        step: int | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
     ) -> RolloutBatch:
         """Run a batch; outcomes come back in request order."""
         began, before = time.monotonic(), self.stats()
-        handles = [self.submit(r, timeout=timeout, deadline=deadline) for r in requests]
+        step = self._step if step is None else step
+        handles = [self.submit(r, step=step, timeout=timeout, deadline=deadline) for r in requests]
         outcomes = [await h for h in handles]
         return RolloutBatch(
-            step=self._step,
+            step=step,
             outcomes=outcomes,
             stats=self.stats().since(before),
             wall_time=time.monotonic() - began,
@@ -244,57 +310,72 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ one request
 
-    async def _run(
-        self,
-        outcome: RolloutOutcome,
-        sig_key: str,
-        result_key: str,
-        timeout: float,
-        deadline: float | None,
-    ) -> RolloutOutcome:
+    async def _run(self, outcome: RolloutOutcome, job: _Job) -> RolloutOutcome:
         request, session_id = outcome.request, outcome.session_id
-        gateway_session = None
+        attempts = StartAttempts()
         decided = False  # a cancel that lands while the session is being stopped changes nothing
         try:
-            async with self._dispatcher.live_slot():
-                try:
-                    # The deadline counts from dispatch (once a live slot is ours), so queueing
-                    # for a slot does not eat into the agent's time.
-                    until = min(time.time() + timeout, deadline or math.inf)
-                    try:
-                        gateway_session = await self._open_gateway_session(request)
-                        payload = self._payload(
-                            outcome, sig_key, result_key, until, gateway_session
-                        )
-                        outcome.started_at = await self._dispatcher.start(
-                            session_id, payload, until
-                        )
-                    except SubmitFailed as e:
-                        self._buffer.cancel(request.request_id, str(e))
-                        outcome.outcome, outcome.error = Outcome.SUBMIT_FAILED, str(e)
-                        decided = True
-                        log.warning("submit_failed request_id=%s: %s", request.request_id, e)
-                        return outcome
-                    self._take(outcome, await self._buffer.wait(request.request_id, until))
-                    decided = True
+            if job.resumed is not None:
+                outcome.gateway_session_id = job.resumed.gateway_session_id
+                delivery = await self._buffer.look_up(request.request_id)
+                if delivery is not None:  # written while no engine listened: no new run
+                    self._take(outcome, delivery)
                     return outcome
+                if (job.resumed.running_until or 0) > time.time():  # still running: wait
+                    attempts.maybe_started, attempts.deadline = True, job.resumed.running_until
+                else:
+                    outcome.gateway_session_id = None
+            async with self._dispatcher.live_slot(job.start_by):
+                try:
+                    if not attempts.maybe_started:
+                        await self._start(outcome, job, attempts)
+                    assert attempts.deadline is not None
+                    delivery = await self._buffer.wait(request.request_id, attempts.deadline)
+                    self._take(outcome, delivery)
+                    decided = True
+                except SubmitFailed as e:
+                    self._end(outcome, Outcome.SUBMIT_FAILED, str(e))
+                    decided = True
+                    log.warning("submit_failed request_id=%s: %s", request.request_id, e)
                 finally:
-                    await self._uncancellable(self._dispatcher.stop(session_id))
+                    if attempts.maybe_started:  # a session that never started is not stopped
+                        await self._uncancellable(self._dispatcher.stop(session_id))
+        except SubmitFailed as e:  # no live slot in time
+            self._end(outcome, Outcome.SUBMIT_FAILED, str(e))
+            log.warning("submit_failed request_id=%s: %s", request.request_id, e)
         except asyncio.CancelledError:
             if not decided:
-                self._buffer.cancel(request.request_id)
-                outcome.outcome, outcome.error = Outcome.CANCELLED, "cancelled"
-            return outcome
+                self._end(outcome, Outcome.CANCELLED, "cancelled")
         except Exception as e:  # a bug must end its request, not leave it hanging
             log.exception("request_id=%s failed inside the engine", request.request_id)
-            self._buffer.cancel(request.request_id, repr(e))
             if not decided:
-                outcome.outcome, outcome.error = Outcome.SUBMIT_FAILED, f"engine error: {e!r}"
-            return outcome
+                self._end(outcome, Outcome.SUBMIT_FAILED, f"engine error: {e!r}")
         finally:
-            if gateway_session is not None:
-                await self._uncancellable(self._close_gateway_session(gateway_session, outcome))
+            if outcome.gateway_session_id is not None and self._gateway is not None:
+                await self._uncancellable(self._close_gateway_session(outcome))
             outcome.finished_at = time.time()
+        return outcome
+
+    async def _start(self, outcome: RolloutOutcome, job: _Job, attempts: StartAttempts) -> None:
+        """Open the rollout's gateway session, then start its sandbox session."""
+        gateway_session = await self._open_gateway_session(outcome.request)
+        outcome.gateway_session_id = getattr(gateway_session, "session_id", None)
+        await self._dispatcher.start(
+            outcome.session_id,
+            lambda until: self._payload(outcome, job, until, gateway_session),
+            timeout=job.timeout,
+            cap=job.cap,
+            start_by=job.start_by,
+            attempts=attempts,
+        )
+        outcome.started_at, outcome.deadline = attempts.sent_at, attempts.deadline
+        if job.on_start is not None:
+            job.on_start(outcome)
+
+    def _end(self, outcome: RolloutOutcome, ending: Outcome, error: str) -> None:
+        """End a request that got no delivery."""
+        self._buffer.cancel(outcome.request.request_id, error)
+        outcome.outcome, outcome.error = ending, error
 
     async def _uncancellable(self, work: Coroutine[Any, Any, _T]) -> _T:
         """Run cleanup to its end even if the request is cancelled meanwhile; the engine
@@ -318,17 +399,25 @@ class RolloutEngine:
         except GatewayError as e:
             raise SubmitFailed(f"gateway: {e}") from None
 
-    async def _close_gateway_session(self, session: Any, outcome: RolloutOutcome) -> None:
-        """Attach the trace of a rollout that produced a result; drop any other session."""
+    async def _close_gateway_session(self, outcome: RolloutOutcome) -> None:
+        """Attach the trace of a rollout that produced a result; drop any other session. An
+        `ok` whose trace is lost becomes `invalid_result`: a reward without its tokens is not
+        a training sample."""
         from .gateway.client import GatewayError
 
+        session_id = outcome.gateway_session_id
         try:
             if outcome.result is not None:
-                outcome.trace = await self._gateway.finish_session(session.session_id)
+                outcome.trace = await self._gateway.finish_session(session_id)
             else:
-                await self._gateway.drop_session(session.session_id)
+                await self._gateway.drop_session(session_id)
+            return
         except GatewayError as e:
             log.warning("gateway session of request_id=%s: %s", outcome.request.request_id, e)
+            lost = e
+        if outcome.outcome is Outcome.OK:
+            outcome.outcome, outcome.result = Outcome.INVALID_RESULT, None
+            outcome.error = f"trace lost: {lost}"
 
     @staticmethod
     def _take(outcome: RolloutOutcome, delivery: Delivery) -> None:
@@ -342,12 +431,7 @@ class RolloutEngine:
         )
 
     def _payload(
-        self,
-        outcome: RolloutOutcome,
-        sig_key: str,
-        result_key: str,
-        deadline: float,
-        gateway_session: Any = None,
+        self, outcome: RolloutOutcome, job: _Job, deadline: float, gateway_session: Any
     ) -> bytes:
         cfg, llm, request = self.config, self._llm, outcome.request
         if gateway_session is not None:  # agents call the gateway with their session's key
@@ -367,15 +451,73 @@ class RolloutEngine:
             session_id=outcome.session_id,
             result=ResultTarget(
                 bucket=cfg.bucket,
-                key=result_key,
+                key=job.result_key,
                 queue_url=cfg.queue_url if cfg.notify_directly else None,
             ),
             llm=llm,
             deadline=deadline,
-            sig_key=sig_key,
+            sig_key=job.sig_key,
+            max_result_bytes=cfg.max_result_bytes,
         )
         body = {**request.payload, CONTROL_KEY: control.model_dump(mode="json")}
         return json.dumps(body).encode()
+
+
+@dataclass(frozen=True)
+class _Resumed:
+    running_until: float | None
+    gateway_session_id: str | None
+
+
+@dataclass
+class _Job:
+    """What `_run` needs besides the outcome it fills in."""
+
+    sig_key: str
+    result_key: str
+    timeout: float
+    cap: float  # absolute deadline for both the start and the run (inf: none)
+    start_by: float  # the session must have started by then (queue_timeout, cap)
+    on_start: Callable[[RolloutOutcome], None] | None
+    resumed: _Resumed | None
+
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def _check_request(request: RolloutRequest) -> None:
+    """The checks the wire contract would make later, made before anything is taken."""
+    if not isinstance(request.request_id, str) or not _REQUEST_ID.match(request.request_id):
+        raise ValueError(
+            f"request_id {request.request_id!r}: 1-128 characters of letters, digits, '.', '_', '-'"
+        )
+    if not isinstance(request.input_id, str) or not request.input_id:
+        raise ValueError(f"input_id {request.input_id!r}: must be a non-empty string")
+    if isinstance(request.sample_index, bool) or not isinstance(request.sample_index, int):
+        raise ValueError(f"sample_index {request.sample_index!r}: must be an integer")
+    if request.sample_index < 0:
+        raise ValueError(f"sample_index {request.sample_index}: must be >= 0")
+    if not isinstance(request.payload, dict):
+        raise ValueError(
+            f"payload must be a dict (a JSON object), got {type(request.payload).__name__}"
+        )
+    if CONTROL_KEY in request.payload:
+        raise ValueError(f"payload must not hold the {CONTROL_KEY!r} key: the engine writes it")
+    try:
+        json.dumps(request.payload, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"payload is not JSON: {e}") from None
+
+
+def _listing_prefix(prefix: str) -> str:
+    """`rollouts/` for prefix `rollouts`; no prefix lists from the root, as keys are written."""
+    return f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+
+
+def _signing_key(run_secret: bytes, exp_id: str, request_id: str) -> str:
+    """Derived, not stored: an engine with the same secret can verify results of requests an
+    earlier engine submitted. The secret itself never leaves the engine."""
+    return hmac.new(run_secret, f"{exp_id}/{request_id}".encode(), hashlib.sha256).hexdigest()
 
 
 def _owned(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:

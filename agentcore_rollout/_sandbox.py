@@ -13,13 +13,32 @@ from typing import Protocol
 
 
 class SessionCallError(Exception):
-    """A sandbox call failed. `retryable` and `throttled` drive the dispatcher's reaction."""
+    """A sandbox call failed. The flags drive the dispatcher's reaction:
 
-    def __init__(self, code: str, message: str, *, retryable: bool, throttled: bool = False):
+    - `retryable`: try again after a back-off (throttling, quota, conflicts, 5xx, transport);
+    - `throttled`: also slow the start rate down;
+    - `outage`: the runtime itself looks down (unreachable, or a 5xx): enough of these in a
+      row, for longer than the retry budget, and requests fail at once instead of queueing;
+    - `maybe_started`: the session may exist (the call was sent and got no clear refusal),
+      so it must be stopped; a connection refused or a 4xx refusal started nothing.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        retryable: bool,
+        throttled: bool = False,
+        outage: bool = False,
+        maybe_started: bool = True,
+    ):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.retryable = retryable
         self.throttled = throttled
+        self.outage = outage
+        self.maybe_started = maybe_started
 
 
 class SandboxRuntime(Protocol):

@@ -20,6 +20,7 @@ _GAUGES = frozenset(
         "peak_live_sessions",
         "peak_starts_in_flight",
         "start_rate",
+        "runtime_down",
         "tracked_requests",
     }
 )
@@ -42,6 +43,9 @@ class EngineStats:
     start_rate: float = 0.0
     """The adaptive start rate now (sessions/s); below the configured rate after throttling."""
     rate_cuts: int = 0
+    runtime_down: bool = False
+    """The runtime failed with outage errors for longer than the retry budget: starts fail at
+    once (one probe per `backoff_max` seconds) until it answers again."""
     invokes: int = 0
     stops: int = 0
     throttles: int = 0

@@ -1,13 +1,20 @@
 """`agentcore-rollout`: run rollouts, keep the local stack up, deploy the runtime.
 
     agentcore-rollout run                     # the example dataset on the embedded local stack
-    agentcore-rollout run --config configs/aws.yaml engine.start_rate=5 --n 8
+    agentcore-rollout run --config configs/aws.yaml --n 8 engine.start_rate=5
     agentcore-rollout local up                # keep the stack running; prints its endpoints
     agentcore-rollout deploy --name NAME --image URI --role ARN   # prints the runtime ARN
     agentcore-rollout infra env --stack NAME  # agentcore.env from the stack's outputs
 
-Errors are one line on stderr and exit code 2; an interrupted run exits 130 after writing
-every request's outcome (the unfinished ones as `cancelled`).
+Without --config (or $AGENTCORE_ROLLOUT_CONFIG), `run` and `local up` load configs/local.yaml
+from the current directory if it is there (the repository's root), else the built-in defaults
+that configs/engine.yaml lists. Dotted overrides (`engine.key=value`) may go anywhere.
+
+Exit codes: 0 when at least `run.min_ok_fraction` of the requests ended `ok`; 3 when fewer
+did (rollouts.jsonl and summary.json are still written, the summary still printed); 130 when
+interrupted, after writing every request's outcome (the unfinished ones as `cancelled`); 2 for
+a usage, config, dataset or output-directory error, which is one line on stderr and is found
+before anything starts.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -41,36 +48,79 @@ from . import (
     RolloutRequest,
     load_config,
 )
+from ._journal import JOURNAL, Journal, Journaled, JournalError, ended_ids, read_journal, run_secret
 
-EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
+EXIT_ERROR, EXIT_TOO_FEW_OK, EXIT_INTERRUPTED = 2, 3, 130
+DEFAULT_CONFIG = Path("configs/local.yaml")  # relative to the current directory
+ROLLOUTS, SUMMARY = "rollouts.jsonl", "summary.json"
 
 console = Console(stderr=True)
 
 
-class DataError(ValueError):
-    """The dataset file is missing or has a line that is not a JSON object."""
+class UsageError(ValueError):
+    """Input the CLI cannot use: its arguments, the dataset, the output directory."""
 
 
 def read_dataset(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(input_id, payload) per non-empty line; the id is the row's `id` or its line number."""
+    """(input_id, payload) per non-empty line. The id names the row's group (its `n` samples):
+    the row's `id`, as text (`7` -> "7"), or `line-<N>` if it has none (absent, null or "").
+    Two rows with one id are an error, not one bigger group: a group's rewards are compared
+    with each other, so mixing two prompts in one would be silently wrong."""
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_text(encoding="utf-8-sig")  # -sig: an editor's BOM is not data
     except OSError as e:
-        raise DataError(f"data: cannot read {path}: {e.strerror}") from None
+        raise UsageError(f"data: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"data: {path} is not UTF-8 text (byte {e.start})") from None
     rows: list[tuple[str, dict[str, Any]]] = []
-    for number, line in enumerate(lines, start=1):
+    first_seen: dict[str, int] = {}
+    for number, line in enumerate(text.split("\n"), start=1):  # JSON strings may hold U+2028
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"data: {path}:{number}: not valid JSON ({e.msg})") from None
+            raise UsageError(f"data: {path}:{number}: not valid JSON ({e.msg})") from None
         if not isinstance(row, dict):
-            raise DataError(f"data: {path}:{number}: expected a JSON object")
-        rows.append((str(row.get("id", f"line-{number}")), row))
+            raise UsageError(f"data: {path}:{number}: expected a JSON object")
+        input_id = _row_id(row.get("id"), number)
+        if input_id is None:
+            raise UsageError(f"data: {path}:{number}: id must be a string or a number")
+        if input_id in first_seen:
+            raise UsageError(
+                f"data: {path}:{number}: duplicate id {input_id!r} (first on line "
+                f"{first_seen[input_id]}); ids name groups, one row each"
+            )
+        first_seen[input_id] = number
+        rows.append((input_id, row))
     if not rows:
-        raise DataError(f"data: {path} has no rows")
+        raise UsageError(f"data: {path} has no rows")
     return rows
+
+
+def _row_id(value: Any, number: int) -> str | None:
+    """The row's group id, or None if its `id` is of a kind that cannot be one (a list...)."""
+    if value is None or value == "":
+        return f"line-{number}"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def prepare_out(out: Path, *, fresh: bool) -> None:
+    """Create the output directory and its files once, so a run never fails at its end (or
+    after the local stack started) for want of a place to write. A fresh run starts them
+    empty; a resumed one appends."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in (ROLLOUTS, SUMMARY, JOURNAL):
+            (out / name).open("w" if fresh else "a").close()
+    except FileExistsError:
+        raise UsageError(f"run.out: {out} exists and is not a directory") from None
+    except OSError as e:
+        raise UsageError(f"run.out: cannot write {e.filename}: {e.strerror}") from None
 
 
 def build_requests(rows: list[tuple[str, dict[str, Any]]], n: int) -> list[RolloutRequest]:
@@ -114,12 +164,17 @@ def _mean(values: list[float]) -> float | None:
 # ---------------------------------------------------------------------- run
 
 
-async def run(config: Config, *, interrupted: asyncio.Event) -> dict:
-    """Roll out the dataset; write rollouts.jsonl as outcomes arrive and summary.json last."""
-    rows = read_dataset(Path(config.run.data))  # small and before any work starts: fine to block
-    requests = build_requests(rows, config.run.n)
-    out = Path(config.run.out)
-    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
+async def run(
+    config: Config,
+    jobs: list[Journaled],
+    out: Path,
+    *,
+    resumed: bool = False,
+    interrupted: asyncio.Event,
+) -> dict:
+    """Roll out `jobs` (fresh requests, or what a resumed run left open); journal them, write
+    rollouts.jsonl as outcomes arrive and summary.json last (into `out`, which `prepare_out`
+    made)."""
     async with AsyncExitStack() as stack:
         engine_config = config.engine
         if config.stack == "local":
@@ -130,27 +185,59 @@ async def run(config: Config, *, interrupted: asyncio.Event) -> dict:
             engine_config = local.engine_config(config.engine)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
         began, before = time.monotonic(), engine.stats()
-        outcomes = await _roll_out(engine, requests, config, out / "rollouts.jsonl", interrupted)
+        outcomes = await _roll_out(engine, jobs, config, out, resumed, interrupted)
         wall_time = time.monotonic() - began
         stats = engine.stats().since(before)
         summary = summarize(RolloutBatch(engine.step, outcomes, stats, wall_time))
     summary["interrupted"] = interrupted.is_set()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def exit_code(summary: dict, min_ok_fraction: float) -> int:
+    """130 if interrupted; else 3 if fewer than `min_ok_fraction` of the requests ended `ok`,
+    so a script or CI job notices a run that produced little or nothing; else 0."""
+    if summary["interrupted"]:
+        return EXIT_INTERRUPTED
+    ok_fraction = summary["outcomes"][str(Outcome.OK)] / summary["requests"]
+    return 0 if ok_fraction >= min_ok_fraction else EXIT_TOO_FEW_OK
 
 
 async def _roll_out(
     engine: RolloutEngine,
-    requests: list[RolloutRequest],
+    jobs: list[Journaled],
     config: Config,
-    path: Path,
+    out: Path,
+    resumed: bool,
     interrupted: asyncio.Event,
 ) -> list[RolloutOutcome]:
-    handles = [engine.submit(r, timeout=config.run.timeout) for r in requests]
+    with Journal(out) as journal:
+        if not resumed:
+            journal.submitted([j.request for j in jobs], config.run.step)
+        handles = [
+            engine.resume(
+                j.request,
+                step=j.step,
+                running_until=j.running_until,
+                gateway_session_id=j.gateway_session_id,
+                timeout=config.run.timeout,
+                on_start=journal.started,
+            )
+            if resumed
+            else engine.submit(j.request, timeout=config.run.timeout, on_start=journal.started)
+            for j in jobs
+        ]
+        return await _collect(engine, handles, out / ROLLOUTS, interrupted)
+
+
+async def _collect(
+    engine: RolloutEngine, handles: list[RolloutHandle], path: Path, interrupted: asyncio.Event
+) -> list[RolloutOutcome]:
+    """Write each outcome as it arrives; an interrupt cancels what is left."""
     stop_all = asyncio.create_task(_cancel_on(interrupted, handles))
     by_id: dict[str, RolloutOutcome] = {}
     try:
-        with _ProgressBar(len(requests)) as update, path.open("w") as sink:
+        with _ProgressBar(len(handles)) as update, path.open("a") as sink:
             for next_done in asyncio.as_completed(handles):
                 outcome = await next_done
                 by_id[outcome.request.request_id] = outcome
@@ -160,7 +247,7 @@ async def _roll_out(
     finally:
         stop_all.cancel()
         await asyncio.gather(stop_all, return_exceptions=True)
-    return [by_id[r.request_id] for r in requests]
+    return [by_id[h.request.request_id] for h in handles]
 
 
 async def _cancel_on(event: asyncio.Event, handles: list[RolloutHandle]) -> None:
@@ -232,7 +319,7 @@ def print_summary(summary: dict, out: Path) -> None:
     if len(items) > 20:
         groups.add_row(f"... {len(items) - 20} more in summary.json", "", "", "")
     console.print(groups)
-    console.print(f"wrote {out / 'rollouts.jsonl'} and {out / 'summary.json'}")
+    console.print(f"wrote {out / ROLLOUTS} and {out / SUMMARY}")
 
 
 def _fmt(value: float | None) -> str:
@@ -264,14 +351,43 @@ async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
 # ---------------------------------------------------------------------- entry point
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises usage errors, so they are one line like every other error (not
+    the usage text and an exit from inside the parser)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Dotted overrides may go anywhere on the line. argparse gives a `nargs="*"` positional
+    only the words before the first option, and `parse_intermixed_args` refuses subcommands,
+    so the words it leaves over become overrides if they look like `key=value`."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    takes_overrides = hasattr(args, "overrides")
+    unknown = [a for a in extra if not takes_overrides or a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentcore-rollout", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="agentcore-rollout", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="roll out a dataset and write rollouts.jsonl + summary.json")
     _config_args(run_p)
     run_p.add_argument("--data", help="JSONL dataset, one payload per line")
     run_p.add_argument("--n", type=int, help="samples per prompt (group size)")
     run_p.add_argument("--out", help="output directory")
+    run_p.add_argument(
+        "--resume",
+        metavar="OUT",
+        help="take over the run that wrote OUT (after a crash): collect what its agents wrote, "
+        "wait for what still runs, start only what never started",
+    )
     local_p = sub.add_parser("local", help="the embedded local stack")
     local_sub = local_p.add_subparsers(dest="local_command", required=True)
     _config_args(local_sub.add_parser("up", help="start the stack and keep it running"))
@@ -352,11 +468,13 @@ def _key_value(item: str) -> tuple[str, str]:
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
-        default=os.environ.get("AGENTCORE_ROLLOUT_CONFIG"),
-        help="YAML config (default: $AGENTCORE_ROLLOUT_CONFIG, else built-in local defaults)",
+        help=f"YAML config (default: $AGENTCORE_ROLLOUT_CONFIG, else {DEFAULT_CONFIG} if it "
+        "exists here, else the built-in defaults of configs/engine.yaml)",
     )
-    p.add_argument("--env-file", default="agentcore.env", help="dotenv file (if it exists)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.start_rate=5")
+    p.add_argument("--env-file", help="dotenv file (default: agentcore.env, if it exists)")
+    p.add_argument(
+        "overrides", nargs="*", help="dotted overrides, anywhere, e.g. engine.start_rate=5"
+    )
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -364,27 +482,87 @@ def _load(args: argparse.Namespace) -> Config:
     for key in ("data", "n", "out"):
         if getattr(args, key, None) is not None:
             overrides.append(f"run.{key}={getattr(args, key)}")
-    return load_config(args.config, env_file=args.env_file, overrides=overrides)
+    if args.env_file and not Path(args.env_file).is_file():  # only the default may be absent
+        raise UsageError(f"--env-file {args.env_file}: not a file")
+    env_file = args.env_file or "agentcore.env"
+    return load_config(_config_path(args), env_file=env_file, overrides=overrides)
+
+
+def _config_path(args: argparse.Namespace) -> str | None:
+    """--config, else $AGENTCORE_ROLLOUT_CONFIG, else configs/local.yaml when run from the
+    repository (as `make run` is), else None: the built-in defaults. An empty variable is
+    unset."""
+    chosen = args.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
+    if chosen:
+        return chosen
+    return str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     try:
+        args = _parse(argv)
         if args.command in ("deploy", "destroy", "infra"):
             return _infra(args)
         config = _load(args)
         if args.command == "run":
-            summary = _run_async(lambda stop: run(config, interrupted=stop))
-            print_summary(summary, Path(config.run.out))
-            if summary["interrupted"]:
-                console.print("[yellow]interrupted: unfinished requests were cancelled")
-                return EXIT_INTERRUPTED
-            return 0
+            return _run(config, args.resume)
         _run_async(lambda stop: local_up(config, interrupted=stop))
         return 0
-    except (ConfigError, DataError, RuntimeError) as e:  # InfraError is a RuntimeError
+    except (ConfigError, UsageError, JournalError, RuntimeError) as e:  # InfraError: Runtime
         print(f"error: {e}", file=sys.stderr)  # plain: one line, never wrapped
         return EXIT_ERROR
+
+
+def _run(config: Config, resume: str | None) -> int:
+    """`run`: everything the user's input can get wrong is checked before the stack starts."""
+    if resume is None:
+        out = Path(config.run.out)
+        requests = build_requests(read_dataset(Path(config.run.data)), config.run.n)
+        prepare_out(out, fresh=True)
+        jobs = [Journaled(r, config.run.step) for r in requests]
+        previous: list[dict[str, Any]] = []
+    else:
+        out = Path(resume)
+        prepare_out(out, fresh=False)
+        jobs, previous = _left_open(out)
+    secret = run_secret(out, config.engine.run_secret, resume=resume is not None)
+    config = config.model_copy(
+        update={"engine": config.engine.model_copy(update={"run_secret": secret})}
+    )
+    summary = _run_async(
+        lambda stop: run(config, jobs, out, resumed=resume is not None, interrupted=stop)
+    )
+    if previous:
+        _count_in(summary, previous, out)
+    print_summary(summary, out)
+    code = exit_code(summary, config.run.min_ok_fraction)
+    if code == EXIT_INTERRUPTED:
+        console.print("[yellow]interrupted: unfinished requests were cancelled")
+    elif code == EXIT_TOO_FEW_OK:
+        ok = summary["outcomes"][str(Outcome.OK)]
+        print(
+            f"error: {ok} of {summary['requests']} requests ended ok, fewer than "
+            f"run.min_ok_fraction={config.run.min_ok_fraction}",
+            file=sys.stderr,
+        )
+    return code
+
+
+def _left_open(out: Path) -> tuple[list[Journaled], list[dict[str, Any]]]:
+    """The journaled requests that have no line in rollouts.jsonl yet, and the lines there."""
+    journaled = read_journal(out)
+    ended = ended_ids(out / ROLLOUTS)
+    lines = [json.loads(line) for line in (out / ROLLOUTS).read_text().splitlines() if line]
+    return [j for j in journaled if j.request.request_id not in ended], lines
+
+
+def _count_in(summary: dict, previous: list[dict[str, Any]], out: Path) -> None:
+    """A resumed run's summary counts the whole run: what ended before the crash too."""
+    summary["resumed_after"] = len(previous)
+    summary["requests"] += len(previous)
+    for line in previous:
+        summary["outcomes"][line["outcome"]] += 1
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def _run_async(make: Callable[[asyncio.Event], Any]) -> Any:

@@ -6,28 +6,83 @@ config error is the first thing a new user meets.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from dotenv import dotenv_values
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from .contract import DEFAULT_MAX_RESULT_BYTES, first_error
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
 _RESERVED_ENV = {"AGENTCORE_ROLLOUT_CONFIG", "AGENTCORE_ROLLOUT_PARENT_PID"}  # not config keys
 
+# AgentCore's runtime ARN; the id is the runtime name ([a-zA-Z][a-zA-Z0-9_]*) plus a suffix.
+_RUNTIME_ARN = re.compile(
+    r"arn:[a-z0-9-]+:bedrock-agentcore:[a-z0-9-]+:[0-9]{12}:runtime/[A-Za-z][A-Za-z0-9_-]*"
+)
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
+
 
 class ConfigError(ValueError):
     """The configuration is missing a key, has an unknown one, or a value out of range."""
 
 
+def _bucket_name(name: str) -> str:
+    """S3's naming rules, checked here so a typo is a config error naming the key, not a
+    botocore InvalidBucketName after the local stack has started."""
+    if not _BUCKET_NAME.fullmatch(name) or ".." in name or _is_ip_address(name):
+        raise PydanticCustomError(
+            "bucket_name",
+            "not a valid S3 bucket name (3-63 lowercase letters, digits, dots and hyphens; "
+            "a letter or digit first and last; no '..'; not an IP address)",
+        )
+    return name
+
+
+def _is_ip_address(name: str) -> bool:
+    try:
+        ipaddress.IPv4Address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _runtime_arn(arn: str) -> str:
+    """Checked at load, so a bad ARN fails before anything starts, not at the first invoke."""
+    if not _RUNTIME_ARN.fullmatch(arn):
+        raise PydanticCustomError(
+            "runtime_arn",
+            "not an AgentCore runtime ARN "
+            "(arn:<partition>:bedrock-agentcore:<region>:<12-digit account>:runtime/<id>)",
+        )
+    return arn
+
+
+def _queue_name(name: str) -> str:
+    if not _QUEUE_NAME.fullmatch(name):
+        raise PydanticCustomError(
+            "queue_name", "not a valid SQS queue name (1-80 letters, digits, hyphens, underscores)"
+        )
+    return name
+
+
+_BucketName = Annotated[str, AfterValidator(_bucket_name)]
+_QueueName = Annotated[str, AfterValidator(_queue_name)]
+_RuntimeArn = Annotated[str, AfterValidator(_runtime_arn)]
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are never a sensible rate, timeout or fraction, and would only fail later.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class Endpoints(_Section):
@@ -65,10 +120,10 @@ class EngineConfig(_Section):
     region: str = "us-east-1"
     # Where results go and which runtime runs the agents. Required on AWS; the embedded
     # local stack fills them in.
-    bucket: str | None = Field(default=None, min_length=3)
+    bucket: _BucketName | None = None
     prefix: str = "rollouts"
     queue_url: str | None = None
-    runtime_arn: str | None = None
+    runtime_arn: _RuntimeArn | None = None
     qualifier: str = "DEFAULT"
     endpoints: Endpoints = Field(default_factory=Endpoints)
     llm: LLMConfig | None = None
@@ -84,6 +139,12 @@ class EngineConfig(_Section):
     backoff_max: float = Field(default=20.0, gt=0)
 
     # Deadlines.
+    queue_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds a request may wait to be started: for a live-session slot, the "
+        "start rate and retries; None: no limit",
+    )
     rollout_timeout: float = Field(default=600.0, gt=0, description="seconds from dispatch")
     result_grace: float = Field(default=30.0, ge=0, description="wait past deadline for a write")
     reconcile_before: float = Field(default=5.0, ge=0, description="S3 lookup this long before")
@@ -103,6 +164,12 @@ class EngineConfig(_Section):
         default=False, description="keep whole late results, not just id, step and reward"
     )
     max_pool_connections: int = Field(default=64, ge=1)
+    run_secret: str | None = Field(
+        default=None,
+        min_length=16,
+        repr=False,
+        description="derives each request's signing key; set it to resume a run after a restart",
+    )
 
     def require_targets(self) -> None:
         """Raise ConfigError naming the first of bucket/queue_url/runtime_arn left unset."""
@@ -122,8 +189,8 @@ class LocalConfig(_Section):
 
     app: str = "examples.math_agent.app:app"
     mode: Literal["process", "in_process"] = "process"
-    bucket: str = "agentcore-rollout-local"
-    queue: str = "agentcore-rollout-results"
+    bucket: _BucketName = "agentcore-rollout-local"
+    queue: _QueueName = "agentcore-rollout-results"
     cold_start: float = Field(default=0.0, ge=0)
     invoke_tps: float | None = Field(default=None, gt=0)
     max_sessions: int = Field(default=1000, ge=1)
@@ -146,6 +213,9 @@ class RunConfig(_Section):
     out: str = "out"
     step: int = Field(default=0, ge=0)
     timeout: float | None = Field(default=None, gt=0, description="default: engine.rollout_timeout")
+    min_ok_fraction: float = Field(
+        default=0.5, ge=0, le=1, description="below it, the run exits 3 (outputs still written)"
+    )
 
 
 class Config(_Section):
@@ -166,7 +236,7 @@ def load_config(
     data: dict[str, Any] = {}
     if path is not None:
         data = _read_yaml(Path(path))
-    env = dict(dotenv_values(env_file)) if env_file and Path(env_file).is_file() else {}
+    env = _read_env_file(Path(env_file)) if env_file and Path(env_file).is_file() else {}
     env.update(os.environ if environ is None else environ)
     for dotted, value in _env_overrides(env):
         _set_dotted(data, dotted, value)
@@ -181,9 +251,13 @@ def load_config(
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise ConfigError(f"config: file not found: {path}") from None
+    except OSError as e:  # a directory, no permission
+        raise ConfigError(f"config: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config: {path} is not UTF-8 text (byte {e.start})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config: {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
@@ -191,14 +265,24 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _read_env_file(path: Path) -> dict[str, str | None]:
+    try:
+        return dict(dotenv_values(path, encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config: {path} is not UTF-8 text (byte {e.start})") from None
+
+
 def _env_overrides(env: Mapping[str, str | None]) -> list[tuple[str, Any]]:
     """`AGENTCORE_ROLLOUT_START_RATE=5` -> `engine.start_rate`; `__` nests
-    (`AGENTCORE_ROLLOUT_ENDPOINTS__S3`). `AWS_REGION` sets the region."""
+    (`AGENTCORE_ROLLOUT_ENDPOINTS__S3`). `AWS_REGION` sets the region. An empty variable is
+    unset, so the blanks left in a copy of agentcore.env.example mean the defaults."""
     out: list[tuple[str, Any]] = []
     if env.get("AWS_REGION"):
         out.append(("engine.region", env["AWS_REGION"]))
     for name, value in sorted(env.items()):
-        if name.startswith(ENV_PREFIX) and value is not None:
+        if name.startswith(ENV_PREFIX) and value:
             field = name[len(ENV_PREFIX) :].lower().replace("__", ".")
             if name not in _RESERVED_ENV:
                 out.append((f"engine.{field}", value))

@@ -71,7 +71,7 @@ async def test_a_bug_on_one_message_and_a_failed_receive_do_not_stop_the_loop():
     cfg = EngineConfig(
         bucket="bkt",
         queue_url="q",
-        runtime_arn="a",
+        runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
         exp_id="e",
         reconcile_before=0.0,
         result_grace=0.0,
@@ -111,7 +111,12 @@ async def test_a_failed_settle_is_counted_and_no_task_error_goes_unretrieved():
     loop = asyncio.get_running_loop()
     unhandled: list[dict] = []
     loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
-    cfg = EngineConfig(bucket="bkt", queue_url="q", runtime_arn="a", exp_id="e")
+    cfg = EngineConfig(
+        bucket="bkt",
+        queue_url="q",
+        runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
+        exp_id="e",
+    )
     keys = {rid: result_key("rollouts", "e", 0, rid) for rid in ("first", "second")}
     s3 = FakeS3({k: signed_body(make_result(request_id=r)) for r, k in keys.items()}, set())
     sqs = FailingDeleteSQS(

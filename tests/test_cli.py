@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from agentcore_rollout import cli
 from agentcore_rollout.cli import main
+from agentcore_rollout.config import load_config
 from examples.math_agent.app import grade, reward_for
 
 ROOT = Path(__file__).resolve().parent.parent
+RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123"
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
@@ -91,7 +94,8 @@ def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
     assert "reward mean per group" in stderr
 
 
-def test_sigint_cancels_cleanly_and_leaves_nothing_behind(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_cancels_cleanly_and_leaves_nothing_behind(tmp_path, sig):
     data = tmp_path / "slow.jsonl"
     rows = [{"a": i, "b": 1, "sleep": 0.0 if i < 2 else 60.0} for i in range(6)]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -116,7 +120,7 @@ def test_sigint_cancels_cleanly_and_leaves_nothing_behind(tmp_path):
     time.sleep(1.0)  # let the slow sessions be running
     family = _descendants(proc.pid)
     assert len(family) >= 2 + 4  # moto, policy server, and the slow agents' processes
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-3000:]
     lines = [json.loads(line) for line in sink.read_text().splitlines()]
@@ -138,7 +142,7 @@ def test_sigint_cancels_cleanly_and_leaves_nothing_behind(tmp_path):
                 "stack=aws",
                 "engine.bucket=b-1",
                 "engine.queue_url=http://127.0.0.1:9/q",
-                "engine.runtime_arn=arn",
+                f"engine.runtime_arn={RUNTIME_ARN}",
                 "engine.endpoints.s3=http://127.0.0.1:9",
             ],
             "config: cannot reach http://127.0.0.1:9",
@@ -152,6 +156,173 @@ def test_errors_are_one_line(args, message, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.fixture
+def stack_starts(monkeypatch) -> list[object]:
+    """Records every LocalStack the CLI constructs (and refuses to start one)."""
+    made: list[object] = []
+
+    class RecordingStack:
+        def __init__(self, config: object) -> None:
+            made.append(config)
+            raise RuntimeError("the test refuses to start the local stack")
+
+    monkeypatch.setattr("agentcore_rollout.local.stack.LocalStack", RecordingStack)
+    return made
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"id": "p1", "a": 1, "b": 2}\n{"a": 3, "b": 4}\n')
+    return path
+
+
+# Careless input to `run`: (arguments, the error it must give); `{...}` names files the test
+# makes: {latin1} is not UTF-8, {a_file} is a file, {dupes} repeats an id, {tmp} a directory.
+CARELESS = {
+    "latin1 config": (["--config", "{latin1}"], "config: {latin1} is not UTF-8 text (byte 11)"),
+    "latin1 data": (["--data", "{latin1}"], "data: {latin1} is not UTF-8 text (byte 11)"),
+    "latin1 env file": (["--env-file", "{latin1}"], "config: {latin1} is not UTF-8 text"),
+    "missing env file": (["--env-file", "{tmp}/nope"], "--env-file {tmp}/nope: not a file"),
+    "config is a directory": (["--config", "{tmp}"], "config: cannot read {tmp}: Is a directory"),
+    "out is a file": (["--out", "{a_file}"], "run.out: {a_file} exists and is not a directory"),
+    "out under a file": (["--out", "{a_file}/x"], "cannot write {a_file}/x: Not a directory"),
+    "inf": (["engine.start_rate=inf"], "engine.start_rate: Input should be a finite number"),
+    "nan": (["engine.rollout_timeout=nan"], "engine.rollout_timeout: Input should be a finite"),
+    "bucket": (["local.bucket=hx"], "config: local.bucket: not a valid S3 bucket name"),
+    "queue": (["local.queue=a.b"], "config: local.queue: not a valid SQS queue name"),
+    "runtime arn": (["engine.runtime_arn=arn:aws:x"], "engine.runtime_arn: not an AgentCore"),
+    "duplicate ids": (["--data", "{dupes}"], "{dupes}:2: duplicate id '7' (first on line 1)"),
+    "min ok fraction": (["run.min_ok_fraction=2"], "run.min_ok_fraction: Input should be less"),
+    "unknown option": (["--bogus"], "unrecognized arguments: --bogus"),
+    "bad --n": (["--n", "x"], "argument --n: invalid int value: 'x'"),
+}
+
+
+@pytest.mark.parametrize("name", list(CARELESS))
+def test_careless_input_is_one_line_and_starts_nothing(
+    name, tmp_path, dataset, capsys, stack_starts
+):
+    files = {
+        "latin1": tmp_path / "latin1.txt",
+        "a_file": tmp_path / "a-file",
+        "dupes": tmp_path / "dupes.jsonl",
+        "tmp": tmp_path,
+    }
+    files["latin1"].write_bytes(b'{"id": "caf\xe9"}\n')
+    files["a_file"].write_text("")
+    files["dupes"].write_text('{"id": 7, "a": 1}\n{"id": "7", "a": 2}\n')
+    args, message = CARELESS[name]
+    args = [arg.format(**files) for arg in args]
+    code = main(["run", "--data", str(dataset), "--out", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and message.format(**files) in err, err
+    assert len(err.splitlines()) == 1, err
+    assert stack_starts == []
+
+
+def test_overrides_go_anywhere_and_the_input_is_checked_before_the_stack(
+    tmp_path, dataset, capsys, stack_starts
+):
+    out = tmp_path / "out"
+    argv = ["run", "--n", "2", "local.cold_start=0.5", "--out", str(out), "--data", str(dataset)]
+    assert main([*argv, "local.max_sessions=7"]) == 2
+    assert "the test refuses to start the local stack" in capsys.readouterr().err
+    [local] = stack_starts
+    assert local.cold_start == 0.5 and local.max_sessions == 7
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["journal.jsonl", "rollouts.jsonl", "run_secret", "summary.json"]
+    assert (out / "run_secret").stat().st_mode & 0o077 == 0  # readable by its owner only
+
+
+def test_default_config_is_configs_local_yaml_in_the_repository_only(
+    tmp_path, dataset, monkeypatch
+):
+    """No --config, no $AGENTCORE_ROLLOUT_CONFIG: configs/local.yaml from the repository root;
+    anywhere else the built-in defaults (what configs/engine.yaml lists)."""
+    seen = []
+
+    async def recording_run(config, requests, out, *, interrupted, resumed=False):
+        seen.append((config, len(requests)))
+        raise RuntimeError("the test stops here")
+
+    monkeypatch.setattr(cli, "run", recording_run)
+    env_file = tmp_path / "empty.env"
+    env_file.write_text("")
+    argv = ["run", "--data", str(dataset), "--env-file", str(env_file), "--out", str(tmp_path)]
+    other = tmp_path / "other.yaml"
+    other.write_text("engine:\n  exp_id: from-the-variable\n")
+    for cwd, variable in [(ROOT, ""), (tmp_path, None), (tmp_path, str(other))]:
+        monkeypatch.chdir(cwd)
+        if variable is None:
+            monkeypatch.delenv("AGENTCORE_ROLLOUT_CONFIG", raising=False)
+        else:
+            monkeypatch.setenv("AGENTCORE_ROLLOUT_CONFIG", variable)  # empty: unset
+        assert main([*argv, "--n", "3"]) == 2
+    # The run's own signing secret is added to what was loaded (see test_resume.py).
+    repo, elsewhere, chosen = (
+        config.model_copy(update={"engine": config.engine.model_copy(update={"run_secret": None})})
+        for config, _ in seen
+    )
+    shipped = load_config(ROOT / "configs/local.yaml", env_file=None, environ={})
+    assert repo.engine == shipped.engine and repo.engine.exp_id == "local-demo"
+    builtin = load_config(None, env_file=None, environ={})
+    assert elsewhere.engine == builtin.engine and elsewhere.engine.exp_id == "default"
+    assert chosen.engine.exp_id == "from-the-variable"
+    assert [n for _, n in seen] == [6, 6, 6]  # 2 rows x --n 3
+
+
+def test_dataset_ids_name_groups(tmp_path):
+    data = tmp_path / "ids.jsonl"
+    rows = ['{"id": "g"}', '{"id": 7}', '{"id": null}', "{}", '{"id": ""}', '{"q": "a\u2028b"}']
+    data.write_text("\ufeff" + "\n".join(rows) + "\n\n")  # a BOM, a U+2028 in a string
+    ids = [input_id for input_id, _ in cli.read_dataset(data)]
+    assert ids == ["g", "7", "line-3", "line-4", "line-5", "line-6"]
+    data.write_text('{"id": [1]}\n')
+    with pytest.raises(cli.UsageError, match=r"ids.jsonl:1: id must be a string or a number"):
+        cli.read_dataset(data)
+
+
+@pytest.mark.parametrize(
+    ("ok", "requests", "min_ok_fraction", "interrupted", "code"),
+    [
+        (1, 2, 0.5, False, 0),
+        (0, 2, 0.5, False, 3),
+        (3, 10, 0.3, False, 0),  # the boundary holds despite float rounding
+        (2, 10, 0.3, False, 3),
+        (0, 2, 0.0, False, 0),
+        (2, 2, 1.0, False, 0),
+        (1, 2, 1.0, False, 3),
+        (0, 2, 0.5, True, 130),
+    ],
+)
+def test_exit_code(ok, requests, min_ok_fraction, interrupted, code):
+    summary = {"requests": requests, "outcomes": {"ok": ok}, "interrupted": interrupted}
+    assert cli.exit_code(summary, min_ok_fraction) == code
+
+
+def test_a_run_with_too_few_ok_exits_3_and_still_writes_its_outputs(tmp_path):
+    data = tmp_path / "failing.jsonl"
+    data.write_text('{"a": 1, "b": 1, "mode": "raise"}\n{"a": 2, "b": 1, "mode": "raise"}\n')
+    out = tmp_path / "out"
+    proc = _cli(
+        "run",
+        *("--data", str(data), "--n", "1", "--out", str(out)),
+        "local.app=tests.agents.basic:app",
+        *("local.mode=in_process", "local.policy_workers=1", "local.gateway=false"),
+    )
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 3, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last == "error: 0 of 2 requests ended ok, fewer than run.min_ok_fraction=0.5"
+    lines = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert [line["outcome"] for line in lines] == ["agent_error"] * 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outcomes"]["agent_error"] == 2 and summary["interrupted"] is False
+    assert "reward mean per group" in stderr  # the summary was printed
 
 
 def test_malformed_dataset_line_is_named(tmp_path, capsys):

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from agentcore_rollout.config import ConfigError, load_config
+import pytest
+import yaml
+
+from agentcore_rollout.config import Config, ConfigError, load_config
+from agentcore_rollout.local.stack import LOCAL_RUNTIME_ARN
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123"
 
 YAML = """
 engine:
   exp_id: "0001"
   bucket: my-bucket
   queue_url: https://sqs.us-east-1.amazonaws.com/123/q
-  runtime_arn: arn:aws:bedrock-agentcore:us-east-1:123:runtime/a
+  runtime_arn: arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123
   start_rate: 4
 """
 
@@ -56,6 +63,33 @@ def test_layers_in_order(cfg_file, tmp_path):
             ["engine.max_live_sessions=lots"],
             "engine.max_live_sessions: Input should be a valid integer",
         ),
+        (["engine.start_rate=inf"], "engine.start_rate: Input should be a finite number"),
+        (["engine.rollout_timeout=nan"], "engine.rollout_timeout: Input should be a finite number"),
+        (["run.min_ok_fraction=-inf"], "run.min_ok_fraction: Input should be a finite number"),
+        (["local.cold_start=Infinity"], "local.cold_start: Input should be a finite number"),
+        (["run.min_ok_fraction=1.5"], "run.min_ok_fraction: Input should be less than or equal"),
+        (["engine.queue_timeout=0"], "engine.queue_timeout: Input should be greater than 0"),
+        (["engine.run_secret=short"], "engine.run_secret: String should have at least 16"),
+        *(
+            ([f"{key}={name}"], f"{key}: not a valid S3 bucket name")
+            for key in ("engine.bucket", "local.bucket")
+            for name in ("hx", "My-Bucket", "-bucket", "bucket-", "a..b", "10.0.0.1", "b" * 64)
+        ),
+        *(
+            (["local.queue=" + name], "local.queue: not a valid SQS queue name")
+            for name in ("", "results.fifo", "a b", "q" * 81)
+        ),
+        *(
+            ([f"engine.runtime_arn={arn}"], "engine.runtime_arn: not an AgentCore runtime ARN")
+            for arn in (
+                "arn",
+                "arn:aws:bedrock-agentcore:us-east-1:123:runtime/a",  # account: 12 digits
+                "arn:aws:bedrock:us-east-1:123456789012:runtime/a",
+                "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/1agent",
+                "arn:aws:bedrock-agentcore:us-east-1:123456789012:agent/a",
+                f"{RUNTIME_ARN}/extra",
+            )
+        ),
     ],
 )
 def test_errors_name_the_key(cfg_file, overrides, message):
@@ -74,3 +108,74 @@ def test_missing_required_and_bad_files(tmp_path):
     bad.write_text("engine: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad, env_file=None, environ={})
+
+
+def test_well_formed_names_and_new_keys_are_accepted(cfg_file):
+    secret = "s" * 16
+    cfg = load_config(
+        cfg_file,
+        env_file=None,
+        environ={"AGENTCORE_ROLLOUT_RUN_SECRET": secret},
+        overrides=[
+            "engine.bucket=my.bucket-1",
+            f"local.bucket={'b' * 63}",
+            f"local.queue={'Q_-9' * 20}",
+            "engine.queue_timeout=30",
+            "run.min_ok_fraction=1",
+        ],
+    )
+    assert cfg.engine.bucket == "my.bucket-1" and cfg.local.queue == "Q_-9" * 20
+    assert cfg.engine.queue_timeout == 30.0 and cfg.run.min_ok_fraction == 1.0
+    assert cfg.engine.run_secret == secret  # from AGENTCORE_ROLLOUT_RUN_SECRET
+    assert secret not in repr(cfg) and secret not in str(cfg.engine)  # never printed
+    defaults = load_config(None, env_file=None, environ={})
+    assert defaults.engine.queue_timeout is None and defaults.engine.run_secret is None
+    assert defaults.run.min_ok_fraction == 0.5
+    for arn in (
+        RUNTIME_ARN,
+        LOCAL_RUNTIME_ARN,
+        "arn:aws-cn:bedrock-agentcore:cn-north-1:123456789012:runtime/A",
+    ):
+        overrides = [f"engine.runtime_arn={arn}"]
+        assert (
+            load_config(None, env_file=None, environ={}, overrides=overrides).engine.runtime_arn
+            == arn
+        )
+
+
+def test_bad_files_are_one_line_errors(tmp_path):
+    nan = tmp_path / "nan.yaml"
+    nan.write_text("engine:\n  session_start_time: .nan\n")
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"engine:\n  exp_id: caf\xe9\n")
+    env_file = tmp_path / "latin1.env"
+    env_file.write_bytes(b"AGENTCORE_ROLLOUT_EXP_ID=caf\xe9\n")
+    for path, env, message in [
+        (tmp_path, None, f"config: cannot read {tmp_path}: Is a directory"),
+        (nan, None, "config: engine.session_start_time: Input should be a finite number"),
+        (latin1, None, f"config: {latin1} is not UTF-8 text (byte 21)"),
+        (None, env_file, f"config: {env_file} is not UTF-8 text (byte 28)"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            load_config(path, env_file=env, environ={})
+        assert str(info.value) == message
+
+
+def test_empty_environment_variables_are_unset_and_the_env_example_loads():
+    environ = {"AGENTCORE_ROLLOUT_BUCKET": "", "AGENTCORE_ROLLOUT_RUNTIME_ARN": ""}
+    engine = load_config(None, env_file=None, environ=environ).engine
+    assert engine.bucket is None and engine.runtime_arn is None
+    example = load_config(None, env_file=ROOT / "agentcore.env.example", environ={})
+    assert example.engine.exp_id == "my-experiment" and example.engine.bucket is None
+
+
+def test_shipped_configs_document_every_key_with_its_default():
+    """configs/engine.yaml is the reference: every engine and run key, at its default."""
+    documented = yaml.safe_load((ROOT / "configs/engine.yaml").read_text())
+    for section in ("engine", "run"):
+        assert set(documented[section]) == set(type(getattr(Config(), section)).model_fields)
+    assert load_config(ROOT / "configs/engine.yaml", env_file=None, environ={}) == Config()
+    local = yaml.safe_load((ROOT / "configs/local.yaml").read_text())["local"]
+    assert set(local) == set(type(Config().local).model_fields)
+    shipped = load_config(ROOT / "configs/local.yaml", env_file=None, environ={})
+    assert shipped.local == Config().local  # the local section lists the defaults, for reference

@@ -104,7 +104,9 @@ async def test_throttling_a_third_of_invocations_is_retried_and_slows_the_rate(
 
 async def test_emulator_tps_limit_slows_the_dispatcher_down(moto, channel, emulator):
     emu = await emulator(invoke_tps=8.0)
-    async with RolloutEngine(engine_config(moto, channel, emu, start_rate=40.0)) as engine:
+    # Five times the emulator's rate: the point is the rate adapting, not retries running out.
+    cfg = engine_config(moto, channel, emu, start_rate=40.0, max_retries=30)
+    async with RolloutEngine(cfg) as engine:
         batch = await engine.rollout(_batch(30))
     _assert_rest_ok(batch, set())
     assert emu.counts["ThrottlingException"] > 0 and batch.stats.rate_cuts >= 1
@@ -222,7 +224,13 @@ async def test_result_of_an_older_step_is_kept_apart(moto, channel, emulator):
 async def test_corrupt_oversized_and_forged_results_are_invalid(moto, channel, emulator):
     emu = await emulator()
     reqs = _batch(
-        6, {1: {"mode": "corrupt"}, 2: {"mode": "big", "size": 200_000}, 3: {"mode": "forge"}}
+        7,
+        {
+            1: {"mode": "corrupt"},
+            2: {"mode": "big_by_hand", "size": 200_000},
+            3: {"mode": "forge"},
+            4: {"mode": "big", "size": 200_000},
+        },
     )
     cfg = engine_config(moto, channel, emu, max_result_bytes=100_000)
     async with RolloutEngine(cfg) as engine:
@@ -233,8 +241,10 @@ async def test_corrupt_oversized_and_forged_results_are_invalid(moto, channel, e
     assert "over the 100000 limit" in o[2].error
     assert "signature does not match" in o[3].error
     assert batch.stats.invalid_results == {"not_json": 1, "too_large": 1, "signature": 1}
+    # The engine tells the SDK its limit: an agent's own oversized output is its error.
+    assert o[4].outcome is Outcome.AGENT_ERROR and "over the 100000 limit" in o[4].error
     assert all(o[i].result is None and o[i].reward is None for i in (1, 2, 3))
-    _assert_rest_ok(batch, {1, 2, 3})
+    _assert_rest_ok(batch, {1, 2, 3, 4})
 
 
 async def test_lost_notifications_are_recovered_by_looking_in_s3(moto, channel, emulator):

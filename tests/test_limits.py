@@ -11,7 +11,12 @@ import time
 import pytest
 
 from agentcore_rollout import SessionCallError
-from agentcore_rollout._dispatcher import RequestDispatcher, SubmitFailed
+from agentcore_rollout._dispatcher import (
+    RequestDispatcher,
+    StartAttempts,
+    SubmitFailed,
+    retry_budget,
+)
 from agentcore_rollout._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from agentcore_rollout.config import EngineConfig
 
@@ -35,9 +40,31 @@ class FakeRuntime:
         self.stopped.append(session_id)
 
 
+ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123"
+
+
 def _cfg(**kw) -> EngineConfig:
-    base = dict(bucket="bkt", queue_url="q", runtime_arn="a", backoff_base=0.01, backoff_max=0.05)
+    base = dict(bucket="bkt", queue_url="q", runtime_arn=ARN, backoff_base=0.01, backoff_max=0.05)
     return EngineConfig(**(base | kw))
+
+
+async def _start(
+    d: RequestDispatcher,
+    sid: str = "s" * 40,
+    attempts: StartAttempts | None = None,
+    *,
+    timeout: float = 10.0,
+    start_by: float = math.inf,
+) -> StartAttempts:
+    attempts = attempts if attempts is not None else StartAttempts()
+    await d.start(
+        sid, lambda _: b"{}", timeout=timeout, cap=math.inf, start_by=start_by, attempts=attempts
+    )
+    return attempts
+
+
+def _outage(code: str = "EndpointConnectionError") -> SessionCallError:
+    return SessionCallError(code, "down", retryable=True, outage=True, maybe_started=False)
 
 
 async def test_token_bucket_paces_to_its_rate():
@@ -81,7 +108,7 @@ async def test_starts_in_flight_bounded_by_littles_law():
     cfg = _cfg(start_rate=200.0, session_start_time=0.05)
     runtime = FakeRuntime(start_time=0.1)
     d = RequestDispatcher(runtime, cfg)
-    await asyncio.gather(*(d.start(f"s{i:040d}", b"{}", time.time() + 30) for i in range(40)))
+    await asyncio.gather(*(_start(d, f"s{i:040d}") for i in range(40)))
     assert runtime.in_flight.peak == d.starting.peak == math.ceil(200 * 0.05) == 10
 
 
@@ -90,7 +117,7 @@ async def test_live_slots_bounded_and_released_on_error():
     holders = Gauge()
 
     async def one(i: int) -> None:
-        async with d.live_slot():
+        async with d.live_slot(math.inf):
             with holders:
                 await asyncio.sleep(0.01)
             if i % 2:
@@ -114,9 +141,9 @@ async def test_retry_policy(error, attempts, fails):
     d = RequestDispatcher(runtime, _cfg(start_rate=1000.0))
     if fails:
         with pytest.raises(SubmitFailed, match=error.code):
-            await d.start("s" * 40, b"{}", time.time() + 10)
+            await _start(d)
     else:
-        await d.start("s" * 40, b"{}", time.time() + 10)
+        await _start(d)
     stats = d.stats()
     assert stats["invokes"] == attempts
     assert stats["retries"] == ({} if fails else {error.code: 2})
@@ -124,11 +151,72 @@ async def test_retry_policy(error, attempts, fails):
     assert stats["rate_cuts"] == (1 if error.throttled else 0)
 
 
-async def test_retries_exhausted_and_deadline():
+async def test_retries_exhausted_and_not_started_in_time():
     err = SessionCallError("InternalServerException", "x", retryable=True)
     d = RequestDispatcher(FakeRuntime(errors=[err] * 5), _cfg(start_rate=1000.0, max_retries=2))
-    with pytest.raises(SubmitFailed, match="gave up after 3 attempts"):
-        await d.start("s" * 40, b"{}", time.time() + 10)
-    d = RequestDispatcher(FakeRuntime(), _cfg(start_rate=1000.0))
-    with pytest.raises(SubmitFailed, match="deadline passed"):
-        await d.start("s" * 40, b"{}", time.time() - 1)
+    with pytest.raises(SubmitFailed, match="gave up after 3 attempts: InternalServerException"):
+        await _start(d)
+    d = RequestDispatcher(FakeRuntime(start_time=0.2), _cfg(start_rate=1000.0, max_live_sessions=1))
+    async with d.live_slot(math.inf):  # the only slot is taken
+        with pytest.raises(SubmitFailed, match=r"not started in time: .* live-session slot"):
+            async with d.live_slot(time.time() + 0.05):
+                pass
+    assert d.live.value == 0
+
+
+async def test_time_queued_for_the_start_rate_does_not_count_against_the_rollout():
+    d = RequestDispatcher(FakeRuntime(), _cfg(start_rate=20.0))  # one start per 50 ms
+    began = time.time()
+    attempts = await asyncio.gather(*(_start(d, f"s{i:040d}", timeout=1.0) for i in range(10)))
+    sent = sorted(a.sent_at for a in attempts)
+    assert sent[-1] - began >= 0.3  # the last waited its turn ...
+    assert all(a.deadline == a.sent_at + 1.0 for a in attempts)  # ... and still got its second
+
+
+async def test_a_runtime_that_stays_down_fails_queued_starts_at_once():
+    cfg = _cfg(start_rate=5.0, max_retries=20, backoff_base=0.02, backoff_max=0.1)
+    runtime = FakeRuntime(errors=[_outage()] * 1000)
+    d = RequestDispatcher(runtime, cfg)
+    budget = retry_budget(cfg)  # 1.86 s: each request alone could retry this long
+    records = [StartAttempts() for _ in range(30)]
+    began = time.monotonic()
+    results = await asyncio.gather(
+        *(_start(d, f"s{i:040d}", records[i]) for i in range(30)), return_exceptions=True
+    )
+    took = time.monotonic() - began
+    assert all(isinstance(r, SubmitFailed) for r in results)
+    assert sum("runtime down for" in str(r) for r in results) >= 25
+    assert all("EndpointConnectionError" in str(r) for r in results)  # the cause, not a timeout
+    # At 5 starts/s the 30 requests' retries alone would take minutes; they end near the budget.
+    assert took < 3 * budget
+    assert d.stats()["runtime_down"] is True
+    assert not any(r.maybe_started for r in records)  # refused connections started nothing
+
+
+async def test_a_probe_finds_the_runtime_back():
+    cfg = _cfg(start_rate=1000.0, max_retries=3, backoff_base=0.01, backoff_max=0.05)
+    runtime = FakeRuntime(errors=[_outage()] * 8)
+    d = RequestDispatcher(runtime, cfg)
+    for _ in range(2):
+        with pytest.raises(SubmitFailed):
+            await _start(d)
+    assert d.stats()["runtime_down"] is True
+    runtime.errors.clear()
+    await asyncio.sleep(cfg.backoff_max)  # one probe per backoff_max while down
+    record = await _start(d)
+    assert record.sent_at is not None and d.stats()["runtime_down"] is False
+
+
+async def test_maybe_started_follows_what_the_attempts_did():
+    refused = SessionCallError("ThrottlingException", "slow", retryable=True, maybe_started=False)
+    cut_off = SessionCallError("ReadTimeoutError", "no answer", retryable=False, outage=True)
+    d = RequestDispatcher(FakeRuntime(errors=[refused, cut_off]), _cfg(start_rate=1000.0))
+    record = StartAttempts()
+    with pytest.raises(SubmitFailed, match="ReadTimeoutError"):
+        await _start(d, attempts=record)
+    assert record.maybe_started and record.sent_at is None
+    d = RequestDispatcher(FakeRuntime(errors=[refused]), _cfg(start_rate=1000.0, max_retries=0))
+    record = StartAttempts()
+    with pytest.raises(SubmitFailed):
+        await _start(d, attempts=record)
+    assert not record.maybe_started

@@ -41,7 +41,16 @@ def test_the_package_exports_the_trainer_api_and_nothing_else():
 
 def test_engine_exposes_no_internals():
     public = {n for n in vars(agentcore_rollout.RolloutEngine) if not n.startswith("_")}
-    assert public == {"rollout", "set_step", "stats", "step", "stream", "submit", "take_stale"}
+    assert public == {
+        "resume",
+        "rollout",
+        "set_step",
+        "stats",
+        "step",
+        "stream",
+        "submit",
+        "take_stale",
+    }
 
 
 def test_readme_and_examples_use_only_the_public_api():
@@ -63,7 +72,7 @@ def test_cli_imports_only_the_public_api():
             imported.add("." * node.level + (node.module or ""))
         elif isinstance(node, ast.Import):
             imported |= {a.name for a in node.names if a.name.startswith("agentcore_rollout")}
-    # `.` is the trainer API; the local stack and the control-plane helpers are the CLI's own
-    # subcommands (`local up`, `deploy`), not the engine's internals.
-    assert imported <= {".", ".local.stack", "._infra"}, imported
+    # `.` is the trainer API; the local stack, the control-plane helpers and the run journal
+    # serve the CLI's own subcommands (`local up`, `deploy`, `run --resume`), not the engine.
+    assert imported <= {".", ".local.stack", "._infra", "._journal"}, imported
     assert not re.search(r"\._(dispatcher|buffer|stats|batch)\b", (PACKAGE / "cli.py").read_text())

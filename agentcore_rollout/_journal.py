@@ -1,0 +1,148 @@
+"""The CLI's request journal: what a run submitted and started, so `run --resume OUT` can take
+over after the process died, without running an agent twice.
+
+`OUT/journal.jsonl` holds one `request` line per request (written before any is submitted)
+and one `started` line per session started (its deadline and gateway session). Ended requests
+are the lines of `OUT/rollouts.jsonl`. The signing keys derive from a run secret
+(`engine.run_secret`, or `OUT/run_secret`, created 0600 for the run when the config has none):
+it never goes to S3 or the logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ._batch import RolloutOutcome, RolloutRequest
+
+JOURNAL, SECRET = "journal.jsonl", "run_secret"
+
+
+class JournalError(ValueError):
+    """The output directory holds no journal to resume, or one this run cannot use."""
+
+
+@dataclass
+class Journaled:
+    """One request as the journal knows it."""
+
+    request: RolloutRequest
+    step: int
+    running_until: float | None = None
+    gateway_session_id: str | None = None
+
+
+class Journal:
+    """Appends to `OUT/journal.jsonl`; one line per event, flushed as written."""
+
+    def __init__(self, out: Path) -> None:
+        self._path = out / JOURNAL
+        self._sink: IO[str] | None = None
+
+    def __enter__(self) -> Journal:
+        self._sink = self._path.open("a")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sink is not None:
+            self._sink.close()
+
+    def submitted(self, requests: list[RolloutRequest], step: int) -> None:
+        for r in requests:
+            self._write(
+                {
+                    "kind": "request",
+                    "request_id": r.request_id,
+                    "input_id": r.input_id,
+                    "sample_index": r.sample_index,
+                    "step": step,
+                    "payload": r.payload,
+                }
+            )
+
+    def started(self, outcome: RolloutOutcome) -> None:
+        self._write(
+            {
+                "kind": "started",
+                "request_id": outcome.request.request_id,
+                "deadline": outcome.deadline,
+                "gateway_session_id": outcome.gateway_session_id,
+            }
+        )
+
+    def _write(self, line: dict[str, Any]) -> None:
+        assert self._sink is not None, "use the journal in a with block"
+        self._sink.write(json.dumps(line) + "\n")
+        self._sink.flush()
+
+
+def read_journal(out: Path) -> list[Journaled]:
+    """The journaled requests, in submission order, with what is known of their start."""
+    try:
+        lines = (out / JOURNAL).read_text().split("\n")
+    except FileNotFoundError:
+        raise JournalError(f"--resume {out}: no {JOURNAL} there (not a run's output)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise JournalError(f"--resume {out}: cannot read {JOURNAL}: {e}") from None
+    entries: dict[str, Journaled] = {}
+    for line in _complete(lines):
+        event = json.loads(line)
+        rid = event["request_id"]
+        if event["kind"] == "request":
+            request = RolloutRequest(
+                event["payload"], event["input_id"], event["sample_index"], rid
+            )
+            entries[rid] = Journaled(request, event["step"])
+        elif rid in entries:
+            entries[rid].running_until = event["deadline"]
+            entries[rid].gateway_session_id = event["gateway_session_id"]
+    if not entries:
+        raise JournalError(f"--resume {out}: {JOURNAL} lists no requests")
+    return list(entries.values())
+
+
+def ended_ids(rollouts: Path) -> set[str]:
+    """Request ids with a complete line in rollouts.jsonl; a torn last line (the process died
+    while writing it) is cut off, so appending goes on from a clean line."""
+    if not rollouts.is_file():
+        return set()
+    text = rollouts.read_text()
+    lines = text.split("\n")
+    kept = _complete(lines)
+    if len(kept) != len([line for line in lines if line.strip()]):
+        rollouts.write_text("".join(f"{line}\n" for line in kept))
+    return {json.loads(line)["request_id"] for line in kept}
+
+
+def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:
+    """The configured secret, else the run's own (created with the run, read on resume)."""
+    if configured:
+        return configured
+    path = out / SECRET
+    if resume:
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            raise JournalError(
+                f"--resume {out}: no {SECRET} there and engine.run_secret is not set"
+            ) from None
+    secret = secrets.token_hex(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret
+
+
+def _complete(lines: list[str]) -> list[str]:
+    """Lines that parse as JSON objects; only the last may be torn, and it is dropped."""
+    kept = [line for line in lines if line.strip()]
+    if kept:
+        try:
+            json.loads(kept[-1])
+        except ValueError:
+            kept.pop()
+    return kept

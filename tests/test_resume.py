@@ -1,0 +1,111 @@
+"""Resume: an engine SIGKILLed mid-run, then `agentcore-rollout run --resume OUT`. Every
+request ends in exactly one outcome, and no agent runs twice: results written while no engine
+listened are collected from S3, sessions still running are waited for, and only requests that
+never started are dispatched. Counted at the AgentCore Runtime emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+from agentcore_rollout import RolloutEngine, RolloutRequest
+from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
+
+from .agents.basic import expected_reward
+from .conftest import REGION, engine_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _cli(*args: str, cwd: Path) -> asyncio.subprocess.Process:
+    env = {**os.environ, **LOCAL_CREDENTIALS, "AWS_DEFAULT_REGION": REGION, "PYTHONPATH": str(ROOT)}
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agentcore_rollout.cli",
+        *args,
+        cwd=cwd,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def test_sigkilled_run_resumes_without_running_an_agent_twice(
+    moto, channel, emulator, tmp_path
+):
+    emu = await emulator()
+    rows = [{"a": i, "b": 1, "sleep": 0.1 if i < 4 else 4.0} for i in range(10)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    engine = engine_config(moto, channel, emu).model_dump(mode="json")
+    engine |= {"exp_id": "resume", "start_rate": 2.0, "rollout_timeout": 30.0}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"stack": "aws", "engine": engine}))
+    out = tmp_path / "out"
+    argv = ["--config", str(config), "--env-file", str(tmp_path / "none.env")]
+    (tmp_path / "none.env").write_text("")
+    s3 = moto.client("s3")
+
+    first = await _cli(
+        "run", *argv, "--data", str(data), "--n", "1", "--out", str(out), cwd=tmp_path
+    )
+    give_up = time.monotonic() + 60
+    # Kill once the fast four have written their results and two slow ones are running.
+    while _results(s3, channel.bucket) < 4 or len(emu.started) < 6:
+        assert first.returncode is None, (await first.communicate())[1][-2000:]
+        assert time.monotonic() < give_up, "no results in time"
+        await asyncio.sleep(0.1)
+    first.kill()  # SIGKILL: no cleanup, no stops, sessions keep running
+    await first.wait()
+    invoked_before = Counter(emu.started)
+    written_before = _results(s3, channel.bucket)
+    journal = (out / "journal.jsonl").read_text()
+    assert journal.count('"kind": "request"') == 10 and '"kind": "started"' in journal
+
+    resumed = await _cli("run", *argv, "--resume", str(out), cwd=tmp_path)
+    _, stderr = await asyncio.wait_for(resumed.communicate(), 90)
+    assert resumed.returncode == 0, stderr.decode()[-3000:]
+
+    lines = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted(line["request_id"] for line in lines) == sorted(
+        json.loads(j)["request_id"] for j in journal.splitlines() if '"request"' in j
+    )
+    assert all(line["outcome"] == "ok" for line in lines), [line["error"] for line in lines]
+    for line in lines:  # each line is its own request's result: "a+b" and the reward agree
+        a = int(line["result"]["trajectory"]["messages"][0]["content"].split("+")[0])
+        assert line["reward"] == expected_reward({"a": a, "b": 1})
+    # At the kill some had written, some were running, some had not started ...
+    assert written_before < len(invoked_before) < 10
+    # ... and still no agent ran twice: one session per request, across both engines.
+    invoked = Counter(emu.started)
+    assert set(invoked.values()) == {1} and len(invoked) == 10
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"] == 10 and summary["outcomes"]["ok"] == 10
+
+
+async def test_resume_collects_a_result_already_in_s3_without_invoking(moto, channel, emulator):
+    """Library API: a request whose agent finished while no engine listened."""
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, run_secret="s" * 32)
+    request = RolloutRequest({"a": 3, "b": 1}, input_id="g")
+    async with RolloutEngine(cfg) as first:
+        journaled = []
+        done = await first.submit(request, on_start=journaled.append)
+    assert done.outcome == "ok" and journaled == [done]
+    async with RolloutEngine(cfg) as second:  # same exp_id and run_secret
+        again = await second.resume(request, step=0, running_until=done.deadline)
+    assert again.outcome == "ok" and again.reward == expected_reward(request.payload)
+    assert again.started_at is None  # collected, not run
+    assert emu.counts["invoke"] == 1
+
+
+def _results(s3, bucket: str) -> int:
+    return s3.list_objects_v2(Bucket=bucket, Prefix="rollouts/resume/").get("KeyCount", 0)
