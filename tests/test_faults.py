@@ -49,6 +49,20 @@ def _requests(n: int, **fields: object) -> list[RolloutRequest]:
     return [RolloutRequest({"a": i, "b": 1, **fields}, input_id=f"q{i}") for i in range(n)]
 
 
+async def _emulator_process(moto: MotoServer) -> ServiceProcess:
+    """The runtime emulator as a process of its own (so it can be killed), its agents inside
+    it, writing to `moto`."""
+    emulator = ServiceProcess(
+        "runtime emulator",
+        "agentcore_rollout.local.runtime",
+        "tests.agents.basic:app",
+        *("--mode", "in_process", "--runtime-arn", RUNTIME_ARN),
+        env=agent_env(moto),
+    )
+    await asyncio.to_thread(emulator.start)
+    return emulator
+
+
 def _alive(pid: int | None) -> bool:
     """Running (a zombie, killed but not yet reaped, is not)."""
     try:
@@ -78,14 +92,7 @@ def _one_each(outcomes: list[RolloutOutcome], requests: list[RolloutRequest]) ->
 
 
 async def test_runtime_killed_fails_the_rest_fast_with_the_cause(moto, channel):
-    emulator = ServiceProcess(
-        "runtime emulator",
-        "agentcore_rollout.local.runtime",
-        "tests.agents.basic:app",
-        *("--mode", "in_process", "--runtime-arn", RUNTIME_ARN),
-        env=agent_env(moto),
-    )
-    await asyncio.to_thread(emulator.start)
+    emulator = await _emulator_process(moto)
     cfg = EngineConfig.model_validate(
         engine_config(moto, channel, emulator).model_dump()
         | {
@@ -166,14 +173,7 @@ async def test_moto_restarted_mid_run_every_request_still_ends():
 
     channel = await asyncio.to_thread(provision)
     # Agents in a process of their own: their S3 clients must not outlive this moto.
-    emu = ServiceProcess(
-        "runtime emulator",
-        "agentcore_rollout.local.runtime",
-        "tests.agents.basic:app",
-        *("--mode", "in_process", "--runtime-arn", RUNTIME_ARN),
-        env=agent_env(moto),
-    )
-    await asyncio.to_thread(emu.start)
+    emu = await _emulator_process(moto)
     timeout, grace = 6.0, 1.0
     cfg = engine_config(
         moto, channel, emu, start_rate=8.0, rollout_timeout=timeout, result_grace=grace
