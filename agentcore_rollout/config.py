@@ -145,7 +145,7 @@ class EngineConfig(_Section):
         description="seconds a request may wait to be started: for a live-session slot, the "
         "start rate and retries; None: no limit",
     )
-    rollout_timeout: float = Field(default=600.0, gt=0, description="seconds from dispatch")
+    rollout_timeout: float = Field(default=600.0, gt=0, description="seconds from session start")
     result_grace: float = Field(default=30.0, ge=0, description="wait past deadline for a write")
     reconcile_before: float = Field(default=5.0, ge=0, description="S3 lookup this long before")
 

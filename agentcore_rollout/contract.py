@@ -108,7 +108,7 @@ class RolloutControl(_Model):
     session_id: str = Field(min_length=SESSION_ID_MIN, max_length=SESSION_ID_MAX)
     result: ResultTarget
     llm: LLMSettings | None = None
-    deadline: float = Field(description="unix seconds; counted from dispatch so cold start counts")
+    deadline: float = Field(description="unix seconds, from the invocation: cold start counts")
     sig_key: str = Field(min_length=16, repr=False)
     max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024)
     """The largest result object the engine accepts, so the agent can refuse a bigger one as
