@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+import agentcore_rollout.gateway.router as router_module
 from agentcore_rollout.gateway import RouterError, SGLangRouter
 from agentcore_rollout.gateway.router import free_port
 from agentcore_rollout.local.policy import PolicyServer
@@ -106,3 +108,25 @@ async def test_stop_kills_a_router_that_ignores_sigterm(tmp_path: Path) -> None:
     await router.stop()
     assert gone(pid)
     assert (tmp_path / "router.log").exists()  # a caller's log file is kept
+
+
+async def test_a_chosen_port_taken_before_the_router_binds_it_is_replaced(monkeypatch) -> None:
+    """The router cannot bind port 0, so its ports are picked first; another process can take
+    one in between (seen in CI: 'Address already in use'). The router starts on others."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real, picks = router_module.free_ports, []
+
+    def first_taken(n: int) -> list[int]:
+        ports = real(n)
+        picks.append(ports)
+        return [taken.getsockname()[1], *ports[1:]] if len(picks) == 1 else ports
+
+    monkeypatch.setattr(router_module, "free_ports", first_taken)
+    try:
+        async with PolicyServer(seed=0) as worker, SGLangRouter([worker.url]) as router:
+            assert len(picks) == 2 and router.port == picks[1][0]
+            assert (await generate(router.url))["meta_info"]
+    finally:
+        taken.close()

@@ -51,11 +51,22 @@ class RouterError(RuntimeError):
     """The router could not be started, did not become healthy, or refused a worker change."""
 
 
+_BIND_ATTEMPTS = 3
+
+
 def free_port() -> int:
     """A currently free loopback TCP port (the router cannot bind port 0 and report it)."""
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback TCP ports that are free now (held together while chosen, so they
+    differ; another process may still take one before the router binds it)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(n)]
+        for sock in socks:
+            sock.bind((LOOPBACK, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 class SGLangRouter:
@@ -129,8 +140,22 @@ class SGLangRouter:
         """Spawn the router, wait for /health, then register the initial workers."""
         if self._proc is not None:
             raise RouterError("router already started")
-        self.port = self.port or free_port()
-        self.prometheus_port = free_port()
+        chosen = not self.port  # ports we picked may be taken before the router binds them
+        for attempt in range(_BIND_ATTEMPTS):
+            if chosen:
+                self.port, self.prometheus_port = free_ports(2)
+            else:
+                self.prometheus_port = free_port()
+            try:
+                await self._launch()
+                break
+            except RouterError as e:
+                if "Address already in use" not in str(e) or attempt == _BIND_ATTEMPTS - 1:
+                    raise
+                log.warning("sglang-router: a port was taken meanwhile; trying others")
+        log.info("sglang-router on %s (pid %s)", self.url, self.pid)
+
+    async def _launch(self) -> None:
         if self._log_path is None:
             fd, name = tempfile.mkstemp(prefix="sglang-router-", suffix=".log")
             os.close(fd)
@@ -144,7 +169,6 @@ class SGLangRouter:
         except BaseException:
             await self.stop()
             raise
-        log.info("sglang-router on %s (pid %s)", self.url, self.pid)
 
     async def stop(self) -> None:
         """SIGTERM the router's process group, SIGKILL after `stop_timeout`; idempotent."""
