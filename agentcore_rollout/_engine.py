@@ -34,6 +34,8 @@ from ._stats import EngineStats
 from .config import ConfigError, EngineConfig
 from .contract import (
     CONTROL_KEY,
+    ID_MAX,
+    ID_PATTERN,
     SESSION_ID_MAX,
     LLMSettings,
     Outcome,
@@ -246,16 +248,16 @@ class RolloutEngine:
         submitted = time.time()
         cap = deadline if deadline is not None else math.inf
         queue_timeout = self.config.queue_timeout
+        sig_key = _signing_key(self._run_secret, self.config.exp_id, request.request_id)
         job = _Job(
-            sig_key=_signing_key(self._run_secret, self.config.exp_id, request.request_id),
-            result_key="",
+            sig_key=sig_key,
+            result_key=self._buffer.expect(request.request_id, step=step, sig_key=sig_key),
             timeout=self.config.rollout_timeout if timeout is None else timeout,
             cap=cap,
             start_by=min(cap, submitted + queue_timeout if queue_timeout else math.inf),
             on_start=on_start,
             resumed=resumed,
         )
-        job.result_key = self._buffer.expect(request.request_id, step=step, sig_key=job.sig_key)
         outcome = RolloutOutcome(
             request,
             step,
@@ -482,14 +484,12 @@ class _Job:
     resumed: _Resumed | None
 
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-
-
 def _check_request(request: RolloutRequest) -> None:
     """The checks the wire contract would make later, made before anything is taken."""
-    if not isinstance(request.request_id, str) or not _REQUEST_ID.match(request.request_id):
+    rid = request.request_id
+    if not isinstance(rid, str) or len(rid) > ID_MAX or not re.match(ID_PATTERN, rid):
         raise ValueError(
-            f"request_id {request.request_id!r}: 1-128 characters of letters, digits, '.', '_', '-'"
+            f"request_id {rid!r}: 1-{ID_MAX} characters of letters, digits, '.', '_', '-'"
         )
     if not isinstance(request.input_id, str) or not request.input_id:
         raise ValueError(f"input_id {request.input_id!r}: must be a non-empty string")

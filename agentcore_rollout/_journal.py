@@ -105,17 +105,16 @@ def read_journal(out: Path) -> list[Journaled]:
     return list(entries.values())
 
 
-def ended_ids(rollouts: Path) -> set[str]:
-    """Request ids with a complete line in rollouts.jsonl; a torn last line (the process died
-    while writing it) is cut off, so appending goes on from a clean line."""
+def ended(rollouts: Path) -> list[dict[str, Any]]:
+    """The complete lines of rollouts.jsonl, one per ended request; a torn last line (the
+    process died while writing it) is cut off, so appending goes on from a clean line."""
     if not rollouts.is_file():
-        return set()
-    text = rollouts.read_text()
-    lines = text.split("\n")
+        return []
+    lines = rollouts.read_text().split("\n")
     kept = _complete(lines)
     if len(kept) != len([line for line in lines if line.strip()]):
         rollouts.write_text("".join(f"{line}\n" for line in kept))
-    return {json.loads(line)["request_id"] for line in kept}
+    return [json.loads(line) for line in kept]
 
 
 def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:

@@ -48,7 +48,7 @@ from . import (
     RolloutRequest,
     load_config,
 )
-from ._journal import JOURNAL, Journal, Journaled, JournalError, ended_ids, read_journal, run_secret
+from ._journal import JOURNAL, Journal, Journaled, JournalError, ended, read_journal, run_secret
 
 EXIT_ERROR, EXIT_TOO_FEW_OK, EXIT_INTERRUPTED = 2, 3, 130
 DEFAULT_CONFIG = Path("configs/local.yaml")  # relative to the current directory
@@ -550,10 +550,9 @@ def _run(config: Config, resume: str | None) -> int:
 
 def _left_open(out: Path) -> tuple[list[Journaled], list[dict[str, Any]]]:
     """The journaled requests that have no line in rollouts.jsonl yet, and the lines there."""
-    journaled = read_journal(out)
-    ended = ended_ids(out / ROLLOUTS)
-    lines = [json.loads(line) for line in (out / ROLLOUTS).read_text().splitlines() if line]
-    return [j for j in journaled if j.request.request_id not in ended], lines
+    lines = ended(out / ROLLOUTS)
+    done = {line["request_id"] for line in lines}
+    return [j for j in read_journal(out) if j.request.request_id not in done], lines
 
 
 def _count_in(summary: dict, previous: list[dict[str, Any]], out: Path) -> None:

@@ -19,7 +19,7 @@ from dotenv import dotenv_values
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from .contract import DEFAULT_MAX_RESULT_BYTES, first_error
+from .contract import DEFAULT_MAX_RESULT_BYTES, ID_MAX, ID_PATTERN, first_error
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
 _RESERVED_ENV = {"AGENTCORE_ROLLOUT_CONFIG", "AGENTCORE_ROLLOUT_PARENT_PID"}  # not config keys
@@ -116,7 +116,7 @@ class GatewayConfig(_Section):
 class EngineConfig(_Section):
     """Everything the engine needs to dispatch rollouts and collect their results."""
 
-    exp_id: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]+$", max_length=128)
+    exp_id: str = Field(default="default", pattern=ID_PATTERN, max_length=ID_MAX)
     region: str = "us-east-1"
     # Where results go and which runtime runs the agents. Required on AWS; the embedded
     # local stack fills them in.

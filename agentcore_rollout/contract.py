@@ -25,6 +25,7 @@ SCHEMA_VERSION = 1
 CONTROL_KEY = "_rollout"
 DEFAULT_MAX_RESULT_BYTES = 8 * 1024 * 1024
 SESSION_ID_MIN, SESSION_ID_MAX = 33, 256  # AgentCore's runtimeSessionId rule
+ID_PATTERN, ID_MAX = r"^[A-Za-z0-9._-]+$", 128  # exp_id and request_id: safe in a key and a URL
 MAX_DEPTH = 64
 """How deeply arrays and objects may nest in a result, counting the result object itself.
 
@@ -100,9 +101,9 @@ class RolloutControl(_Model):
     """The `_rollout` block the engine adds to the user's payload."""
 
     v: Literal[1] = SCHEMA_VERSION
-    exp_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
+    exp_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
     step: int = Field(ge=0)
-    request_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
+    request_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
     input_id: str
     sample_index: int = Field(ge=0)
     session_id: str = Field(min_length=SESSION_ID_MIN, max_length=SESSION_ID_MAX)
