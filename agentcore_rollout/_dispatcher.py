@@ -164,10 +164,16 @@ class RequestDispatcher:
         for attempt in range(self._cfg.max_retries + 1):
             if not self._outage.may_try():
                 raise self._outage.refusal()
-            await self._until(self._starting_slots.acquire(), start_by, "a start slot", error)
+            if self._starting_slots.locked():  # only a wait needs the race (tasks cost ~20 us)
+                await self._until(self._starting_slots.acquire(), start_by, "a start slot", error)
+            else:
+                await self._starting_slots.acquire()
             try:
                 with self.starting:
-                    await self._until(self.start_rate.acquire(), start_by, "the start rate", error)
+                    if not self.start_rate.bucket.take_if_free():
+                        await self._until(
+                            self.start_rate.acquire(), start_by, "the start rate", error
+                        )
                     sent = time.time()
                     deadline = min(sent + timeout, cap)
                     self.invokes += 1

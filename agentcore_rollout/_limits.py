@@ -41,6 +41,10 @@ class TokenBucket:
         self._tokens -= 1
         return True
 
+    def take_if_free(self) -> bool:
+        """Take a token now if one is there and nobody is queued for it (FIFO holds)."""
+        return not self._lock.locked() and self.try_acquire()
+
     async def acquire(self) -> None:
         async with self._lock:
             while True:
