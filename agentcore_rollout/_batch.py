@@ -51,6 +51,17 @@ class RolloutOutcome:
         return self.result.scalar_reward() if self.result is not None else None
 
     @property
+    def weight_versions(self) -> tuple[str, ...]:
+        """The policy weight versions that sampled this rollout's turns, in the order they
+        were first used, from the gateway's trace (empty without one). More than one: the
+        weights changed while it ran."""
+        seen: dict[str, None] = {}
+        for turn in (self.trace or {}).get("turns", []):
+            if turn.get("weight_version") is not None:
+                seen.setdefault(str(turn["weight_version"]), None)
+        return tuple(seen)
+
+    @property
     def latency(self) -> float:
         return self.finished_at - self.submitted_at
 
@@ -61,6 +72,7 @@ class RolloutOutcome:
             "input_id": self.request.input_id,
             "sample_index": self.request.sample_index,
             "step": self.step,
+            "weight_versions": list(self.weight_versions),
             "session_id": self.session_id,
             "outcome": str(self.outcome),
             "reward": self.reward,

@@ -74,7 +74,8 @@ class RolloutBuffer:
 
     Ended requests are remembered per step (to tell a duplicate or a late result from an
     unknown one) until their step falls out of the retained window: `advance(step)` forgets
-    every step older than `step - retain_steps`, so a long run holds flat memory.
+    every step older than `step - retain_steps` (at least `max_staleness + 1` steps are kept,
+    so a request ended `stale` is still known), so a long run holds flat memory.
     """
 
     def __init__(self, s3: Any, sqs: Any, config: EngineConfig) -> None:
@@ -88,6 +89,7 @@ class RolloutBuffer:
         self._ended: dict[int, dict[str, str | None]] = {}
         self._stale: dict[int, list[StaleResult]] = {}
         self._step = 0
+        self._window = max(config.retain_steps, config.max_staleness + 1)
         self._downloads = asyncio.Semaphore(config.download_concurrency)
         self._pollers: list[asyncio.Task[None]] = []
         self._counts: Counter[str] = Counter()
@@ -122,7 +124,7 @@ class RolloutBuffer:
             "downloads": c["downloads"],
             "duplicates": c["duplicates"],
             "unmatched": c["unmatched"],
-            "stale": c["stale"],
+            "late_results": c["late_results"],
             "foreign_messages": c["foreign_messages"],
             "malformed_messages": c["malformed_messages"],
             "test_events": c["test_events"],
@@ -138,7 +140,7 @@ class RolloutBuffer:
     def advance(self, step: int) -> None:
         """Make `step` the current policy version and forget what is out of the window."""
         self._step = step
-        horizon = step - self._cfg.retain_steps
+        horizon = step - self._window
         for old in [s for s in self._ended if s < horizon]:
             del self._ended[old]
         for old in [s for s in self._stale if s < horizon]:
@@ -206,7 +208,7 @@ class RolloutBuffer:
     def _retire(self, w: _Waiter) -> None:
         if self._waiters.pop(w.request_id, None) is None:
             return
-        if w.step < self._step - self._cfg.retain_steps:
+        if w.step < self._step - self._window:
             return  # already out of the window: nothing to remember it for
         delivery = w.future.result() if w.future.done() and not w.future.cancelled() else None
         late_key = w.sig_key if delivery is None or delivery.result is None else None
@@ -370,7 +372,7 @@ class RolloutBuffer:
         if delivery is None or delivery.result is None:
             return True
         result = delivery.result
-        self._counts["stale"] += 1
+        self._counts["late_results"] += 1
         self._stale.setdefault(key.step, []).append(
             StaleResult(
                 request_id=key.request_id,

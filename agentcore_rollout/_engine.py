@@ -55,11 +55,11 @@ class RolloutHandle:
         self,
         task: asyncio.Task[RolloutOutcome],
         outcome: RolloutOutcome,
-        release: Callable[[], None],
+        end_unstarted: Callable[[], None],
     ) -> None:
         self._task = task
         self._outcome = outcome
-        self._release = release
+        self._end_unstarted = end_unstarted
         self.request = outcome.request
 
     def __await__(self) -> Generator[Any, None, RolloutOutcome]:
@@ -72,7 +72,7 @@ class RolloutHandle:
             if not self._task.cancelled():
                 raise  # whoever awaits us was cancelled, not the rollout
             # Cancelled before it ever ran: nothing was dispatched, nothing to stop.
-            self._release()
+            self._end_unstarted()
             self._outcome.finished_at = time.time()
             return self._outcome
 
@@ -100,7 +100,8 @@ class RolloutEngine:
         self._llm = LLMSettings(**config.llm.model_dump()) if config.llm is not None else None
         # Without a configured secret results are verifiable by this engine alone (no resume).
         self._run_secret = (config.run_secret or secrets.token_hex(32)).encode()
-        self._requests: set[asyncio.Task[RolloutOutcome]] = set()
+        # each running request's task, with what `set_step` may need to end it `stale`
+        self._requests: dict[asyncio.Task[RolloutOutcome], tuple[RolloutOutcome, _Job]] = {}
         self._cleanups: set[asyncio.Task[Any]] = set()  # session stops, gateway closes
         self._gateway: Any = None
         self._dispatcher: RequestDispatcher
@@ -177,10 +178,24 @@ class RolloutEngine:
         return self._step
 
     def set_step(self, step: int) -> None:
-        """Move to a new policy version. Results of older steps are then kept apart, and what
-        the engine remembers of steps older than `retain_steps` before this one is dropped."""
+        """Move to a new policy version (after pushing its weights to the policy servers).
+
+        Requests of the last `max_staleness` steps keep running and may still end `ok` (an
+        off-policy trainer weighs them by importance); older ones still running end `stale`
+        now, their sessions stopped. What the engine remembers of ended requests of older
+        steps is dropped once they are out of the retained window."""
+        if step < self._step:
+            raise ValueError(f"step {step} is behind the engine's step {self._step}")
         self._step = step
         self._buffer.advance(step)
+        oldest = step - self.config.max_staleness
+        for task, (outcome, job) in list(self._requests.items()):
+            if outcome.step < oldest and not task.done():
+                job.stale = (
+                    f"step {outcome.step} is {step - outcome.step} behind the current step "
+                    f"{step} (engine.max_staleness={self.config.max_staleness})"
+                )
+                task.cancel()
 
     def stats(self) -> EngineStats:
         """A snapshot: sessions alive, starts in flight, retries, throttles, duplicates, ..."""
@@ -203,14 +218,16 @@ class RolloutEngine:
         deadline: float | None = None,
         on_start: Callable[[RolloutOutcome], None] | None = None,
     ) -> RolloutHandle:
-        """Start one rollout. `step` is its policy version (default: the engine's current
-        step); `timeout` counts from its session's start (default: `rollout_timeout`);
+        """Start one rollout. `step` is its policy version: the engine's current step (the
+        default) or one of the `max_staleness` before it. `timeout` counts from its session's
+        start (default: `rollout_timeout`);
         `deadline` (unix seconds) caps both its start and its run. `on_start(outcome)` is
         called once its session started (`started_at`, `deadline` and `gateway_session_id`
         set): what to journal to `resume` it after a restart.
 
         A malformed request (bad request_id, negative sample_index, payload that is not a JSON
-        object) or a request_id in use is a ValueError, raised before anything is taken."""
+        object), a request_id in use or a step out of that range is a ValueError, raised
+        before anything is taken."""
         return self._submit(request, step, timeout, deadline, on_start)
 
     def resume(
@@ -243,8 +260,12 @@ class RolloutEngine:
     ) -> RolloutHandle:
         _check_request(request)
         step = self._step if step is None else step
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
+        oldest = max(0, self._step - self.config.max_staleness)
+        if not oldest <= step <= self._step:
+            raise ValueError(
+                f"step {step}: must be the engine's step {self._step} or, with "
+                f"engine.max_staleness={self.config.max_staleness}, one no older than {oldest}"
+            )
         submitted = time.time()
         cap = deadline if deadline is not None else math.inf
         queue_timeout = self.config.queue_timeout
@@ -266,8 +287,10 @@ class RolloutEngine:
             error="cancelled",
             submitted_at=submitted,
         )
-        task = _owned(self._requests, self._run(outcome, job))
-        return RolloutHandle(task, outcome, lambda: self._buffer.cancel(request.request_id))
+        task = asyncio.create_task(self._run(outcome, job))
+        self._requests[task] = (outcome, job)
+        task.add_done_callback(self._requests.__delitem__)
+        return RolloutHandle(task, outcome, lambda: self._end_cancelled(outcome, job))
 
     async def stream(
         self,
@@ -347,7 +370,7 @@ class RolloutEngine:
             log.warning("submit_failed request_id=%s: %s", request.request_id, e)
         except asyncio.CancelledError:
             if not decided:
-                self._end(outcome, Outcome.CANCELLED, "cancelled")
+                self._end_cancelled(outcome, job)
         except Exception as e:  # a bug must end its request, not leave it hanging
             log.exception("request_id=%s failed inside the engine", request.request_id)
             if not decided:
@@ -373,6 +396,13 @@ class RolloutEngine:
         outcome.started_at, outcome.deadline = attempts.sent_at, attempts.deadline
         if job.on_start is not None:
             job.on_start(outcome)
+
+    def _end_cancelled(self, outcome: RolloutOutcome, job: _Job) -> None:
+        """End a cancelled request: `stale` if `set_step` cancelled it, else `cancelled`."""
+        if job.stale is not None:
+            self._end(outcome, Outcome.STALE, job.stale)
+        else:
+            self._end(outcome, Outcome.CANCELLED, "cancelled")
 
     def _end(self, outcome: RolloutOutcome, ending: Outcome, error: str) -> None:
         """End a request that got no delivery."""
@@ -482,6 +512,7 @@ class _Job:
     start_by: float  # the session must have started by then (queue_timeout, cap)
     on_start: Callable[[RolloutOutcome], None] | None
     resumed: _Resumed | None
+    stale: str | None = None  # why `set_step` ended it, if it did
 
 
 def _check_request(request: RolloutRequest) -> None:

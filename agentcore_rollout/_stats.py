@@ -59,7 +59,7 @@ class EngineStats:
     duplicates: int = 0
     unmatched: int = 0
     """Results of this experiment that no request (waiting or remembered) expects."""
-    stale: int = 0
+    late_results: int = 0
     """Results that arrived after their request had ended (kept apart, see `take_stale`)."""
     foreign_messages: int = 0
     malformed_messages: int = 0

@@ -58,6 +58,9 @@ class Outcome(StrEnum):
     SUBMIT_FAILED = "submit_failed"
     INVALID_RESULT = "invalid_result"
     CANCELLED = "cancelled"
+    STALE = "stale"
+    """Still running when the engine's step moved more than `max_staleness` past its own: its
+    session is stopped, and a result it writes anyway is kept apart (`take_stale`)."""
 
 
 AgentStatus = Literal["ok", "agent_error", "timeout", "cancelled"]

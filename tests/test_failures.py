@@ -212,7 +212,7 @@ async def test_result_of_an_older_step_is_kept_apart(moto, channel, emulator):
         body = signed_body(late, control.sig_key)
         moto.client("s3").put_object(Bucket=channel.bucket, Key=control.result.key, Body=body)
         batch1 = await batch1_task
-        await _until(lambda: engine.stats().stale >= 1)
+        await _until(lambda: engine.stats().late_results >= 1)
         stale = engine.take_stale()
         assert engine.take_stale() == []  # taken once
     _assert_rest_ok(batch1, set())

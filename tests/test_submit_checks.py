@@ -43,9 +43,11 @@ async def test_bad_requests_raise_before_anything_is_taken(
     assert emu.counts["invoke"] == 1
 
 
-async def test_a_step_below_zero_is_refused(moto, channel, emulator):
+async def test_a_step_out_of_the_staleness_window_is_refused(moto, channel, emulator):
     emu = await emulator()
-    async with RolloutEngine(engine_config(moto, channel, emu)) as engine:
-        with pytest.raises(ValueError, match="step must be >= 0"):
-            engine.submit(RolloutRequest({"a": 1}, input_id="g"), step=-1)
+    cfg = engine_config(moto, channel, emu, max_staleness=1)
+    async with RolloutEngine(cfg, step=2) as engine:
+        for step in (-1, 0, 3):
+            with pytest.raises(ValueError, match=f"step {step}: must be the engine's step 2"):
+                engine.submit(RolloutRequest({"a": 1}, input_id="g"), step=step)
         assert engine.stats().tracked_requests == 0

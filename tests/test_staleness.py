@@ -1,0 +1,87 @@
+"""Requests of several steps in flight at once, bounded by `engine.max_staleness`, through the
+real wire: a request may end ok while the current step is at most `max_staleness` past its
+own; `set_step` ends older ones still running `stale` and stops their sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
+
+from .agents.basic import controls, expected_reward
+from .conftest import engine_config
+from .factories import make_result, signed_body
+
+
+async def test_results_one_step_old_are_kept_two_steps_old_go_stale(moto, channel, emulator):
+    emu = await emulator()
+    async with RolloutEngine(engine_config(moto, channel, emu, max_staleness=1)) as engine:
+        old = engine.submit(RolloutRequest({"a": 1, "b": 1, "mode": "hang"}, input_id="old"))
+        await _until(lambda: old.request.request_id in controls)
+        engine.set_step(1)
+        kept = engine.submit(RolloutRequest({"a": 2, "b": 1, "sleep": 1.0}, input_id="kept"))
+        await _until(lambda: kept.request.request_id in controls)
+        assert not old.done()  # one step behind: still running
+        engine.set_step(2)
+        stale, one_behind = await old, await kept
+        with pytest.raises(ValueError, match="no older than 1"):
+            engine.submit(RolloutRequest({"a": 1, "b": 1}, input_id="late"), step=0)
+        with pytest.raises(ValueError, match="engine's step 2"):
+            engine.submit(RolloutRequest({"a": 1, "b": 1}, input_id="ahead"), step=3)
+        # Its agent was stopped mid-run; a result written anyway is kept apart, never delivered.
+        control = controls[old.request.request_id]
+        body = signed_body(
+            make_result(
+                exp_id="exp1",
+                request_id=control.request_id,
+                input_id="old",
+                session_id=control.session_id,
+                rewards=0.5,
+            ),
+            control.sig_key,
+        )
+        moto.client("s3").put_object(Bucket=channel.bucket, Key=control.result.key, Body=body)
+        await _until(lambda: engine.stats().late_results >= 1)
+        late = engine.take_stale()
+    assert stale.outcome is Outcome.STALE and stale.step == 0 and stale.result is None
+    assert "2 behind the current step 2" in (stale.error or "")
+    assert one_behind.outcome is Outcome.OK and one_behind.step == 1
+    assert one_behind.reward == expected_reward(one_behind.request.payload)
+    assert [(r.request_id, r.step) for r in late] == [(old.request.request_id, 0)]
+    assert sorted(emu.stopped) == sorted(emu.started)
+
+
+async def test_by_default_a_new_step_ends_every_older_request_even_unstarted(
+    moto, channel, emulator
+):
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, max_live_sessions=1)  # max_staleness=0
+    async with RolloutEngine(cfg) as engine:
+        running = engine.submit(RolloutRequest({"a": 1, "b": 1, "mode": "hang"}, input_id="r"))
+        queued = engine.submit(RolloutRequest({"a": 2, "b": 2}, input_id="q"))  # waits for a slot
+        await _until(lambda: running.request.request_id in controls)
+        engine.set_step(1)
+        ended = [await running, await queued]
+        fresh = await engine.submit(RolloutRequest({"a": 3, "b": 3}, input_id="f"))
+    assert [o.outcome for o in ended] == [Outcome.STALE, Outcome.STALE]
+    assert fresh.outcome is Outcome.OK and fresh.step == 1
+    assert not any(queued.request.request_id in sid for sid in emu.started)  # never started
+    assert sorted(emu.stopped) == sorted(emu.started)
+
+
+async def test_set_step_never_goes_back(moto, channel, emulator):
+    emu = await emulator()
+    async with RolloutEngine(engine_config(moto, channel, emu), step=3) as engine:
+        with pytest.raises(ValueError, match="behind the engine's step 3"):
+            engine.set_step(2)
+        assert engine.step == 3
+
+
+async def _until(predicate, timeout: float = 15.0) -> None:
+    give_up = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < give_up, "condition not reached in time"
+        await asyncio.sleep(0.05)
