@@ -37,7 +37,8 @@ from agentcore_rollout.local.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
-NOT_CORE = {"cli", "_infra", "_http", "_process"}  # top-level modules outside the core install
+# top-level modules outside the core install
+NOT_CORE = {"cli", "_infra", "_train_view", "_http", "_process"}
 CORE = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in NOT_CORE)
 ADMIN_CLIENT = "agentcore_rollout.gateway.client"  # the one gateway module the core may import
 # What importing the admin client runs besides the core (for it, imports under TYPE_CHECKING
@@ -56,7 +57,12 @@ HEAVY = (
     "moto",
     "bedrock_agentcore",
 )
-MAY_IMPORT = {"gateway": set(), "agent": set(), "local": {"gateway", "agent"}}  # one-way
+MAY_IMPORT = {  # one-way
+    "gateway": set(),
+    "agent": set(),
+    "training": set(),
+    "local": {"gateway", "agent", "training"},
+}
 # Must not be loaded by `import agentcore_rollout, agentcore_rollout.gateway.client`.
 NOT_LOADED = (
     "numpy",
@@ -185,6 +191,21 @@ def test_gateway_and_agent_import_nothing_of_the_local_stack_or_each_other(folde
     assert bad == []
 
 
+def test_training_imports_the_public_api_and_the_standard_library_only() -> None:
+    """A trainer of any framework uses it: no numpy, no torch, no private engine module."""
+    bad = [
+        where(path, line, name)
+        for path in sorted((PACKAGE / "training").rglob("*.py"))
+        for line, name in imports(path)
+        if not (
+            name == "agentcore_rollout"
+            or name.startswith("agentcore_rollout.training.")
+            or name.split(".")[0] in sys.stdlib_module_names
+        )
+    ]
+    assert bad == []
+
+
 def test_there_is_no_cycle_between_gateway_local_and_agent() -> None:
     edges: dict[str, set[str]] = {folder: set() for folder in MAY_IMPORT}
     for folder in MAY_IMPORT:
@@ -262,12 +283,17 @@ async def main():
 
 
 batch = asyncio.run(main())
+rows = 0
+if spec["train"]:  # training rows from the traces, in plain Python
+    from agentcore_rollout.training import outcome_samples
+
+    rows = sum(len(outcome_samples(o, advantage=1.0)) for o in batch.ok)
 outcomes = [
     {"outcome": str(o.outcome), "error": o.error, "trace": o.trace is not None}
     for o in batch.outcomes
 ]
 loaded = [m for m in spec["not_loaded"] if m in sys.modules]
-print(json.dumps({"missing": missing, "outcomes": outcomes, "loaded": loaded}))
+print(json.dumps({"missing": missing, "outcomes": outcomes, "loaded": loaded, "rows": rows}))
 """
 NOT_INSTALLED = ["numpy", "transformers", "moto", "bedrock_agentcore", "starlette"]
 
@@ -343,6 +369,7 @@ async def test_a_core_only_install_rolls_out_a_batch(
             "requests": requests,
             "not_installed": NOT_INSTALLED,
             "not_loaded": list(NOT_LOADED),
+            "train": with_gateway,
         }
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AWS_"))},
@@ -372,3 +399,4 @@ async def test_a_core_only_install_rolls_out_a_batch(
     assert [o["outcome"] for o in report["outcomes"]] == ["ok"] * len(requests), report
     assert [o["trace"] for o in report["outcomes"]] == [with_gateway] * len(requests)
     assert report["loaded"] == []
+    assert (report["rows"] >= len(requests)) == with_gateway  # a row per policy call at least

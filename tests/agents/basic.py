@@ -100,8 +100,10 @@ def _by_hand(ctx: RolloutContext, what: str) -> bytes:
 
 @app.rollout_entrypoint
 async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
-    mode = payload.get("mode", "ok")
     controls[ctx.request_id] = ctx.control
+    # Members of one group share a payload; `per_member` sets what member k does differently.
+    payload = {**payload, **payload.get("per_member", {}).get(str(ctx.control.sample_index), {})}
+    mode = payload.get("mode", "ok")
     await asyncio.sleep(payload.get("sleep", 0))
     if mode == "raise":
         raise ValueError(f"bad input {payload['a']}")
@@ -141,7 +143,7 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
     if mode == "leak":
         return {"rewards": 0.5, "trajectory": {"echo": json.dumps(ctx.control.model_dump())}}
     return RolloutOutput(
-        rewards=expected_reward(payload),
+        rewards=payload.get("reward", expected_reward(payload)),
         trajectory={"messages": [{"role": "user", "content": f"{payload['a']}+{payload['b']}"}]},
         metrics={"turns": 1.0},
     )

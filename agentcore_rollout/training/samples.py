@@ -1,0 +1,141 @@
+"""Training samples: an ok outcome's token trace, as the rows a policy-gradient trainer needs.
+
+The gateway's trace holds, per sample, exactly the tokens the policy was conditioned on and
+sampled from (see `gateway.trajectory`): `prompt_ids`, then `response_ids` with a `loss_mask`
+of 1 on sampled tokens and 0 on everything the policy did not sample (tool results, template
+tokens, the user's next message), and the behaviour log-prob of each sampled token. A row adds
+the rollout's scalar reward and its group's advantage. Nothing is re-tokenized.
+
+Failures never become rows: only an `ok` outcome with a trace converts, and anything else is a
+ValueError, as is an ok outcome without a trace (no gateway in front of the policy: a reward
+without its tokens is not a training sample).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import Outcome, RolloutOutcome
+from .advantages import grpo_advantages
+from .groups import Group, GroupStatus
+
+
+@dataclass(frozen=True)
+class TrainingSample:
+    """One row. `logprobs[t]` is the log-prob the sampling policy gave `response_ids[t]` where
+    `loss_mask[t]` is 1, and 0.0 where it is 0 (those tokens were not sampled)."""
+
+    request_id: str
+    input_id: str
+    step: int
+    """The step its request was submitted at."""
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    reward: float
+    advantage: float
+    weight_versions: tuple[str | None, ...]
+    """The weight version that sampled each of its turns (the policy server's label)."""
+    truncated: bool = False
+    ill_formed: bool = False
+
+    def on_policy(self, weight_version: str) -> bool:
+        """True if every turn was sampled by the weights labelled `weight_version`."""
+        return bool(self.weight_versions) and all(v == weight_version for v in self.weight_versions)
+
+    def sampled_runs(self) -> list[tuple[int, int]]:
+        """`(start, end)` of each run of sampled tokens in `response_ids` (one per turn the
+        policy generated, when turns are separated by any observation or template token)."""
+        runs: list[tuple[int, int]] = []
+        start: int | None = None
+        for t, m in enumerate([*self.loss_mask, 0]):
+            if m and start is None:
+                start = t
+            elif not m and start is not None:
+                runs.append((start, t))
+                start = None
+        return runs
+
+
+def outcome_samples(outcome: RolloutOutcome, advantage: float) -> list[TrainingSample]:
+    """The rows of one ok outcome (one per sample of its trace; a trace with none gives none),
+    each with the outcome's reward and `advantage`."""
+    rid = outcome.request.request_id
+    if outcome.outcome is not Outcome.OK:
+        raise ValueError(
+            f"request {rid} ended {outcome.outcome}: a failure never becomes a training row"
+        )
+    if outcome.trace is None:
+        raise ValueError(
+            f"request {rid} ended ok without a token trace: put the gateway in front of the "
+            "policy (engine.gateway) to train on it"
+        )
+    reward = outcome.reward
+    if reward is None or not math.isfinite(advantage):
+        raise ValueError(f"request {rid}: reward {reward} and advantage {advantage} must be set")
+    return [
+        _row(outcome, sample, reward, advantage, i)
+        for i, sample in enumerate(outcome.trace.get("samples", []))
+    ]
+
+
+def group_samples(group: Group, *, scale_by_std: bool = True) -> list[TrainingSample]:
+    """The rows of a group's kept members, with GRPO advantages; none unless it is `train`."""
+    if group.status is not GroupStatus.TRAIN:
+        return []
+    advantages = grpo_advantages(group.rewards, scale_by_std=scale_by_std)
+    return [
+        row
+        for member, advantage in zip(group.kept, advantages, strict=True)
+        for row in outcome_samples(member, advantage)
+    ]
+
+
+def training_samples(groups: Iterable[Group], *, scale_by_std: bool = True) -> list[TrainingSample]:
+    """The rows of every trainable group, in group order."""
+    return [row for g in groups for row in group_samples(g, scale_by_std=scale_by_std)]
+
+
+def _row(
+    outcome: RolloutOutcome,
+    sample: Mapping[str, Any],
+    reward: float,
+    advantage: float,
+    index: int,
+) -> TrainingSample:
+    rid = outcome.request.request_id
+    try:
+        prompt = [int(t) for t in sample["prompt_ids"]]
+        response = [int(t) for t in sample["response_ids"]]
+        mask = [int(m) for m in sample["loss_mask"]]
+        captured = list(sample["logprobs"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"request {rid}: trace sample {index} is malformed ({e!r})") from None
+    if not len(response) == len(mask) == len(captured) or set(mask) - {0, 1}:
+        raise ValueError(
+            f"request {rid}: trace sample {index} needs one 0/1 mask entry and one log-prob "
+            "per response token"
+        )
+    logprobs: list[float] = []
+    for t, (m, lp) in enumerate(zip(mask, captured, strict=True)):
+        if m and not isinstance(lp, int | float):
+            raise ValueError(f"request {rid}: trace sample {index} has no log-prob at token {t}")
+        logprobs.append(float(lp) if m else 0.0)
+    return TrainingSample(
+        request_id=rid,
+        input_id=outcome.request.input_id,
+        step=outcome.step,
+        prompt_ids=prompt,
+        response_ids=response,
+        loss_mask=mask,
+        logprobs=logprobs,
+        reward=reward,
+        advantage=advantage,
+        weight_versions=tuple(sample.get("weight_versions", ())),
+        truncated=bool(sample.get("truncated", False)),
+        ill_formed=bool(sample.get("ill_formed", False)),
+    )
