@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 ARGS ?=
 
-.PHONY: run test lint bench clean
+.PHONY: run train test lint bench clean
 
 $(VENV)/.dev: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,6 +18,9 @@ $(VENV)/.test: $(VENV)/.dev
 
 run: $(VENV)/.dev  ## roll out the example dataset on the embedded local stack
 	$(VENV)/bin/agentcore-rollout run $(ARGS)
+
+train: $(VENV)/.dev  ## GRPO on the local toy policy through the whole pipeline; draws its curve
+	$(VENV)/bin/agentcore-rollout train $(ARGS)
 
 test: $(VENV)/.test  ## the whole test suite
 	$(PY) -m pytest $(ARGS)

@@ -2,13 +2,15 @@
 
     agentcore-rollout run                     # the example dataset on the embedded local stack
     agentcore-rollout run --config configs/aws.yaml --n 8 engine.start_rate=5
+    agentcore-rollout train [--steps 20] [--max-staleness 1]   # GRPO on the local toy policy
     agentcore-rollout local up                # keep the stack running; prints its endpoints
     agentcore-rollout deploy --name NAME --image URI --role ARN   # prints the runtime ARN
     agentcore-rollout infra env --stack NAME  # agentcore.env from the stack's outputs
 
 Without --config (or $AGENTCORE_ROLLOUT_CONFIG), `run` and `local up` load configs/local.yaml
-from the current directory if it is there (the repository's root), else the built-in defaults
-that configs/engine.yaml lists. Dotted overrides (`engine.key=value`) may go anywhere.
+and `train` configs/train.yaml from the current directory if it is there (the repository's
+root), else the built-in defaults that configs/engine.yaml lists. Dotted overrides
+(`engine.key=value`) may go anywhere.
 
 Exit codes: 0 when at least `run.min_ok_fraction` of the requests ended `ok`; 3 when fewer
 did (rollouts.jsonl and summary.json are still written, the summary still printed); 130 when
@@ -52,6 +54,7 @@ from ._journal import JOURNAL, Journal, Journaled, JournalError, ended, read_jou
 
 EXIT_ERROR, EXIT_TOO_FEW_OK, EXIT_INTERRUPTED = 2, 3, 130
 DEFAULT_CONFIG = Path("configs/local.yaml")  # relative to the current directory
+TRAIN_CONFIG = Path("configs/train.yaml")
 ROLLOUTS, SUMMARY = "rollouts.jsonl", "summary.json"
 
 console = Console(stderr=True)
@@ -388,6 +391,19 @@ def _parser() -> argparse.ArgumentParser:
         help="take over the run that wrote OUT (after a crash): collect what its agents wrote, "
         "wait for what still runs, start only what never started",
     )
+    train_p = sub.add_parser(
+        "train", help="GRPO on the local toy policy through the whole pipeline; draws its curve"
+    )
+    _config_args(train_p)
+    train_p.add_argument("--data", help="JSONL dataset, one prompt per line")
+    train_p.add_argument("--steps", type=int, help="training steps")
+    train_p.add_argument("--out", help="output directory")
+    train_p.add_argument(
+        "--max-staleness",
+        type=int,
+        help="steps a group may lag the policy and still be trained (importance-weighted); "
+        "1 overlaps the next step's rollouts with this step's update",
+    )
     local_p = sub.add_parser("local", help="the embedded local stack")
     local_sub = local_p.add_subparsers(dest="local_command", required=True)
     _config_args(local_sub.add_parser("up", help="start the stack and keep it running"))
@@ -479,9 +495,12 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
-    for key in ("data", "n", "out"):
+    section = "train" if args.command == "train" else "run"
+    for key in ("data", "n", "out", "steps"):
         if getattr(args, key, None) is not None:
-            overrides.append(f"run.{key}={getattr(args, key)}")
+            overrides.append(f"{section}.{key}={getattr(args, key)}")
+    if getattr(args, "max_staleness", None) is not None:
+        overrides.append(f"engine.max_staleness={args.max_staleness}")
     if args.env_file and not Path(args.env_file).is_file():  # only the default may be absent
         raise UsageError(f"--env-file {args.env_file}: not a file")
     env_file = args.env_file or "agentcore.env"
@@ -495,7 +514,8 @@ def _config_path(args: argparse.Namespace) -> str | None:
     chosen = args.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
     if chosen:
         return chosen
-    return str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None
+    default = TRAIN_CONFIG if args.command == "train" else DEFAULT_CONFIG
+    return str(default) if default.is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         config = _load(args)
         if args.command == "run":
             return _run(config, args.resume)
+        if args.command == "train":
+            return _train(config)
         _run_async(lambda stop: local_up(config, interrupted=stop))
         return 0
     except (ConfigError, UsageError, JournalError, RuntimeError) as e:  # InfraError: Runtime
@@ -548,6 +570,47 @@ def _run(config: Config, resume: str | None) -> int:
     return code
 
 
+def _train(config: Config) -> int:
+    """`train`: GRPO on the local TinyPolicy; metrics.jsonl, reward_curve.png, a summary."""
+    from ._train_view import CURVE, StepProgress, draw_curve, summary_table
+    from .local.trainer import METRICS, first_and_last, train
+
+    from .training import GroupPolicy
+
+    if config.stack != "local":
+        raise UsageError("train: trains the local toy policy, so it needs stack: local")
+    try:
+        GroupPolicy(config.train.n, config.train.extra, config.train.min_ok)
+    except ValueError as e:
+        raise UsageError(f"train: {e}") from None
+    prompts = read_dataset(Path(config.train.data))
+    out = Path(config.train.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / METRICS).open("w").close()
+    except OSError as e:
+        raise UsageError(f"train.out: cannot write {out}: {e.strerror or e}") from None
+    with StepProgress(console, config.train.steps) as progress:
+        rows = _run_async(
+            lambda stop: train(config, prompts, out, view=progress, interrupted=stop),
+            stopping="stopping after the step under way (again to force)",
+        )
+    first, last = first_and_last(rows)
+    for table in summary_table(rows, first, last):
+        console.print(table)
+    tc = config.train
+    title = (
+        f"GRPO, TinyPolicy: {len(prompts)} prompts x {tc.n}, lr {tc.lr}, "
+        f"max_staleness {config.engine.max_staleness}"
+    )
+    drew = draw_curve(rows, out / CURVE, title)
+    console.print(
+        f"wrote {out / METRICS}"
+        + (f" and {out / CURVE}" if drew else " (no plot: matplotlib is not installed)")
+    )
+    return EXIT_INTERRUPTED if len(rows) < config.train.steps else 0
+
+
 def _left_open(out: Path) -> tuple[list[Journaled], list[dict[str, Any]]]:
     """The journaled requests that have no line in rollouts.jsonl yet, and the lines there."""
     lines = ended(out / ROLLOUTS)
@@ -564,26 +627,31 @@ def _count_in(summary: dict, previous: list[dict[str, Any]], out: Path) -> None:
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def _run_async(make: Callable[[asyncio.Event], Any]) -> Any:
-    """Run `make(stop)`; the first SIGINT/SIGTERM sets `stop` (a clean shutdown), a second
-    one interrupts for real."""
+def _run_async(
+    make: Callable[[asyncio.Event], Any],
+    stopping: str = "stopping: cancelling unfinished rollouts (again to force)",
+) -> Any:
+    """Run `make(stop)`; the first SIGINT/SIGTERM sets `stop` (a clean shutdown, announced
+    with `stopping`), a second one interrupts for real."""
 
     async def body() -> Any:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, _on_signal, stop, loop, sig)
+            loop.add_signal_handler(sig, _on_signal, stop, loop, sig, stopping)
         return await make(stop)
 
     return asyncio.run(body())
 
 
-def _on_signal(stop: asyncio.Event, loop: asyncio.AbstractEventLoop, sig: int) -> None:
+def _on_signal(
+    stop: asyncio.Event, loop: asyncio.AbstractEventLoop, sig: int, stopping: str
+) -> None:
     if stop.is_set():
         loop.remove_signal_handler(sig)
         signal.raise_signal(sig)
         return
-    console.print("[yellow]stopping: cancelling unfinished rollouts (again to force)")
+    console.print(f"[yellow]{stopping}")
     stop.set()
 
 

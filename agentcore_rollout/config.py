@@ -160,6 +160,12 @@ class EngineConfig(_Section):
     retain_steps: int = Field(
         default=1, ge=0, description="older steps whose ended requests are remembered"
     )
+    max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="steps a request may fall behind the current one and still end ok; older "
+        "requests still running end `stale` at `set_step`",
+    )
     keep_stale_results: bool = Field(
         default=False, description="keep whole late results, not just id, step and reward"
     )
@@ -218,11 +224,27 @@ class RunConfig(_Section):
     )
 
 
+class TrainConfig(_Section):
+    """What `agentcore-rollout train` does: GRPO on the local TinyPolicy, each step a batch of
+    groups rolled out through the whole pipeline."""
+
+    data: str = "examples/math_agent/data/train.jsonl"
+    out: str = "out/train"
+    steps: int = Field(default=20, ge=1)
+    n: int = Field(default=8, ge=1, description="members trained per group")
+    extra: int = Field(default=0, ge=0, description="more submitted, cancelled once n are ok")
+    min_ok: int = Field(default=2, ge=1, description="fewer ok members: the group is skipped")
+    groups_per_step: int | None = Field(default=None, ge=1, description="default: one per row")
+    lr: float = Field(default=8.0, gt=0)
+    clip: float = Field(default=0.2, gt=0, description="PPO ratio clip")
+
+
 class Config(_Section):
     stack: Literal["local", "aws"] = "local"
     engine: EngineConfig = Field(default_factory=EngineConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
 
 
 def load_config(

@@ -224,6 +224,31 @@ def test_careless_input_is_one_line_and_starts_nothing(
     assert stack_starts == []
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["stack=aws"], "train: trains the local toy policy, so it needs stack: local"),
+        (["train.min_ok=9"], "train: GroupPolicy: min_ok must be in [1, n=8], got 9"),
+        (["--steps", "0"], "config: train.steps: Input should be greater than or equal to 1"),
+        (["--max-staleness", "-1"], "config: engine.max_staleness: Input should be greater"),
+        (["--data", "{tmp}/none.jsonl"], "data: cannot read {tmp}/none.jsonl"),
+        (["--out", "{a_file}"], "train.out: cannot write {a_file}"),
+    ],
+)
+def test_train_checks_its_input_before_anything_starts(
+    args, message, tmp_path, capsys, stack_starts, monkeypatch
+):
+    monkeypatch.setattr("agentcore_rollout.local.trainer.LocalStack", stack_starts.append)
+    (tmp_path / "a-file").write_text("")
+    files = {"tmp": tmp_path, "a_file": tmp_path / "a-file"}
+    argv = ["train", "--out", str(tmp_path / "out"), *(a.format(**files) for a in args)]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: ") and message.format(**files) in err, err
+    assert stack_starts == []
+
+
 def test_overrides_go_anywhere_and_the_input_is_checked_before_the_stack(
     tmp_path, dataset, capsys, stack_starts
 ):

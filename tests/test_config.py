@@ -170,9 +170,9 @@ def test_empty_environment_variables_are_unset_and_the_env_example_loads():
 
 
 def test_shipped_configs_document_every_key_with_its_default():
-    """configs/engine.yaml is the reference: every engine and run key, at its default."""
+    """configs/engine.yaml is the reference: every engine, run and train key, at its default."""
     documented = yaml.safe_load((ROOT / "configs/engine.yaml").read_text())
-    for section in ("engine", "run"):
+    for section in ("engine", "run", "train"):
         assert set(documented[section]) == set(type(getattr(Config(), section)).model_fields)
     assert load_config(ROOT / "configs/engine.yaml", env_file=None, environ={}) == Config()
     local = yaml.safe_load((ROOT / "configs/local.yaml").read_text())["local"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import agentcore_rollout
 import agentcore_rollout.agent
+import agentcore_rollout.training
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
@@ -31,12 +32,25 @@ TRAINER_API = {
     "load_config",
 }
 AGENT_API = {"ResultWriter", "RolloutApp", "RolloutContext", "RolloutOutput"}
+TRAINING_API = {
+    "Group",
+    "GroupPolicy",
+    "GroupRollout",
+    "GroupStatus",
+    "TrainingSample",
+    "collect_groups",
+    "group_samples",
+    "grpo_advantages",
+    "outcome_samples",
+    "training_samples",
+}
 
 
 def test_the_package_exports_the_trainer_api_and_nothing_else():
     assert set(agentcore_rollout.__all__) == TRAINER_API
     assert all(getattr(agentcore_rollout, name) for name in TRAINER_API)
     assert set(agentcore_rollout.agent.__all__) == AGENT_API
+    assert set(agentcore_rollout.training.__all__) == TRAINING_API
 
 
 def test_engine_exposes_no_internals():
@@ -74,5 +88,8 @@ def test_cli_imports_only_the_public_api():
             imported |= {a.name for a in node.names if a.name.startswith("agentcore_rollout")}
     # `.` is the trainer API; the local stack, the control-plane helpers and the run journal
     # serve the CLI's own subcommands (`local up`, `deploy`, `run --resume`), not the engine.
-    assert imported <= {".", ".local.stack", "._infra", "._journal"}, imported
+    # `train` runs the local trainer (`.local.trainer`, `.training`) and shows it (`._train_view`).
+    allowed = {".", ".local.stack", "._infra", "._journal"}
+    allowed |= {".local.trainer", ".training", "._train_view"}
+    assert imported <= allowed, imported
     assert not re.search(r"\._(dispatcher|buffer|stats|batch)\b", (PACKAGE / "cli.py").read_text())

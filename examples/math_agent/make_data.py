@@ -1,6 +1,11 @@
 """Generate the example's small arithmetic dataset (deterministic; nothing is downloaded).
 
 python -m examples.math_agent.make_data [--n 8] [--seed 0] [--out FILE.jsonl]
+
+Every question has its own digit sum. The local toy policy sees a question only through that
+sum (its "cue", see `agentcore_rollout.local.policy.model`), so two questions with one cue and
+different answers ("6 + 6" and "8 - 4" both sum to 12) would be a contradiction it cannot learn.
+With single digits there are 19 sums (0 to 18), so at most 19 questions.
 """
 
 from __future__ import annotations
@@ -11,21 +16,33 @@ import random
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+MAX_QUESTIONS = 19
 
 
 def make_problems(n: int, seed: int) -> list[dict]:
-    """Single-digit sums and differences: small enough for the tiny local policy to
-    sometimes get right, so rewards vary within a group (what GRPO needs)."""
+    """Single-digit sums and differences, each with a distinct digit sum: small enough for the
+    tiny local policy to sometimes get right, so rewards vary within a group (what GRPO
+    needs)."""
+    if not 1 <= n <= MAX_QUESTIONS:
+        raise ValueError(f"n must be in [1, {MAX_QUESTIONS}] (one question per digit sum)")
     rng = random.Random(seed)
-    problems = []
-    for i in range(n):
+    problems: list[dict] = []
+    cues: set[int] = set()
+    while len(problems) < n:
         a, b = rng.randint(0, 9), rng.randint(0, 9)
+        if a + b in cues:
+            continue
         op = rng.choice("+-")
         if op == "-" and b > a:
             a, b = b, a
+        cues.add(a + b)
         answer = a + b if op == "+" else a - b
         problems.append(
-            {"id": f"math-{i:04d}", "question": f"What is {a} {op} {b}?", "answer": answer}
+            {
+                "id": f"math-{len(problems):04d}",
+                "question": f"What is {a} {op} {b}?",
+                "answer": answer,
+            }
         )
     return problems
 

@@ -1,0 +1,98 @@
+"""A GRPO update of the local `TinyPolicy` from training samples, exact and in numpy.
+
+For each sampled token t of a sample with advantage A, the objective is PPO's clipped one,
+
+    min(r_t * A, clip(r_t, 1 - eps, 1 + eps) * A),   r_t = exp(logp_now(t) - logp_behaviour(t))
+
+averaged over every sampled token of the batch ("token-mean"). `logp_behaviour` is what the
+gateway captured when the token was sampled, so a sample drawn by older weights (a rollout that
+ran while the trainer moved on, with `engine.max_staleness` >= 1) is weighed by its importance
+ratio, and one whose ratio left the clip range in the direction the advantage pushes stops
+contributing. For on-policy samples r_t is exactly 1: recomputing their log-probs must give
+back the captured ones, which `UpdateStats.logprob_max_abs_diff` reports.
+
+Log-probs are recomputed per run of sampled tokens (one assistant turn), conditioned on the
+prompt and everything before the run, as the policy server sampled them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..training import TrainingSample
+from .policy.model import TinyPolicy
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one update saw and did."""
+
+    samples: int
+    tokens: int
+    """Sampled tokens (loss mask 1) the update averaged over."""
+    on_policy_samples: int
+    logprob_max_abs_diff: float | None
+    """max |recomputed - captured log-prob| over on-policy samples' tokens, before the update
+    (None if there were none); 0 when the trainer and the servers hold the same weights."""
+    ratio_mean: float
+    ratio_max: float
+    clipped_fraction: float
+    """Tokens whose clipped ratio took them out of the gradient."""
+    grad_norm: float
+
+
+def grpo_update(
+    policy: TinyPolicy,
+    samples: Sequence[TrainingSample],
+    *,
+    lr: float,
+    clip: float = 0.2,
+    weight_version: str,
+    temperature: float = 1.0,
+) -> UpdateStats:
+    """One gradient-ascent step of the clipped objective over `samples`, in place.
+    `weight_version` is the label of the weights `policy` holds now (what on-policy means);
+    `temperature` must be the one the rollouts sampled at."""
+    grads = {name: np.zeros_like(value) for name, value in policy.params.items()}
+    tokens = on_policy = clipped = 0
+    max_diff: float | None = None
+    ratio_sum, ratio_max = 0.0, 0.0
+    for sample in samples:
+        fresh = sample.on_policy(weight_version)
+        on_policy += fresh
+        for start, end in sample.sampled_runs():
+            context = [*sample.prompt_ids, *sample.response_ids[:start]]
+            run = sample.response_ids[start:end]
+            behaviour = np.asarray(sample.logprobs[start:end])
+            now, _ = policy.logprobs_and_grad(context, run, temperature=temperature)
+            if fresh:
+                diff = float(np.max(np.abs(now - behaviour)))
+                max_diff = diff if max_diff is None else max(max_diff, diff)
+            ratio = np.exp(now - behaviour)
+            a = sample.advantage
+            out = (ratio > 1 + clip) if a > 0 else (ratio < 1 - clip) if a < 0 else ratio < 0
+            weights = np.where(out, 0.0, a * ratio)
+            _, g = policy.logprobs_and_grad(context, run, weights, temperature)
+            for name, value in g.items():
+                grads[name] += value
+            tokens += len(run)
+            clipped += int(out.sum())
+            ratio_sum += float(ratio.sum())
+            ratio_max = max(ratio_max, float(ratio.max()))
+    if tokens:
+        for value in grads.values():
+            value /= tokens
+        policy.apply_update(grads, lr)
+    return UpdateStats(
+        samples=len(samples),
+        tokens=tokens,
+        on_policy_samples=on_policy,
+        logprob_max_abs_diff=max_diff,
+        ratio_mean=ratio_sum / tokens if tokens else 1.0,
+        ratio_max=ratio_max,
+        clipped_fraction=clipped / tokens if tokens else 0.0,
+        grad_norm=float(np.sqrt(sum(float((v * v).sum()) for v in grads.values()))),
+    )

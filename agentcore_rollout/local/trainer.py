@@ -1,0 +1,190 @@
+"""GRPO on the local TinyPolicy through the whole pipeline: what `agentcore-rollout train` runs.
+
+Each step rolls out a batch of groups (AgentCore sessions on the emulator, the agent calling
+the policy through the token-capture gateway and sglang-router, results through S3 and SQS),
+turns the kept members' token traces into GRPO samples, takes one clipped policy-gradient step
+on the trainer's copy of the policy, saves it, pushes it to every policy worker
+(`/update_weights_from_disk` with the next step as its weight version), and moves the engine
+to the next step.
+
+With `engine.max_staleness` 0 a step rolls out its batch only once the previous update is
+pushed: every sample is on-policy. With 1 or more the pipeline stays full: each group that
+resolves is replaced at once, so rollouts of the next step run while this step's update is
+computed and pushed, and a step trains on groups up to `max_staleness` steps old, weighed by
+their importance ratios (`grpo.grpo_update`). Older groups are counted stale, never trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+from .. import Outcome, RolloutEngine
+from ..config import Config
+from ..training import Group, GroupPolicy, GroupRollout, GroupStatus, training_samples
+from .grpo import UpdateStats, grpo_update
+from .policy.model import TinyPolicy
+from .stack import LocalStack
+
+METRICS = "metrics.jsonl"
+_FAILED = (Outcome.AGENT_ERROR, Outcome.TIMEOUT, Outcome.SUBMIT_FAILED, Outcome.INVALID_RESULT)
+
+
+class TrainView(Protocol):
+    """What the CLI shows while training (a progress bar per step)."""
+
+    def step_started(self, step: int, groups: int) -> None: ...
+    def group_resolved(self, group: Group) -> None: ...
+    def step_ended(self, row: dict[str, Any]) -> None: ...
+
+
+async def train(
+    config: Config,
+    prompts: Sequence[tuple[str, dict[str, Any]]],
+    out: Path,
+    *,
+    view: TrainView | None = None,
+    interrupted: asyncio.Event | None = None,
+) -> list[dict[str, Any]]:
+    """Train for `config.train.steps` steps on `prompts` ((input_id, payload) rows); write
+    `out/metrics.jsonl` (a row per step, as it ends) and `out/weights/step-NNNN.npz`.
+    Returns the rows. An `interrupted` event ends the run after the step under way."""
+    tc = config.train
+    policy = TinyPolicy(seed=config.local.policy_seed)
+    if config.local.policy_params:
+        policy.load(config.local.policy_params)
+    group_policy = GroupPolicy(tc.n, tc.extra, tc.min_ok)
+    per_step = tc.groups_per_step or len(prompts)
+    staleness = config.engine.max_staleness
+    (out / "weights").mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    async with AsyncExitStack() as stack:
+        local = await stack.enter_async_context(LocalStack(config.local))
+        engine = await stack.enter_async_context(RolloutEngine(local.engine_config(config.engine)))
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        workers = [w.url for w in local.workers]
+        await _push(http, workers, _save(policy, out, 0), "0")  # trainer and workers agree
+        groups = await stack.enter_async_context(GroupRollout(engine, group_policy))
+        prompt_cycle = itertools.cycle(prompts)
+
+        def submit(count: int) -> None:
+            for input_id, payload in itertools.islice(prompt_cycle, count):
+                groups.submit(input_id, payload)
+
+        submit(per_step)
+        began = time.monotonic()
+        for step in range(tc.steps):
+            step_began = time.monotonic()
+            if view is not None:
+                view.step_started(step, per_step)
+            taken: list[Group] = []
+            stale: list[Group] = []
+            while len(taken) < per_step:
+                group = await groups.next()
+                (stale if group.status is GroupStatus.STALE else taken).append(group)
+                still_needed = per_step * (tc.steps - step) - len(taken)
+                if staleness and groups.pending < still_needed:
+                    submit(1)  # keep the pipeline full: the next step's rollouts start now
+                if view is not None:
+                    view.group_resolved(group)
+            rolled_out = time.monotonic()
+            samples = training_samples(taken)
+            update = await asyncio.to_thread(
+                grpo_update, policy, samples, lr=tc.lr, clip=tc.clip, weight_version=str(step)
+            )
+            await _push(http, workers, _save(policy, out, step + 1), str(step + 1))
+            engine.set_step(step + 1)
+            if not staleness and step + 1 < tc.steps:
+                submit(per_step)
+            now = time.monotonic()
+            row = _row(step, taken, stale, update, len(samples))
+            row |= {
+                "weight_version": str(step + 1),
+                "rollout_s": round(rolled_out - step_began, 3),
+                "update_s": round(now - rolled_out, 3),
+                "wall_time_s": round(now - step_began, 3),
+                "elapsed_s": round(now - began, 3),
+            }
+            rows.append(row)
+            with (out / METRICS).open("a") as sink:
+                sink.write(json.dumps(row) + "\n")
+            if view is not None:
+                view.step_ended(row)
+            if interrupted is not None and interrupted.is_set():
+                break
+    return rows
+
+
+def _row(
+    step: int, taken: list[Group], stale: list[Group], update: UpdateStats, samples: int
+) -> dict[str, Any]:
+    members = [m for g in taken for m in g.members]
+    rewards = [r for g in taken for r in g.rewards]
+    by_status = {s: sum(g.status is s for g in taken) for s in GroupStatus}
+    diff = update.logprob_max_abs_diff
+    return {
+        "step": step,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "requests": len(members),
+        "ok": sum(m.outcome is Outcome.OK for m in members),
+        "failed": sum(m.outcome in _FAILED for m in members),
+        "cancelled": sum(m.outcome is Outcome.CANCELLED for m in members),
+        "groups_trained": by_status[GroupStatus.TRAIN],
+        "groups_skipped": len(taken) - by_status[GroupStatus.TRAIN],
+        "groups_all_equal": by_status[GroupStatus.ALL_EQUAL],
+        "groups_too_few_ok": by_status[GroupStatus.TOO_FEW_OK],
+        "stale": len(stale),
+        "stale_requests": sum(m.outcome is Outcome.STALE for g in stale for m in g.members),
+        "step_lag_mean": _mean([step - g.step for g in taken if g.status is GroupStatus.TRAIN]),
+        "samples": samples,
+        "tokens": update.tokens,
+        "on_policy_samples": update.on_policy_samples,
+        "off_policy_samples": samples - update.on_policy_samples,
+        "logprob_max_abs_diff": diff,
+        "ratio_mean": round(update.ratio_mean, 6),
+        "ratio_max": round(update.ratio_max, 6),
+        "clipped_fraction": round(update.clipped_fraction, 6),
+        "grad_norm": round(update.grad_norm, 6),
+    }
+
+
+def _mean(values: list[int]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _save(policy: TinyPolicy, out: Path, step: int) -> Path:
+    path = (out / "weights" / f"step-{step:04d}.npz").resolve()
+    policy.save(path)
+    return path
+
+
+async def _push(http: aiohttp.ClientSession, workers: list[str], path: Path, version: str) -> None:
+    """Load `path` on every worker under the label `version`; any refusal is an error, since
+    a worker left on old weights would make every later sample silently off-policy."""
+
+    async def one(url: str) -> None:
+        body = {"model_path": str(path), "weight_version": version}
+        async with http.post(f"{url}/update_weights_from_disk", json=body) as resp:
+            answer = await resp.json(content_type=None)
+            if resp.status != 200 or not answer.get("success"):
+                raise RuntimeError(f"policy worker {url} refused weights {path.name}: {answer}")
+
+    await asyncio.gather(*(one(url) for url in workers))
+
+
+def first_and_last(rows: Sequence[dict[str, Any]], k: int = 3) -> tuple[float, float]:
+    """Mean reward of the first `k` and of the last `k` steps: what "it learned" means."""
+    rewards = [r["reward_mean"] for r in rows if r["reward_mean"] is not None]
+    if not rewards:
+        return math.nan, math.nan
+    k = max(1, min(k, len(rewards) // 2 or 1))
+    return sum(rewards[:k]) / k, sum(rewards[-k:]) / k

@@ -1,0 +1,28 @@
+"""A test agent that calls the policy once, then holds for `payload["hold"]` seconds before it
+reports: it stays running while a test moves the trainer on. Its reward is its sample index
+modulo 2, so the members of a group differ."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from openai import AsyncOpenAI
+
+from agentcore_rollout.agent import RolloutApp, RolloutContext, RolloutOutput
+
+app = RolloutApp()
+
+
+@app.rollout_entrypoint
+async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput:
+    assert ctx.llm is not None
+    async with AsyncOpenAI(base_url=ctx.llm.base_url, api_key=ctx.llm.api_key) as client:
+        await client.chat.completions.create(
+            model=ctx.llm.model,
+            messages=[{"role": "user", "content": payload["question"]}],
+            temperature=1.0,
+            max_tokens=8,
+        )
+    await asyncio.sleep(payload["hold"])
+    return RolloutOutput(rewards=float(ctx.control.sample_index % 2))
