@@ -74,7 +74,11 @@ class StepProgress:
 
 
 def summary_table(rows: Sequence[dict[str, Any]], first: float, last: float) -> list[Table]:
-    steps = Table(title="training: one row per step", title_justify="left")
+    steps = Table(
+        title="training, one row per step (off-pol: samples from older weights; |dlogp|: max "
+        "|recomputed - captured log-prob| of on-policy samples)",
+        title_justify="left",
+    )
     columns = [
         ("step", "step"),
         ("reward", "reward_mean"),
@@ -83,9 +87,9 @@ def summary_table(rows: Sequence[dict[str, Any]], first: float, last: float) -> 
         ("trained", "groups_trained"),
         ("skipped", "groups_skipped"),
         ("stale", "stale"),
-        ("off-policy", "off_policy_samples"),
-        ("max |dlogp|", "logprob_max_abs_diff"),
-        ("wall s", "wall_time_s"),
+        ("off-pol", "off_policy_samples"),
+        ("|dlogp|", "logprob_max_abs_diff"),
+        ("s", "wall_time_s"),
     ]
     for title, _ in columns:
         steps.add_column(title, justify="right")

@@ -574,7 +574,6 @@ def _train(config: Config) -> int:
     """`train`: GRPO on the local TinyPolicy; metrics.jsonl, reward_curve.png, a summary."""
     from ._train_view import CURVE, StepProgress, draw_curve, summary_table
     from .local.trainer import METRICS, first_and_last, train
-
     from .training import GroupPolicy
 
     if config.stack != "local":
