@@ -52,7 +52,7 @@ async def test_one_step_old_groups_train_off_policy_two_steps_old_go_stale(tmp_p
             RolloutEngine(cfg) as engine,
             GroupRollout(engine, GroupPolicy(n=2)) as groups,
         ):
-            groups.submit("soon", {**question, "hold": 3.0})  # step 0, ends after step 1 began
+            groups.submit("soon", {**question, "hold": 6.0})  # step 0, ends after step 1 began
             groups.submit("late", {**question, "hold": 120.0})  # step 0, still running at 2
             await _until_sampled(http, worker, 4)  # every member called the policy (weights 0)
             # The trainer updates, pushes weights "1" and moves on while both groups run.
