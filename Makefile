@@ -13,7 +13,8 @@ $(VENV)/.dev: pyproject.toml
 	touch $@
 
 $(VENV)/.test: $(VENV)/.dev
-	$(PIP) -e '.[dev,gateway,infra]'
+	$(PIP) torch==2.13.0  # the CPU build, alone first: verl would otherwise pull a CUDA one
+	$(PIP) -e '.[dev,gateway,infra,verl]'
 	touch $@
 
 run: $(VENV)/.dev  ## roll out the example dataset on the embedded local stack

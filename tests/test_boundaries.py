@@ -54,6 +54,7 @@ HEAVY = (
     "transformers",
     "tokenizers",
     "torch",
+    "verl",
     "moto",
     "bedrock_agentcore",
 )
@@ -61,6 +62,7 @@ MAY_IMPORT = {  # one-way
     "gateway": set(),
     "agent": set(),
     "training": set(),
+    "integrations": {"training"},
     "local": {"gateway", "agent", "training"},
 }
 # Must not be loaded by `import agentcore_rollout, agentcore_rollout.gateway.client`.

@@ -1,0 +1,1 @@
+"""Adapters to trainers; each behind its own extra (`[verl]`)."""
