@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from agentcore_rollout.local.policy import TinyPolicy
 from agentcore_rollout.local.stack import LocalStack
 from agentcore_rollout.local.trainer import METRICS, _push
 from agentcore_rollout.training import GroupPolicy, GroupRollout, GroupStatus, group_samples
+
+from .test_cli import _alive, _cli, _descendants
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,6 +104,27 @@ def test_train_learns_and_replays_captured_logprobs(tmp_path, monkeypatch):
         assert r["groups_trained"] + r["groups_skipped"] == 8
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "weights" / "step-0010.npz").is_file()
+
+
+def test_an_interrupted_train_ends_after_the_step_under_way_and_leaves_nothing(tmp_path):
+    out = tmp_path / "train"
+    proc = _cli("train", "--steps", "50", "--out", str(out))
+    metrics = out / METRICS
+    give_up = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < give_up, "no step ended in time"
+        time.sleep(0.2)
+    family = _descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "stopping after the step under way" in stderr
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert 1 <= len(steps) < 50 and steps == list(range(len(steps)))
+    assert (out / "reward_curve.png").is_file()
+    time.sleep(0.5)
+    assert [p for p in family if _alive(p)] == []
 
 
 async def _until_sampled(http: aiohttp.ClientSession, worker: str, n: int) -> None:
