@@ -1,6 +1,6 @@
 """A test agent that calls the policy once, then holds for `payload["hold"]` seconds before it
 reports: it stays running while a test moves the trainer on. Its reward is its sample index
-modulo 2, so the members of a group differ."""
+modulo 2, so the members of a group differ; the members listed in `payload["fail"]` raise."""
 
 from __future__ import annotations
 
@@ -24,5 +24,7 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput
             temperature=1.0,
             max_tokens=8,
         )
-    await asyncio.sleep(payload["hold"])
+    await asyncio.sleep(payload.get("hold", 0))
+    if ctx.control.sample_index in payload.get("fail", []):
+        raise RuntimeError(f"member {ctx.control.sample_index} fails, as asked")
     return RolloutOutput(rewards=float(ctx.control.sample_index % 2))

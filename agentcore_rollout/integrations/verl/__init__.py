@@ -1,10 +1,19 @@
 """veRL 0.9.1 integration (the `[verl]` extra).
 
-So far: `convert` turns an ok outcome into veRL `AgentLoopOutput` rows, one per sample of its
-token trace. The agent loop, the gateway backend through veRL's server manager and the
-`rollout.mode=agentcore` switch are not built yet.
+- `AgentCoreAgentLoop` (`agent_loop`): a veRL agent loop whose trajectories run as AgentCore
+  sessions through one shared engine; groups below `min_group_ok` raise for every member.
+- `agent_loop_outputs` (`convert`): an ok outcome -> veRL `AgentLoopOutput` rows, one per sample
+  of its token trace, exactly as captured.
 """
 
+from .agent_loop import AgentCoreAgentLoop, AgentCoreSettings, EngineService, GroupFailed
 from .convert import ConversionError, agent_loop_outputs
 
-__all__ = ["ConversionError", "agent_loop_outputs"]
+__all__ = [
+    "AgentCoreAgentLoop",
+    "AgentCoreSettings",
+    "ConversionError",
+    "EngineService",
+    "GroupFailed",
+    "agent_loop_outputs",
+]

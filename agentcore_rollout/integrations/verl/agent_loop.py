@@ -1,0 +1,212 @@
+"""`AgentCoreAgentLoop`: a veRL agent loop whose trajectories run as AgentCore sessions.
+
+veRL calls `run()` once per trajectory (prompt `uid`, its `session_id` among the `rollout.n`).
+The loop submits one `RolloutRequest` (payload: a dataset column, group: the uid, sample index:
+the session id, step: veRL's `global_steps`) to the engine, waits for its outcome, and returns
+its rows (`convert.agent_loop_outputs`). A failure raises, so veRL tags the group `failure`
+and fabricates no row for it.
+
+One engine serves every agent-loop worker (`EngineService`): one SQS poller per experiment,
+so no worker receives, releases and so churns another's notifications. Under Ray it is a
+named actor that the first loop creates; outside Ray (tests, a single process) it is an object
+of the process.
+
+The group policy `min_group_ok` (default 2): each member waits until every member of its
+group has ended; if fewer than `min_group_ok` ended ok, every member raises, so no group of
+one trains on its raw reward (veRL gives a one-member GRPO group advantage = reward).
+
+Settings come from `actor_rollout_ref.rollout.custom.agentcore` (set it with Hydra's `+`
+prefix): `config` (the engine's YAML; default `$AGENTCORE_ROLLOUT_CONFIG`), `payload_key`
+(the dataset column holding each prompt's payload, a JSON object; default `extra_info`),
+`min_group_ok` (2), `on_failure` (`raise`; `empty`: a failed member gives no row) and
+`timeout` (seconds per rollout; default the engine's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+
+from ... import Outcome, RolloutEngine, RolloutOutcome, RolloutRequest, load_config
+from .convert import OnFailure, agent_loop_outputs
+
+SERVICE_NAME = "agentcore_rollout_engine"
+
+
+class GroupFailed(RuntimeError):
+    """Too few members of a group ended ok for it to train."""
+
+
+@dataclass(frozen=True)
+class AgentCoreSettings:
+    config: str | None = None
+    payload_key: str = "extra_info"
+    min_group_ok: int = 2
+    on_failure: OnFailure = "raise"
+    timeout: float | None = None
+
+    @classmethod
+    def from_rollout_config(cls, rollout: Any) -> AgentCoreSettings:
+        custom = (rollout.get("custom") or {}).get("agentcore") or {}
+        unknown = set(custom) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.custom.agentcore: unknown keys {sorted(unknown)}"
+            )
+        settings = cls(**dict(custom))
+        if settings.on_failure not in ("raise", "empty") or settings.min_group_ok < 1:
+            raise ValueError(
+                "actor_rollout_ref.rollout.custom.agentcore: on_failure must be raise or empty, "
+                f"min_group_ok >= 1; got {settings}"
+            )
+        return settings
+
+    @property
+    def config_path(self) -> str:
+        path = self.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
+        if not path:
+            raise ValueError(
+                "the engine's config: set +actor_rollout_ref.rollout.custom.agentcore.config=PATH "
+                "or AGENTCORE_ROLLOUT_CONFIG"
+            )
+        return path
+
+
+@dataclass
+class _Group:
+    size: int
+    ended: list[RolloutOutcome | None] = field(default_factory=list)
+    verdict: asyncio.Future[bool] | None = None
+
+
+class EngineService:
+    """One `RolloutEngine` shared by every agent loop of a run, and the group gate."""
+
+    def __init__(self, config_path: str) -> None:
+        self._config_path = config_path
+        self._engine: RolloutEngine | None = None
+        self._starting = asyncio.Lock()
+        self._groups: dict[tuple[str, int], _Group] = {}
+
+    async def rollout(
+        self,
+        request: RolloutRequest,
+        step: int,
+        group_size: int,
+        min_group_ok: int,
+        timeout: float | None,
+    ) -> tuple[RolloutOutcome, bool]:
+        """Run one member; return its outcome and whether its group has `min_group_ok` ok
+        members (known once all `group_size` members ended)."""
+        key = (request.input_id, step)
+        group = self._groups.setdefault(key, _Group(group_size))
+        if group.verdict is None:
+            group.verdict = asyncio.get_running_loop().create_future()
+        verdict = group.verdict
+        outcome: RolloutOutcome | None = None
+        try:
+            engine = await self._started()
+            if step > engine.step:
+                engine.set_step(step)
+            outcome = await engine.submit(request, step=step, timeout=timeout)
+        finally:  # a member that could not even be submitted still counts, as not ok
+            group.ended.append(outcome)
+            if len(group.ended) >= group.size:
+                ok = sum(o is not None and o.outcome is Outcome.OK for o in group.ended)
+                verdict.set_result(ok >= min_group_ok)
+                del self._groups[key]
+        return outcome, await asyncio.shield(verdict)
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's `EngineStats` as a dict (empty before the first rollout)."""
+        return asdict(self._engine.stats()) if self._engine is not None else {}
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.__aexit__(None, None, None)
+            self._engine = None
+
+    async def _started(self) -> RolloutEngine:
+        async with self._starting:
+            if self._engine is None:
+                engine = RolloutEngine(load_config(self._config_path).engine)
+                await engine.__aenter__()
+                self._engine = engine
+        return self._engine
+
+
+_local_services: dict[str, EngineService] = {}
+_actors: dict[str, Any] = {}  # config path -> the engine actor's handle, under Ray
+
+
+async def close_local_services() -> None:
+    """Close this process's engines (outside Ray; a Ray actor ends with its job)."""
+    while _local_services:
+        await _local_services.popitem()[1].close()
+
+
+async def _call_service(settings: AgentCoreSettings, *args: Any) -> tuple[RolloutOutcome, bool]:
+    """The run's shared engine: a named Ray actor under Ray, else one per process."""
+    path = settings.config_path
+    import ray
+
+    if ray.is_initialized():
+        if path not in _actors:  # held: an actor whose last handle is dropped is killed
+            _actors[path] = (
+                ray.remote(EngineService)
+                .options(name=SERVICE_NAME, get_if_exists=True, max_concurrency=10_000)
+                .remote(path)
+            )
+        return await _actors[path].rollout.remote(*args)
+    service = _local_services.setdefault(path, EngineService(path))
+    return await service.rollout(*args)
+
+
+class AgentCoreAgentLoop(AgentLoopBase):
+    """Register it in `agent_loop_config_path` (`name: agentcore`, `_target_:` this class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = AgentCoreSettings.from_rollout_config(self.rollout_config)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        s = self.settings
+        payload = _jsonable(kwargs.get(s.payload_key))
+        if not isinstance(payload, dict):
+            raise ValueError(
+                f"dataset column {s.payload_key!r} must hold a JSON object (the agent's payload)"
+            )
+        request = RolloutRequest(
+            payload, input_id=str(kwargs["uid"]), sample_index=int(kwargs["session_id"])
+        )
+        step = int(_jsonable(kwargs.get("global_steps", 0)) or 0)
+        outcome, group_ok = await _call_service(
+            s, request, step, int(self.rollout_config.n), s.min_group_ok, s.timeout
+        )
+        if not group_ok:
+            raise GroupFailed(
+                f"group {request.input_id} (step {step}): fewer than min_group_ok="
+                f"{s.min_group_ok} of its {self.rollout_config.n} members ended ok"
+            )
+        return agent_loop_outputs(
+            outcome,
+            max_prompt_length=int(self.rollout_config.prompt_length),
+            max_response_length=int(self.rollout_config.response_length),
+            on_failure=s.on_failure,
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy arrays and scalars (what veRL's batches hold) as plain JSON values."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value

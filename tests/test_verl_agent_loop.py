@@ -1,0 +1,154 @@
+"""`AgentCoreAgentLoop` driven as veRL's worker drives it (one `run()` per trajectory, `uid`,
+`session_id`, `global_steps` and the dataset's columns as keyword arguments), through the
+real wire: the embedded stack's emulator sessions, S3 and SQS, the token-capture gateway and
+the local policy workers. Every row is exactly what a worker sampled; a failed member raises
+(no row is fabricated); a group below `min_group_ok` raises for every member."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+from agentcore_rollout.config import EngineConfig, LocalConfig
+from agentcore_rollout.integrations.verl.agent_loop import (
+    SERVICE_NAME,
+    AgentCoreAgentLoop,
+    GroupFailed,
+    close_local_services,
+)
+from agentcore_rollout.integrations.verl.convert import ConversionError
+from agentcore_rollout.local.stack import LocalStack
+
+from .gateway_support import TOKENIZER_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _agent_loop(engine_yaml: Path, n: int, **custom) -> AgentCoreAgentLoop:
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "n": n,
+                    "prompt_length": 256,
+                    "response_length": 256,
+                    "custom": {"agentcore": {"config": str(engine_yaml), **custom}},
+                }
+            },
+            "data": {},
+        }
+    )
+    return AgentCoreAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=None,
+        tokenizer=AutoTokenizer.from_pretrained(TOKENIZER_DIR),
+        processor=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(config.data),
+    )
+
+
+async def _group(loop: AgentCoreAgentLoop, uid: str, n: int, extra_info: dict) -> list:
+    """The n sessions of one prompt, as veRL's worker runs them; exceptions returned."""
+    return await asyncio.gather(
+        *(
+            loop.run({}, uid=uid, session_id=k, global_steps=1, extra_info=extra_info)
+            for k in range(n)
+        ),
+        return_exceptions=True,
+    )
+
+
+async def test_agent_loop_rows_failures_and_min_group_ok_through_the_wire(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    local = LocalConfig(
+        app="tests.agents.held:app",
+        mode="in_process",
+        policy_workers=1,
+        record_samples=True,
+        bucket="verl-loop",
+        queue="verl-loop",
+    )
+    question = {"question": "What is 2 + 5?"}
+    async with LocalStack(local) as stack:
+        engine = stack.engine_config(EngineConfig(exp_id="verl", start_rate=50.0, wait_time=1))
+        engine_yaml = tmp_path / "engine.yaml"
+        engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
+        loop = _agent_loop(engine_yaml, n=3, min_group_ok=2)
+        try:
+            ok, one_failed, two_failed = await asyncio.gather(
+                _group(loop, "all-ok", 3, question),
+                _group(loop, "one-failed", 3, {**question, "fail": [0]}),
+                _group(loop, "two-failed", 3, {**question, "fail": [0, 1]}),
+            )
+        finally:
+            await close_local_services()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{stack.workers[0].url}/debug/samples") as resp,
+        ):
+            sampled = (await resp.json())["samples"]
+    # Every member of a full group returns its rows, exactly what the worker sampled.
+    assert all(isinstance(rows, list) and len(rows) == 1 for rows in ok), ok
+    by_output = {tuple(s["output_ids"]): s for s in sampled}
+    for [row] in ok:
+        tokens = [t for t, m in zip(row.response_ids, row.response_mask, strict=True) if m]
+        worker = by_output[tuple(tokens)]
+        assert row.prompt_ids == worker["input_ids"]
+        assert row.response_logprobs == worker["output_logprobs"]
+        assert row.extra_fields["min_global_steps"] == row.extra_fields["max_global_steps"]
+    assert sorted(rows[0].reward_score for rows in ok) == [0.0, 0.0, 1.0]
+    # One failed member: it raises (veRL tags the group failure), the two others still train.
+    assert isinstance(one_failed[0], ConversionError) and "agent_error" in str(one_failed[0])
+    assert all(isinstance(rows, list) and len(rows) == 1 for rows in one_failed[1:])
+    # Below min_group_ok: every member raises, the one that ended ok too.
+    assert all(isinstance(e, GroupFailed) for e in two_failed), two_failed
+    assert "fewer than min_group_ok=2 of its 3 members" in str(two_failed[2])
+
+
+async def test_agent_loops_of_two_workers_share_one_engine_actor_under_ray(tmp_path, monkeypatch):
+    """Two loops (as in two workers) reach one named engine actor: one SQS poller, so no
+    notification is received by an engine that does not expect it."""
+    import ray
+
+    monkeypatch.chdir(ROOT)
+    local = LocalConfig(
+        app="tests.agents.held:app",
+        mode="in_process",
+        policy_workers=1,
+        bucket="verl-ray",
+        queue="verl-ray",
+    )
+    async with LocalStack(local) as stack:
+        engine = stack.engine_config(EngineConfig(exp_id="ray", start_rate=50.0, wait_time=1))
+        engine_yaml = tmp_path / "engine.yaml"
+        engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            loops = [_agent_loop(engine_yaml, n=2) for _ in range(2)]
+            groups = await asyncio.gather(
+                *(
+                    _group(loop, f"g{i}", 2, {"question": "What is 1 + 1?"})
+                    for i, loop in enumerate(loops)
+                )
+            )
+            stats = await ray.get_actor(SERVICE_NAME).stats.remote()
+        finally:
+            ray.shutdown()
+    assert all(isinstance(rows, list) and len(rows) == 1 for group in groups for rows in group)
+    assert stats["unmatched"] == 0 and stats["foreign_messages"] == 0
+    assert stats["invokes"] == 4
+
+
+def test_settings_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="unknown keys \\['bogus'\\]"):
+        _agent_loop(tmp_path / "x.yaml", n=2, bogus=1)
+    with pytest.raises(ValueError, match="on_failure must be raise or empty"):
+        _agent_loop(tmp_path / "x.yaml", n=2, on_failure="ignore")

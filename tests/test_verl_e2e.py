@@ -1,0 +1,155 @@
+"""veRL 0.9.1's own v1 rollout path drives `AgentCoreAgentLoop` against the embedded stack:
+its `AgentLoopManagerTQ` and `AgentLoopWorkerTQ` on local Ray, TransferQueue, and a trainer
+config composed by Hydra from veRL's `ppo_trainer.yaml`; the agents run as emulated AgentCore
+sessions and call the local policy through the token-capture gateway.
+
+- every row veRL stores holds exactly the ids, mask and log-probs a policy worker sampled;
+- a group with a failed member comes back `failure`, with rows for its survivors only;
+- a group below `min_group_ok` comes back `failure` with no row at all.
+
+On CPU (2 cores) it takes about 25 s. Ray needs `num_cpus=8` even here: TransferQueue's
+controller and storage unit each reserve a CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import ray
+import transfer_queue as tq
+import verl
+import yaml
+from hydra import compose, initialize_config_dir
+from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+from verl.utils import tensordict_utils as tu
+
+from agentcore_rollout.config import EngineConfig, LocalConfig
+from agentcore_rollout.local.stack import LocalStack
+
+from .gateway_support import TOKENIZER_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+FIELDS = ["prompts", "responses", "response_mask", "rollout_log_probs", "rm_scores", "extra_fields"]
+
+
+def _model_dir(tmp_path: Path) -> Path:
+    """A model directory veRL accepts without a hub: the fixture tokenizer and a tiny config
+    (no weights: rollouts never run this model, the agents call the local policy)."""
+    model = tmp_path / "model"
+    shutil.copytree(TOKENIZER_DIR, model)
+    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 512}
+    (model / "config.json").write_text(json.dumps(config | {"n_embd": 8, "n_layer": 1}))
+    return model
+
+
+def _trainer_config(tmp_path: Path, engine_yaml: Path):
+    loops = tmp_path / "agent_loops.yaml"
+    target = "agentcore_rollout.integrations.verl.agent_loop.AgentCoreAgentLoop"
+    loops.write_text(yaml.safe_dump([{"name": "agentcore", "_target_": target}]))
+    with initialize_config_dir(
+        str(Path(verl.__file__).parent / "trainer/config"), version_base=None
+    ):
+        return compose(
+            "ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={_model_dir(tmp_path)}",
+                "actor_rollout_ref.rollout.name=sglang",
+                "actor_rollout_ref.rollout.n=3",
+                "actor_rollout_ref.rollout.prompt_length=256",
+                "actor_rollout_ref.rollout.response_length=256",
+                "actor_rollout_ref.rollout.agent.num_workers=1",
+                "actor_rollout_ref.rollout.agent.default_agent_loop=agentcore",
+                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+                f"+actor_rollout_ref.rollout.custom={{agentcore: {{config: {engine_yaml}}}}}",
+                "transfer_queue.enable=true",
+                "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+            ],
+        )
+
+
+@pytest.mark.timeout(240)
+async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    local = LocalConfig(
+        app="tests.agents.held:app",
+        mode="in_process",
+        policy_workers=1,
+        record_samples=True,
+        bucket="verl-e2e",
+        queue="verl-e2e",
+    )
+    question = {"question": "What is 2 + 5?"}
+    prompts = {
+        "all-ok": question,
+        "one-failed": {**question, "fail": [0]},
+        "two-failed": {**question, "fail": [0, 1]},
+    }
+    async with LocalStack(local) as stack:
+        engine = stack.engine_config(EngineConfig(exp_id="verl-e2e", start_rate=50.0, wait_time=1))
+        engine_yaml = tmp_path / "engine.yaml"
+        engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
+        config = _trainer_config(tmp_path, engine_yaml)
+        ray.init(
+            num_cpus=8,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        )
+        try:
+            tq.init(config.transfer_queue)
+            manager = await asyncio.to_thread(AgentLoopManagerTQ.create, config, None)
+            batch = tu.get_tensordict(
+                {
+                    "uid": np.array(list(prompts), dtype=object),
+                    "index": np.arange(len(prompts)),
+                    "extra_info": np.array(list(prompts.values()), dtype=object),
+                }
+            )
+            tu.assign_non_tensor_data(batch, "global_steps", 1)
+            tags = [{"is_prompt": True, "status": "pending", "global_steps": 1}] * len(prompts)
+            tq.kv_batch_put(keys=list(prompts), partition_id="train", tags=tags)
+            await asyncio.to_thread(manager.generate_sequences, batch)
+            listing = await _until_settled(list(prompts))
+            keys = sorted(k for k, tag in listing.items() if not tag.get("is_prompt"))
+            rows = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=FIELDS)
+        finally:
+            tq.close()
+            ray.shutdown()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{stack.workers[0].url}/debug/samples") as resp,
+        ):
+            sampled = (await resp.json())["samples"]
+    status = {uid: listing[uid]["status"] for uid in prompts}
+    assert status == {"all-ok": "finished", "one-failed": "failure", "two-failed": "failure"}
+    # Rows of the survivors only: sessions 1 and 2 of one-failed, none of two-failed.
+    assert keys == [f"all-ok_{k}_0" for k in range(3)] + ["one-failed_1_0", "one-failed_2_0"]
+    by_output = {tuple(s["output_ids"]): s for s in sampled}
+    for i, key in enumerate(keys):
+        mask = rows["response_mask"][i].tolist()
+        response = rows["responses"][i].tolist()
+        worker = by_output[tuple(t for t, m in zip(response, mask, strict=True) if m)]
+        assert rows["prompts"][i].tolist() == worker["input_ids"], key
+        captured = rows["rollout_log_probs"][i].tolist()
+        logprobs = [lp for lp, m in zip(captured, mask, strict=True) if m]
+        assert logprobs == pytest.approx(worker["output_logprobs"], rel=1e-6), key  # float32
+        assert rows["rm_scores"][i].tolist()[-1] == float(int(key.split("_")[1]) % 2)
+        assert rows["extra_fields"][i]["outcome"] == "ok"
+
+
+async def _until_settled(uids: list[str], timeout: float = 120.0) -> dict:
+    give_up = time.monotonic() + timeout
+    while True:
+        listing = tq.kv_list("train")
+        listing = listing.get("train", listing)
+        if all(listing.get(uid, {}).get("status") in ("finished", "failure") for uid in uids):
+            return listing
+        assert time.monotonic() < give_up, {uid: listing.get(uid) for uid in uids}
+        await asyncio.sleep(0.5)
