@@ -3,6 +3,7 @@
     agentcore-rollout run                     # the example dataset on the embedded local stack
     agentcore-rollout run --config configs/aws.yaml --n 8 engine.start_rate=5
     agentcore-rollout train [--steps 20] [--max-staleness 1]   # GRPO on the local toy policy
+    agentcore-rollout verl [--config-path D --config-name N] [HYDRA OVERRIDES]  # veRL, agentcore
     agentcore-rollout local up                # keep the stack running; prints its endpoints
     agentcore-rollout deploy --name NAME --image URI --role ARN   # prints the runtime ARN
     agentcore-rollout infra env --stack NAME  # agentcore.env from the stack's outputs
@@ -404,6 +405,11 @@ def _parser() -> argparse.ArgumentParser:
         help="steps a group may lag the policy and still be trained (importance-weighted); "
         "1 overlaps the next step's rollouts with this step's update",
     )
+    sub.add_parser(  # main() hands its arguments to the switch before this parser sees them
+        "verl",
+        help="veRL's main_ppo with rollout.mode=agentcore translated into native settings "
+        "(the [verl] extra): verl [--config-path DIR --config-name NAME] [HYDRA OVERRIDES]",
+    )
     local_p = sub.add_parser("local", help="the embedded local stack")
     local_sub = local_p.add_subparsers(dest="local_command", required=True)
     _config_args(local_sub.add_parser("up", help="start the stack and keep it running"))
@@ -519,7 +525,10 @@ def _config_path(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] == ["verl"]:  # Hydra's command line, not ours: passed on as it is
+            return _verl(argv[1:])
         args = _parse(argv)
         if args.command in ("deploy", "destroy", "infra"):
             return _infra(args)
@@ -568,6 +577,15 @@ def _run(config: Config, resume: str | None) -> int:
             file=sys.stderr,
         )
     return code
+
+
+def _verl(hydra_args: list[str]) -> int:
+    """`verl`: the switch lives with the integration, which needs the [verl] extra."""
+    try:
+        from .integrations.verl.switch import run
+    except ImportError as e:
+        raise UsageError(f"verl: install the [verl] extra ({e})") from None
+    return run(hydra_args)
 
 
 def _train(config: Config) -> int:

@@ -1,7 +1,8 @@
 """veRL 0.9.1's own v1 rollout path drives `AgentCoreAgentLoop` against the embedded stack:
 its `AgentLoopManagerTQ` and `AgentLoopWorkerTQ` on local Ray, TransferQueue, and a trainer
-config composed by Hydra from veRL's `ppo_trainer.yaml`; the agents run as emulated AgentCore
-sessions and call the local policy through the token-capture gateway.
+config composed from veRL's `ppo_trainer.yaml` with `rollout.mode=agentcore`, translated by the
+switch; the agents run as emulated AgentCore sessions and call the local policy through the
+token-capture gateway.
 
 - every row veRL stores holds exactly the ids, mask and log-probs a policy worker sampled;
 - a group with a failed member comes back `failure`, with rows for its survivors only;
@@ -24,13 +25,12 @@ import numpy as np
 import pytest
 import ray
 import transfer_queue as tq
-import verl
 import yaml
-from hydra import compose, initialize_config_dir
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 from verl.utils import tensordict_utils as tu
 
 from agentcore_rollout.config import EngineConfig, LocalConfig
+from agentcore_rollout.integrations.verl.switch import trainer_config
 from agentcore_rollout.local.stack import LocalStack
 
 from .gateway_support import TOKENIZER_DIR
@@ -50,28 +50,21 @@ def _model_dir(tmp_path: Path) -> Path:
 
 
 def _trainer_config(tmp_path: Path, engine_yaml: Path):
-    loops = tmp_path / "agent_loops.yaml"
-    target = "agentcore_rollout.integrations.verl.agent_loop.AgentCoreAgentLoop"
-    loops.write_text(yaml.safe_dump([{"name": "agentcore", "_target_": target}]))
-    with initialize_config_dir(
-        str(Path(verl.__file__).parent / "trainer/config"), version_base=None
-    ):
-        return compose(
-            "ppo_trainer",
-            overrides=[
-                f"actor_rollout_ref.model.path={_model_dir(tmp_path)}",
-                "actor_rollout_ref.rollout.name=sglang",
-                "actor_rollout_ref.rollout.n=3",
-                "actor_rollout_ref.rollout.prompt_length=256",
-                "actor_rollout_ref.rollout.response_length=256",
-                "actor_rollout_ref.rollout.agent.num_workers=1",
-                "actor_rollout_ref.rollout.agent.default_agent_loop=agentcore",
-                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-                f"+actor_rollout_ref.rollout.custom={{agentcore: {{config: {engine_yaml}}}}}",
-                "transfer_queue.enable=true",
-                "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-            ],
-        )
+    """veRL's ppo_trainer.yaml with the switch on, translated as `agentcore-rollout verl` does."""
+    return trainer_config(
+        [
+            f"actor_rollout_ref.model.path={_model_dir(tmp_path)}",
+            "actor_rollout_ref.rollout.mode=agentcore",
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.rollout.n=3",
+            "actor_rollout_ref.rollout.prompt_length=256",
+            "actor_rollout_ref.rollout.response_length=256",
+            "actor_rollout_ref.rollout.agent.num_workers=1",
+            f"+actor_rollout_ref.rollout.custom.agentcore.config={engine_yaml}",
+            "transfer_queue.enable=true",
+            "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        ]
+    )
 
 
 @pytest.mark.timeout(240)

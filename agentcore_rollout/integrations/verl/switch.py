@@ -1,0 +1,124 @@
+"""`actor_rollout_ref.rollout.mode=agentcore`: the switch, translated into veRL's native settings.
+
+veRL 0.9.1 does not know the mode: it only warns on values other than `sync`, and its async
+recipes assert `mode == "async"`. So the switch is ours to translate, before veRL sees it:
+
+    actor_rollout_ref.rollout.mode=agentcore
+      -> actor_rollout_ref.rollout.mode=async
+         actor_rollout_ref.rollout.agent.default_agent_loop=agentcore
+         actor_rollout_ref.rollout.agent.agent_loop_config_path=<agent_loops.yaml shipped here>
+         +actor_rollout_ref.rollout.custom.agentcore.config=$AGENTCORE_ROLLOUT_CONFIG (if not set)
+
+and the v1 trainer (`trainer.use_v1`, veRL's default): the legacy v0 trainer needs exactly one
+row per request, so a failed rollout could only be hidden behind a fabricated row.
+
+`agentcore-rollout verl [--config-path DIR --config-name NAME] [HYDRA OVERRIDES...]` composes
+veRL's trainer config (or yours, which may extend it), translates it, and runs veRL's
+`main_ppo` on it. Who launches `verl.trainer.main_ppo` directly passes the native settings
+above instead (see the README).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+AGENT_LOOPS = Path(__file__).with_name("agent_loops.yaml")
+MODE = "agentcore"
+
+
+class SwitchError(ValueError):
+    """The trainer config cannot run with `rollout.mode=agentcore`."""
+
+
+def trainer_config(
+    overrides: Sequence[str] = (),
+    *,
+    config_path: str | None = None,
+    config_name: str = "ppo_trainer",
+) -> DictConfig:
+    """veRL's trainer config (or `config_name` in `config_path`, which may extend veRL's via
+    `defaults: [ppo_trainer, _self_]`), composed with `overrides`, then translated."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    verl_configs = Path(verl.__file__).parent / "trainer" / "config"
+    directory = Path(config_path).resolve() if config_path else verl_configs
+    searchpath = [] if directory == verl_configs else [f"hydra.searchpath=[file://{verl_configs}]"]
+    with initialize_config_dir(str(directory), version_base=None):
+        config = compose(config_name, overrides=[*searchpath, *overrides])
+    return translate(config)
+
+
+def translate(
+    config: DictConfig, environ: os._Environ[str] | dict[str, str] | None = None
+) -> DictConfig:
+    """In place, and returned: `rollout.mode=agentcore` becomes veRL's native settings. Any
+    other mode is left as it is."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.get("mode") != MODE:
+        return config
+    if not config.trainer.get("use_v1", True):
+        raise SwitchError(
+            "trainer.use_v1=false: rollout.mode=agentcore needs veRL's v1 trainer (the default); "
+            "the legacy one needs a row per request, so failed rollouts would need fabricated rows"
+        )
+    environ = os.environ if environ is None else environ
+    with open_dict(config):
+        rollout.mode = "async"
+        rollout.agent.default_agent_loop = MODE
+        rollout.agent.agent_loop_config_path = str(AGENT_LOOPS)
+        custom = rollout.get("custom") or {}
+        agentcore = dict(custom.get(MODE) or {})
+        if not agentcore.get("config"):
+            path = environ.get("AGENTCORE_ROLLOUT_CONFIG")
+            if not path:
+                raise SwitchError(
+                    "rollout.mode=agentcore needs the engine's config: "
+                    "+actor_rollout_ref.rollout.custom.agentcore.config=PATH or "
+                    "AGENTCORE_ROLLOUT_CONFIG"
+                )
+            agentcore["config"] = str(Path(path).resolve())  # the workers may run elsewhere
+        rollout.custom = OmegaConf.merge(custom, {MODE: agentcore})
+    return config
+
+
+def run(args: Sequence[str]) -> int:
+    """`agentcore-rollout verl ...`: compose, translate, run veRL's `main_ppo`. A config the
+    switch refuses is one line on stderr and exit code 2."""
+    from hydra.errors import HydraException
+
+    try:
+        config_path, config_name, overrides = _split(list(args))
+        config = trainer_config(overrides, config_path=config_path, config_name=config_name)
+    except (SwitchError, HydraException) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    from verl.trainer import main_ppo
+
+    main_ppo.main.__wrapped__(config)  # veRL's main, minus its own Hydra command line
+    return 0
+
+
+def _split(args: list[str]) -> tuple[str | None, str, list[str]]:
+    """`--config-path DIR`, `--config-name NAME` (or `=` forms), the rest: Hydra overrides."""
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    it = iter(args)
+    for arg in it:
+        name, sep, value = arg.partition("=")
+        if name in ("--config-path", "--config-name"):
+            if not sep:
+                value = next(it, "")
+            if not value:
+                raise SwitchError(f"{name} needs a value")
+            found[name] = value
+        elif arg.startswith("-"):
+            raise SwitchError(f"unknown option {arg}: give Hydra overrides as key=value")
+        else:
+            rest.append(arg)
+    return found.get("--config-path"), found.get("--config-name", "ppo_trainer"), rest

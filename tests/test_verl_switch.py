@@ -1,0 +1,88 @@
+"""The switch: `actor_rollout_ref.rollout.mode=agentcore` composed with veRL 0.9.1's own trainer
+config (Hydra) becomes veRL's native settings, which veRL's config classes accept; the legacy
+trainer and a missing engine config are refused in one line, before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.utils import get_class
+from verl.utils.config import omega_conf_to_dataclass
+
+from agentcore_rollout.cli import main
+from agentcore_rollout.integrations.verl import AgentCoreAgentLoop, AgentCoreSettings
+from agentcore_rollout.integrations.verl.switch import SwitchError, trainer_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SWITCH = "actor_rollout_ref.rollout.mode=agentcore"
+
+
+def _native(rollout) -> None:
+    assert rollout.mode == "async"  # what veRL and its async recipes expect
+    assert rollout.agent.default_agent_loop == "agentcore"
+    [entry] = yaml.safe_load(Path(rollout.agent.agent_loop_config_path).read_text())
+    assert entry["name"] == "agentcore"
+    assert get_class(entry["_target_"]) is AgentCoreAgentLoop
+    omega_conf_to_dataclass(rollout)  # veRL's RolloutConfig accepts it
+
+
+def test_the_switch_composes_into_veRLs_native_settings(monkeypatch):
+    monkeypatch.setenv("AGENTCORE_ROLLOUT_CONFIG", "configs/aws.yaml")
+    monkeypatch.chdir(ROOT)
+    config = trainer_config([SWITCH, "actor_rollout_ref.rollout.name=sglang"])
+    rollout = config.actor_rollout_ref.rollout
+    _native(rollout)
+    assert config.trainer.use_v1 is True
+    settings = AgentCoreSettings.from_rollout_config(rollout)
+    assert settings.config == str(ROOT / "configs/aws.yaml")  # absolute: workers run elsewhere
+    assert (settings.payload_key, settings.min_group_ok, settings.on_failure) == (
+        "extra_info",
+        2,
+        "raise",
+    )
+
+
+def test_the_example_config_extends_veRLs_and_keeps_its_own_settings(monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)
+    engine = tmp_path / "engine.yaml"
+    config = trainer_config(
+        [f"+actor_rollout_ref.rollout.custom.agentcore.config={engine}"],
+        config_path="configs/verl",
+        config_name="agentcore_grpo",
+    )
+    rollout = config.actor_rollout_ref.rollout
+    _native(rollout)
+    assert config.algorithm.adv_estimator == "grpo" and rollout.n == 8
+    assert rollout.custom.agentcore.config == str(engine)  # the one given wins over the env
+    assert rollout.custom.agentcore.min_group_ok == 2
+
+
+def test_other_modes_are_left_alone(monkeypatch):
+    monkeypatch.delenv("AGENTCORE_ROLLOUT_CONFIG", raising=False)
+    rollout = trainer_config([]).actor_rollout_ref.rollout
+    assert rollout.mode == "async" and rollout.get("custom") is None
+    assert rollout.agent.default_agent_loop != "agentcore"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([SWITCH, "trainer.use_v1=false"], "trainer.use_v1=false: rollout.mode=agentcore needs"),
+        ([SWITCH], "rollout.mode=agentcore needs the engine's config"),
+        ([SWITCH, "actor_rollout_ref.rollout.bogus=1"], "Could not override"),
+        (["--config-name"], "--config-name needs a value"),
+        (["--verbose"], "unknown option --verbose"),
+    ],
+)
+def test_refusals_are_one_line_and_start_nothing(args, message, capsys, monkeypatch):
+    monkeypatch.delenv("AGENTCORE_ROLLOUT_CONFIG", raising=False)
+    assert main(["verl", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+
+
+def test_translate_refuses_the_legacy_trainer_directly():
+    with pytest.raises(SwitchError, match="use_v1=false"):
+        trainer_config([SWITCH, "trainer.use_v1=false"])
