@@ -62,7 +62,7 @@ MAY_IMPORT = {  # one-way
     "gateway": set(),
     "agent": set(),
     "training": set(),
-    "integrations": {"training"},
+    "integrations": {"training", "gateway"},
     "local": {"gateway", "agent", "training"},
 }
 # Must not be loaded by `import agentcore_rollout, agentcore_rollout.gateway.client`.

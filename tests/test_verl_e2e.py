@@ -6,7 +6,9 @@ token-capture gateway.
 
 - every row veRL stores holds exactly the ids, mask and log-probs a policy worker sampled;
 - a group with a failed member comes back `failure`, with rows for its survivors only;
-- a group below `min_group_ok` comes back `failure` with no row at all.
+- a group below `min_group_ok` comes back `failure` with no row at all;
+- with `custom.agentcore.gateway`, the engine service hosts the gateway and samples through the
+  server manager veRL hands its agent loops (here a stand-in over the local policy worker).
 
 On CPU (2 cores) it takes about 25 s. Ray needs `num_cpus=8` even here: TransferQueue's
 controller and storage unit each reserve a CPU.
@@ -34,6 +36,7 @@ from agentcore_rollout.integrations.verl.switch import trainer_config
 from agentcore_rollout.local.stack import LocalStack
 
 from .gateway_support import TOKENIZER_DIR
+from .verl_support import PolicyServerManager
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS = ["prompts", "responses", "response_mask", "rollout_log_probs", "rm_scores", "extra_fields"]
@@ -49,10 +52,14 @@ def _model_dir(tmp_path: Path) -> Path:
     return model
 
 
-def _trainer_config(tmp_path: Path, engine_yaml: Path):
-    """veRL's ppo_trainer.yaml with the switch on, translated as `agentcore-rollout verl` does."""
+def _trainer_config(tmp_path: Path, engine_yaml: Path, hosted: bool):
+    """veRL's ppo_trainer.yaml with the switch on, translated as `agentcore-rollout verl` does.
+    `hosted`: the engine service hosts a gateway sampling through veRL's server manager."""
+    renderer = "agentcore_rollout.local.policy.render:CharRenderer"
+    gateway = [f"+actor_rollout_ref.rollout.custom.agentcore.gateway.renderer={renderer}"]
     return trainer_config(
         [
+            *(gateway if hosted else []),
             f"actor_rollout_ref.model.path={_model_dir(tmp_path)}",
             "actor_rollout_ref.rollout.mode=agentcore",
             "actor_rollout_ref.rollout.name=sglang",
@@ -68,7 +75,8 @@ def _trainer_config(tmp_path: Path, engine_yaml: Path):
 
 
 @pytest.mark.timeout(240)
-async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hosted", [False, True], ids=["stack-gateway", "hosted-gateway"])
+async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(tmp_path, monkeypatch, hosted):
     monkeypatch.chdir(ROOT)
     local = LocalConfig(
         app="tests.agents.held:app",
@@ -88,7 +96,10 @@ async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(tmp_path, monk
         engine = stack.engine_config(EngineConfig(exp_id="verl-e2e", start_rate=50.0, wait_time=1))
         engine_yaml = tmp_path / "engine.yaml"
         engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
-        config = _trainer_config(tmp_path, engine_yaml)
+        config = _trainer_config(tmp_path, engine_yaml, hosted)
+        # veRL's servers as the hosted gateway samples through them: the local policy worker,
+        # its samples labelled with veRL's global step (the stack's gateway says "0").
+        server_manager = PolicyServerManager(stack.workers[0].url, global_steps=1)
         ray.init(
             num_cpus=8,
             include_dashboard=False,
@@ -97,7 +108,9 @@ async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(tmp_path, monk
         )
         try:
             tq.init(config.transfer_queue)
-            manager = await asyncio.to_thread(AgentLoopManagerTQ.create, config, None)
+            manager = await asyncio.to_thread(
+                AgentLoopManagerTQ.create, config, server_manager if hosted else None
+            )
             batch = tu.get_tensordict(
                 {
                     "uid": np.array(list(prompts), dtype=object),
@@ -135,6 +148,7 @@ async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(tmp_path, monk
         assert logprobs == pytest.approx(worker["output_logprobs"], rel=1e-6), key  # float32
         assert rows["rm_scores"][i].tolist()[-1] == float(int(key.split("_")[1]) % 2)
         assert rows["extra_fields"][i]["outcome"] == "ok"
+        assert rows["extra_fields"][i]["min_global_steps"] == (1 if hosted else 0)
 
 
 async def _until_settled(uids: list[str], timeout: float = 120.0) -> dict:

@@ -18,8 +18,14 @@ one trains on its raw reward (veRL gives a one-member GRPO group advantage = rew
 Settings come from `actor_rollout_ref.rollout.custom.agentcore` (set it with Hydra's `+`
 prefix): `config` (the engine's YAML; default `$AGENTCORE_ROLLOUT_CONFIG`), `payload_key`
 (the dataset column holding each prompt's payload, a JSON object; default `extra_info`),
-`min_group_ok` (2), `on_failure` (`raise`; `empty`: a failed member gives no row) and
-`timeout` (seconds per rollout; default the engine's).
+`min_group_ok` (2), `on_failure` (`raise`; `empty`: a failed member gives no row),
+`timeout` (seconds per rollout; default the engine's) and `gateway`.
+
+`gateway` puts the token-capture gateway in front of veRL's own rollout servers: the engine
+service starts one (`host`, default 127.0.0.1; `port`, default any; `public_url`, what agents
+call; `renderer`, a tokenizer directory or `module:attr`, default the model's path) sampling
+through the agent loop's server manager (`backend.VerlServerBackend`), and the engine opens
+each rollout's session on it. Without it, the engine config's own `gateway` is used.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
 from ... import Outcome, RolloutEngine, RolloutOutcome, RolloutRequest, load_config
+from ...config import GatewayConfig
 from .convert import OnFailure, agent_loop_outputs
 
 SERVICE_NAME = "agentcore_rollout_engine"
@@ -49,6 +56,7 @@ class AgentCoreSettings:
     min_group_ok: int = 2
     on_failure: OnFailure = "raise"
     timeout: float | None = None
+    gateway: dict[str, Any] | None = None
 
     @classmethod
     def from_rollout_config(cls, rollout: Any) -> AgentCoreSettings:
@@ -58,7 +66,16 @@ class AgentCoreSettings:
             raise ValueError(
                 f"actor_rollout_ref.rollout.custom.agentcore: unknown keys {sorted(unknown)}"
             )
-        settings = cls(**dict(custom))
+        values = dict(custom)
+        if values.get("gateway") is not None:
+            values["gateway"] = dict(values["gateway"])
+            extra = set(values["gateway"]) - {"host", "port", "public_url", "renderer"}
+            if extra:
+                raise ValueError(
+                    "actor_rollout_ref.rollout.custom.agentcore.gateway: unknown keys "
+                    f"{sorted(extra)}"
+                )
+        settings = cls(**values)
         if settings.on_failure not in ("raise", "empty") or settings.min_group_ok < 1:
             raise ValueError(
                 "actor_rollout_ref.rollout.custom.agentcore: on_failure must be raise or empty, "
@@ -77,6 +94,17 @@ class AgentCoreSettings:
         return path
 
 
+@dataclass(frozen=True)
+class HostedGateway:
+    """A gateway for the engine service to start, sampling through veRL's server manager."""
+
+    server_manager: Any
+    renderer: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    public_url: str | None = None
+
+
 @dataclass
 class _Group:
     size: int
@@ -90,6 +118,7 @@ class EngineService:
     def __init__(self, config_path: str) -> None:
         self._config_path = config_path
         self._engine: RolloutEngine | None = None
+        self._gateway: Any = None
         self._starting = asyncio.Lock()
         self._groups: dict[tuple[str, int], _Group] = {}
 
@@ -100,6 +129,7 @@ class EngineService:
         group_size: int,
         min_group_ok: int,
         timeout: float | None,
+        hosted: HostedGateway | None = None,
     ) -> tuple[RolloutOutcome, bool]:
         """Run one member; return its outcome and whether its group has `min_group_ok` ok
         members (known once all `group_size` members ended)."""
@@ -110,7 +140,7 @@ class EngineService:
         verdict = group.verdict
         outcome: RolloutOutcome | None = None
         try:
-            engine = await self._started()
+            engine = await self._started(hosted)
             if step > engine.step:
                 engine.set_step(step)
             outcome = await engine.submit(request, step=step, timeout=timeout)
@@ -130,14 +160,38 @@ class EngineService:
         if self._engine is not None:
             await self._engine.__aexit__(None, None, None)
             self._engine = None
+        if self._gateway is not None:
+            await self._gateway.stop()
+            self._gateway = None
 
-    async def _started(self) -> RolloutEngine:
+    async def _started(self, hosted: HostedGateway | None) -> RolloutEngine:
         async with self._starting:
             if self._engine is None:
-                engine = RolloutEngine(load_config(self._config_path).engine)
+                config = load_config(self._config_path).engine
+                if hosted is not None:
+                    config = config.model_copy(update={"gateway": await self._host(hosted)})
+                engine = RolloutEngine(config)
                 await engine.__aenter__()
                 self._engine = engine
         return self._engine
+
+    async def _host(self, hosted: HostedGateway) -> GatewayConfig:
+        from ...gateway import Gateway, load_renderer
+        from .backend import VerlServerBackend
+
+        gateway = Gateway(
+            VerlServerBackend(hosted.server_manager),
+            load_renderer(hosted.renderer),
+            host=hosted.host,
+            port=hosted.port,
+        )
+        await gateway.start()
+        self._gateway = gateway
+        return GatewayConfig(
+            url=f"http://127.0.0.1:{gateway.port}",  # the engine is in this process
+            admin_token=gateway.admin_token,
+            public_url=hosted.public_url or gateway.url,
+        )
 
 
 _local_services: dict[str, EngineService] = {}
@@ -186,7 +240,7 @@ class AgentCoreAgentLoop(AgentLoopBase):
         )
         step = int(_jsonable(kwargs.get("global_steps", 0)) or 0)
         outcome, group_ok = await _call_service(
-            s, request, step, int(self.rollout_config.n), s.min_group_ok, s.timeout
+            s, request, step, int(self.rollout_config.n), s.min_group_ok, s.timeout, self._hosted()
         )
         if not group_ok:
             raise GroupFailed(
@@ -198,6 +252,19 @@ class AgentCoreAgentLoop(AgentLoopBase):
             max_prompt_length=int(self.rollout_config.prompt_length),
             max_response_length=int(self.rollout_config.response_length),
             on_failure=s.on_failure,
+        )
+
+    def _hosted(self) -> HostedGateway | None:
+        gateway = self.settings.gateway
+        if gateway is None:
+            return None
+        renderer = gateway.get("renderer") or str(self.config.actor_rollout_ref.model.path)
+        return HostedGateway(
+            self.server_manager,
+            renderer,
+            host=gateway.get("host") or "127.0.0.1",
+            port=int(gateway.get("port") or 0),
+            public_url=gateway.get("public_url"),
         )
 
 

@@ -1,0 +1,76 @@
+"""`VerlServerBackend`: the gateway samples through veRL's own server manager.
+
+veRL's `LLMServerClient.generate(request_id, prompt_ids=..., sampling_params=...)` routes a
+turn to one of the run's rollout servers (vLLM or SGLang, load-balanced, sticky per request)
+and returns a `TokenOutput`: the sampled ids, their log-probs, and in `extra_fields` the
+`global_steps` of the weights that sampled them. With this backend behind the token-capture
+gateway, the trace holds exactly what veRL's servers sampled, labelled with veRL's weight
+version, so `convert` fills `min_global_steps`/`max_global_steps` from them.
+
+    gateway = Gateway(VerlServerBackend(server_manager), HFRenderer.from_pretrained(model_dir))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...gateway.backends import Backend, BackendError, Completion, TurnRequest
+
+# The gateway's checked sampling fields and their names in veRL's sampling_params.
+_NAMES = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "max_tokens": "max_tokens",
+    "seed": "seed",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+
+class VerlServerBackend(Backend):
+    """Token capture through a veRL `LLMServerClient` (any object with its `generate`)."""
+
+    name = "verl"
+    token_capture = True
+
+    def __init__(self, server_manager: Any) -> None:
+        self.server_manager = server_manager
+
+    async def complete(self, request: TurnRequest) -> Completion:
+        if request.prompt_ids is None:
+            raise ValueError("the veRL backend needs rendered prompt ids")
+        unknown = set(request.sampling) - set(_NAMES)
+        if unknown:
+            raise BackendError(f"veRL backend: unsupported sampling fields {sorted(unknown)}", 400)
+        params: dict[str, Any] = {_NAMES[k]: v for k, v in request.sampling.items()}
+        if request.stop_token_ids:
+            ids = list(params.get("stop_token_ids") or [])
+            params["stop_token_ids"] = ids + [i for i in request.stop_token_ids if i not in ids]
+        params["logprobs"] = True
+        try:
+            output = await self.server_manager.generate(
+                request.rid, prompt_ids=request.prompt_ids, sampling_params=params
+            )
+        except Exception as e:  # a Ray or server error: the agent sees 502, in one line
+            raise BackendError(f"veRL server manager failed: {type(e).__name__}: {e}") from None
+        if output.stop_reason == "aborted":
+            raise BackendError("veRL aborted the generation (weights being updated?)", 503)
+        ids, logprobs = list(output.token_ids), output.log_probs
+        if logprobs is None or len(logprobs) != len(ids):
+            raise BackendError("veRL server returned no log-prob per sampled token")
+        limit = params.get("max_tokens")
+        stopped = bool(ids) and ids[-1] in params.get("stop_token_ids", ())
+        version = (output.extra_fields or {}).get("global_steps")
+        return Completion(
+            finish_reason="length"
+            if limit is not None and len(ids) >= limit and not stopped
+            else "stop",
+            output_ids=ids,
+            logprobs=[float(lp) for lp in logprobs],
+            prompt_tokens=len(request.prompt_ids),
+            completion_tokens=len(ids),
+            weight_version=None if version is None else str(version),
+        )

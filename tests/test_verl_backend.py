@@ -1,0 +1,115 @@
+"""The gateway sampling through veRL's server manager: an agent's turn, through the gateway's
+real HTTP API, becomes one `generate` call on the manager, and the trace holds exactly the ids,
+log-probs and weight version (`global_steps`) of veRL's `TokenOutput`. No rollout server runs on
+CPU, so the manager here is a stand-in with `LLMServerClient.generate`'s signature that returns
+veRL's own `TokenOutput`."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from verl.workers.rollout.replica import TokenOutput
+
+from agentcore_rollout import Outcome, RolloutOutcome, RolloutRequest
+from agentcore_rollout.contract import RolloutResult, Timings
+from agentcore_rollout.gateway import Gateway, GatewayAdmin
+from agentcore_rollout.integrations.verl import agent_loop_outputs
+from agentcore_rollout.integrations.verl.backend import VerlServerBackend
+from agentcore_rollout.local.policy import CharRenderer, CharTokenizer
+
+TOK = CharTokenizer()
+
+
+class ServerManager:
+    """Answers each generate with `reply` (+ <|im_end|>) sampled by weights `global_steps`."""
+
+    def __init__(self, reply: str, global_steps: int, stop_reason: str | None = "completed"):
+        self.ids = [*TOK.encode(reply), TOK.encode("<|im_end|>")[0]]
+        self.global_steps = global_steps
+        self.stop_reason = stop_reason
+        self.calls: list[dict] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs) -> TokenOutput:
+        self.calls.append({"rid": request_id, "prompt_ids": prompt_ids, "params": sampling_params})
+        return TokenOutput(
+            token_ids=self.ids,
+            log_probs=[-0.125 * (i + 1) for i in range(len(self.ids))],
+            stop_reason=self.stop_reason,
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+
+async def _turn(manager: ServerManager) -> tuple[dict, str | Exception]:
+    async with (
+        Gateway(VerlServerBackend(manager), CharRenderer()) as gateway,
+        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+    ):
+        session = await admin.create_session("r1", sampling={"temperature": 1.0})
+        client = openai.AsyncOpenAI(
+            base_url=f"{gateway.url}/v1", api_key=session.api_key, max_retries=0
+        )
+        try:
+            reply = await client.chat.completions.create(
+                model="policy",
+                messages=[{"role": "user", "content": "What is 5 + 7?"}],
+                max_tokens=8,
+            )
+            answer: str | Exception = reply.choices[0].message.content or ""
+        except openai.APIStatusError as e:
+            answer = e
+        finally:
+            await client.close()
+        return await admin.finish_session(session.session_id), answer
+
+
+async def test_the_trace_is_what_veRLs_servers_sampled():
+    manager = ServerManager("12", global_steps=7)
+    trace, answer = await _turn(manager)
+    [call] = manager.calls
+    assert answer == "12"
+    assert call["params"]["logprobs"] is True and call["params"]["max_tokens"] == 8
+    assert TOK.encode("<|im_end|>")[0] in call["params"]["stop_token_ids"]
+    [sample] = trace["samples"]
+    assert sample["prompt_ids"] == call["prompt_ids"]
+    assert sample["response_ids"] == manager.ids and sample["loss_mask"] == [1, 1, 1]
+    assert sample["logprobs"] == [-0.125, -0.25, -0.375]
+    assert sample["weight_versions"] == ["7"] and sample["finish_reason"] == "stop"
+    # ... and veRL's row says which weights sampled it.
+    request = RolloutRequest({}, input_id="g")
+    outcome = RolloutOutcome(
+        request,
+        7,
+        Outcome.OK,
+        "s" * 33,
+        result=RolloutResult(
+            exp_id="e",
+            step=7,
+            request_id=request.request_id,
+            input_id="g",
+            session_id="s" * 33,
+            status="ok",
+            rewards=1.0,
+            timings=Timings(received=0, finished=0),
+        ),
+        trace=trace,
+    )
+    [row] = agent_loop_outputs(outcome)
+    assert row.extra_fields["min_global_steps"] == row.extra_fields["max_global_steps"] == 7
+
+
+async def test_an_aborted_generation_is_a_503_to_the_agent():
+    _, answer = await _turn(ServerManager("3", global_steps=2, stop_reason="aborted"))
+    assert isinstance(answer, openai.APIStatusError) and answer.status_code == 503
+    assert "veRL aborted the generation" in str(answer)
+
+
+@pytest.mark.parametrize("log_probs", [None, [-0.5]])
+async def test_missing_log_probs_are_an_error_not_a_silent_gap(log_probs):
+    manager = ServerManager("42", global_steps=1)
+
+    async def generate(request_id, *, prompt_ids, sampling_params, **kwargs):
+        return TokenOutput(token_ids=manager.ids, log_probs=log_probs)
+
+    manager.generate = generate
+    _, answer = await _turn(manager)
+    assert isinstance(answer, openai.APIStatusError) and answer.status_code == 502
