@@ -21,7 +21,7 @@ from agentcore_rollout.integrations.verl.agent_loop import (
     SERVICE_NAME,
     AgentCoreAgentLoop,
     GroupFailed,
-    close_local_services,
+    close_services,
 )
 from agentcore_rollout.integrations.verl.convert import ConversionError
 from agentcore_rollout.local.stack import LocalStack
@@ -89,7 +89,7 @@ async def test_agent_loop_rows_failures_and_min_group_ok_through_the_wire(tmp_pa
                 _group(loop, "two-failed", 3, {**question, "fail": [0, 1]}),
             )
         finally:
-            await close_local_services()
+            await close_services()
         async with (
             aiohttp.ClientSession() as http,
             http.get(f"{stack.workers[0].url}/debug/samples") as resp,
@@ -141,6 +141,7 @@ async def test_agent_loops_of_two_workers_share_one_engine_actor_under_ray(tmp_p
             )
             stats = await ray.get_actor(SERVICE_NAME).stats.remote()
         finally:
+            await close_services()
             ray.shutdown()
     assert all(isinstance(rows, list) and len(rows) == 1 for group in groups for rows in group)
     assert stats["unmatched"] == 0 and stats["foreign_messages"] == 0

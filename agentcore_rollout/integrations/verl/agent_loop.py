@@ -51,6 +51,8 @@ class GroupFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class AgentCoreSettings:
+    """`actor_rollout_ref.rollout.custom.agentcore`, checked (see the module's docstring)."""
+
     config: str | None = None
     payload_key: str = "extra_info"
     min_group_ok: int = 2
@@ -198,8 +200,10 @@ _local_services: dict[str, EngineService] = {}
 _actors: dict[str, Any] = {}  # config path -> the engine actor's handle, under Ray
 
 
-async def close_local_services() -> None:
-    """Close this process's engines (outside Ray; a Ray actor ends with its job)."""
+async def close_services() -> None:
+    """Close this process's engines and forget its engine actors' handles (an actor ends
+    with its Ray job, or with its last handle)."""
+    _actors.clear()
     while _local_services:
         await _local_services.popitem()[1].close()
 
@@ -213,7 +217,8 @@ async def _call_service(settings: AgentCoreSettings, *args: Any) -> tuple[Rollou
         if path not in _actors:  # held: an actor whose last handle is dropped is killed
             _actors[path] = (
                 ray.remote(EngineService)
-                .options(name=SERVICE_NAME, get_if_exists=True, max_concurrency=10_000)
+                # num_cpus=0: it waits on the network, and must not take a CPU veRL planned for
+                .options(name=SERVICE_NAME, get_if_exists=True, max_concurrency=10_000, num_cpus=0)
                 .remote(path)
             )
         return await _actors[path].rollout.remote(*args)
