@@ -1,10 +1,12 @@
-"""Result objects for tests that play the agent's part by hand."""
+"""Result objects for tests that play the agent's part by hand, and ended outcomes (with
+their token traces) for tests of what trainers do with them."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from agentcore_rollout import Outcome, RolloutOutcome, RolloutRequest
 from agentcore_rollout.contract import RolloutResult, Timings, encode_result, sign_result
 
 SIG_KEY = "k" * 32
@@ -29,3 +31,61 @@ def make_result(**fields: Any) -> RolloutResult:
 def signed_body(result: RolloutResult, sig_key: str = SIG_KEY) -> bytes:
     """The bytes an agent would put in S3."""
     return encode_result(sign_result(result, sig_key))
+
+
+def trace_sample(
+    prompt: list[int],
+    turns: list[tuple[list[int], list[int], list[float]]],
+    versions: list[str | None],
+    index: int = 0,
+) -> dict[str, Any]:
+    """A gateway trace sample; each turn is (observation ids, sampled ids, their log-probs)."""
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float | None] = []
+    for observation, sampled, lps in turns:
+        response += observation + sampled
+        mask += [0] * len(observation) + [1] * len(sampled)
+        logprobs += [None] * len(observation) + lps
+    return {
+        "index": index,
+        "turns": list(range(len(turns))),
+        "prompt_ids": prompt,
+        "response_ids": response,
+        "loss_mask": mask,
+        "logprobs": logprobs,
+        "weight_versions": versions,
+        "truncated": False,
+    }
+
+
+def make_outcome(
+    input_id: str = "g",
+    k: int = 0,
+    outcome: Outcome = Outcome.OK,
+    rewards: Any = 1.0,
+    *,
+    step: int = 0,
+    trace: dict[str, Any] | None = None,
+    finished_at: float = 0.0,
+) -> RolloutOutcome:
+    """An ended request: `ok` with a result carrying `rewards`, or a failure without one."""
+    request = RolloutRequest({"q": input_id}, input_id=input_id, sample_index=k)
+    ok = outcome is Outcome.OK
+    result = (
+        make_result(
+            exp_id="e", step=step, request_id=request.request_id, input_id=input_id, rewards=rewards
+        )
+        if ok
+        else None
+    )
+    return RolloutOutcome(
+        request,
+        step,
+        outcome,
+        "s" * 33,
+        result=result,
+        error=None if ok else f"{outcome}: boom",
+        trace=trace,
+        finished_at=finished_at,
+    )

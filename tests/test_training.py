@@ -8,8 +8,7 @@ import math
 
 import pytest
 
-from agentcore_rollout import Outcome, RolloutEngine, RolloutOutcome, RolloutRequest
-from agentcore_rollout.contract import RolloutResult, Timings
+from agentcore_rollout import Outcome, RolloutEngine, RolloutOutcome
 from agentcore_rollout.training import (
     Group,
     GroupPolicy,
@@ -24,29 +23,14 @@ from agentcore_rollout.training import (
 )
 
 from .conftest import engine_config
+from .factories import make_outcome, trace_sample
 
 
 def _trace(prompt: list[int], turns: list[tuple[list[int], list[int], list[float]]]) -> dict:
-    """A gateway trace of one merged sample: each turn is (observation, sampled, log-probs)."""
-    response, mask, logprobs, versions = [], [], [], []
-    for observation, sampled, lps in turns:
-        response += observation + sampled
-        mask += [0] * len(observation) + [1] * len(sampled)
-        logprobs += [None] * len(observation) + lps
-        versions.append("3")
+    """A gateway trace of one merged sample, every turn sampled by weights "3"."""
     return {
         "turns": [{"index": i, "weight_version": "3"} for i in range(len(turns))],
-        "samples": [
-            {
-                "index": 0,
-                "prompt_ids": prompt,
-                "response_ids": response,
-                "loss_mask": mask,
-                "logprobs": logprobs,
-                "weight_versions": versions,
-                "truncated": False,
-            }
-        ],
+        "samples": [trace_sample(prompt, turns, ["3"] * len(turns))],
     }
 
 
@@ -60,27 +44,9 @@ def _outcome(
     finished_at: float = 0.0,
     trace: dict | None = None,
 ) -> RolloutOutcome:
-    request = RolloutRequest({"q": input_id}, input_id=input_id, sample_index=k)
-    result = None
-    if outcome is Outcome.OK:
-        result = RolloutResult(
-            exp_id="e",
-            step=step,
-            request_id=request.request_id,
-            input_id=input_id,
-            session_id="s" * 33,
-            status="ok",
-            rewards=reward,
-            timings=Timings(received=0, finished=0),
-        )
-    return RolloutOutcome(
-        request,
-        step,
-        outcome,
-        "s" * 33,
-        result=result,
-        trace=trace if trace is not None else _trace([1, 2], [([], [5, 6], [-0.5, -0.25])]),
-        finished_at=finished_at,
+    trace = trace if trace is not None else _trace([1, 2], [([], [5, 6], [-0.5, -0.25])])
+    return make_outcome(
+        input_id, k, outcome, reward, step=step, trace=trace, finished_at=finished_at
     )
 
 

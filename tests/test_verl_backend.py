@@ -10,12 +10,12 @@ import openai
 import pytest
 from verl.workers.rollout.replica import TokenOutput
 
-from agentcore_rollout import Outcome, RolloutOutcome, RolloutRequest
-from agentcore_rollout.contract import RolloutResult, Timings
 from agentcore_rollout.gateway import Gateway, GatewayAdmin
 from agentcore_rollout.integrations.verl import agent_loop_outputs
 from agentcore_rollout.integrations.verl.backend import VerlServerBackend
 from agentcore_rollout.local.policy import CharRenderer, CharTokenizer
+
+from .factories import make_outcome
 
 TOK = CharTokenizer()
 
@@ -75,24 +75,7 @@ async def test_the_trace_is_what_veRLs_servers_sampled():
     assert sample["logprobs"] == [-0.125, -0.25, -0.375]
     assert sample["weight_versions"] == ["7"] and sample["finish_reason"] == "stop"
     # ... and veRL's row says which weights sampled it.
-    request = RolloutRequest({}, input_id="g")
-    outcome = RolloutOutcome(
-        request,
-        7,
-        Outcome.OK,
-        "s" * 33,
-        result=RolloutResult(
-            exp_id="e",
-            step=7,
-            request_id=request.request_id,
-            input_id="g",
-            session_id="s" * 33,
-            status="ok",
-            rewards=1.0,
-            timings=Timings(received=0, finished=0),
-        ),
-        trace=trace,
-    )
+    outcome = make_outcome(step=7, trace=trace)
     [row] = agent_loop_outputs(outcome)
     assert row.extra_fields["min_global_steps"] == row.extra_fields["max_global_steps"] == 7
 

@@ -8,58 +8,23 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-from agentcore_rollout import Outcome, RolloutOutcome, RolloutRequest
-from agentcore_rollout.contract import NamedRewards, RolloutResult, Timings
+from agentcore_rollout import Outcome, RolloutOutcome
+from agentcore_rollout.contract import NamedRewards
 from agentcore_rollout.integrations.verl.convert import ConversionError, agent_loop_outputs
 from agentcore_rollout.training import grpo_advantages
 
-
-def _sample(prompt, turns, versions, index=0):
-    """A trace sample: turns are (observation ids, sampled ids, log-probs)."""
-    response, mask, logprobs = [], [], []
-    for observation, sampled, lps in turns:
-        response += observation + sampled
-        mask += [0] * len(observation) + [1] * len(sampled)
-        logprobs += [None] * len(observation) + lps
-    return {
-        "index": index,
-        "turns": list(range(len(turns))),
-        "prompt_ids": prompt,
-        "response_ids": response,
-        "loss_mask": mask,
-        "logprobs": logprobs,
-        "weight_versions": versions,
-        "truncated": False,
-    }
+from .factories import make_outcome, trace_sample
 
 
 def _outcome(samples, rewards=1.0, outcome=Outcome.OK, step=4) -> RolloutOutcome:
-    request = RolloutRequest({"q": 1}, input_id="uid-1", sample_index=2)
-    result = None
-    if outcome is Outcome.OK:
-        result = RolloutResult(
-            exp_id="e",
-            step=step,
-            request_id=request.request_id,
-            input_id="uid-1",
-            session_id="s" * 33,
-            status="ok",
-            rewards=rewards,
-            timings=Timings(received=0, finished=0),
-        )
-    trace = {"turns": [{"index": 0, "latency_s": 0.25}, {"index": 1, "latency_s": 0.5}]}
-    return RolloutOutcome(
-        request,
-        step,
-        outcome,
-        "s" * 33,
-        result=result,
-        error=None if outcome is Outcome.OK else "agent_error: boom",
-        trace={**trace, "samples": samples},
-    )
+    turns = [{"index": 0, "latency_s": 0.25}, {"index": 1, "latency_s": 0.5}]
+    trace = {"turns": turns, "samples": samples}
+    return make_outcome("uid-1", 2, outcome, rewards, step=step, trace=trace)
 
 
-MULTI_TURN = _sample([1, 2, 3], [([], [7, 8], [-0.5, -0.25]), ([9, 9], [10], [-1.5])], ["3", "4"])
+MULTI_TURN = trace_sample(
+    [1, 2, 3], [([], [7, 8], [-0.5, -0.25]), ([9, 9], [10], [-1.5])], ["3", "4"]
+)
 
 
 def test_an_ok_outcome_becomes_rows_veRL_reads_as_the_trace_says():
@@ -80,7 +45,7 @@ def test_an_ok_outcome_becomes_rows_veRL_reads_as_the_trace_says():
 
 
 def test_the_sample_with_most_sampled_tokens_goes_last_and_versions_default_to_the_step():
-    short = _sample([5], [([], [6], [-0.1])], [None], index=1)
+    short = trace_sample([5], [([], [6], [-0.1])], [None], index=1)
     rows = agent_loop_outputs(_outcome([MULTI_TURN, short], rewards=0.5))
     assert [r.response_ids for r in rows] == [[6], [7, 8, 9, 9, 10]]
     assert rows[0].extra_fields["min_global_steps"] == rows[0].extra_fields["max_global_steps"] == 4
@@ -109,7 +74,7 @@ def test_over_length_samples_raise_instead_of_being_truncated():
 
 
 def test_weight_versions_must_be_global_steps():
-    odd = _sample([1], [([], [2], [-0.1])], ["policy-v7"])
+    odd = trace_sample([1], [([], [2], [-0.1])], ["policy-v7"])
     with pytest.raises(ConversionError, match="not veRL global steps"):
         agent_loop_outputs(_outcome([odd]))
 
