@@ -73,7 +73,17 @@ class StepProgress:
         )
 
 
-def summary_table(rows: Sequence[dict[str, Any]], first: float, last: float) -> list[Table]:
+def first_and_last(rows: Sequence[dict[str, Any]], k: int = 3) -> tuple[int, float, float]:
+    """Mean reward of the first `k` and of the last `k` steps (fewer for a short run), with
+    the `k` used: what "it learned" means."""
+    rewards = [r["reward_mean"] for r in rows if r["reward_mean"] is not None]
+    if not rewards:
+        return 0, math.nan, math.nan
+    k = max(1, min(k, len(rewards) // 2))
+    return k, sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+
+
+def summary_table(rows: Sequence[dict[str, Any]]) -> list[Table]:
     steps = Table(
         title="training, one row per step (off-pol: samples from older weights; |dlogp|: max "
         "|recomputed - captured log-prob| of on-policy samples)",
@@ -96,7 +106,7 @@ def summary_table(rows: Sequence[dict[str, Any]], first: float, last: float) -> 
     for row in rows:
         steps.add_row(*(_fmt(row[key]) for _, key in columns))
     figures = Table(show_header=False, title="figures", title_justify="left")
-    k = min(3, max(1, len(rows) // 2))
+    k, first, last = first_and_last(rows)
     figures.add_row(f"reward mean, first {k} steps", _fmt(first))
     figures.add_row(f"reward mean, last {k} steps", _fmt(last))
     figures.add_row("steps", str(len(rows)))

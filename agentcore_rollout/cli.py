@@ -591,7 +591,7 @@ def _verl(hydra_args: list[str]) -> int:
 def _train(config: Config) -> int:
     """`train`: GRPO on the local TinyPolicy; metrics.jsonl, reward_curve.png, a summary."""
     from ._train_view import CURVE, StepProgress, draw_curve, summary_table
-    from .local.trainer import METRICS, first_and_last, train
+    from .local.trainer import METRICS, train
     from .training import GroupPolicy
 
     if config.stack != "local":
@@ -612,8 +612,7 @@ def _train(config: Config) -> int:
             lambda stop: train(config, prompts, out, view=progress, interrupted=stop),
             stopping="stopping after the step under way (again to force)",
         )
-    first, last = first_and_last(rows)
-    for table in summary_table(rows, first, last):
+    for table in summary_table(rows):
         console.print(table)
     tc = config.train
     title = (

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import math
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -133,7 +132,7 @@ def _row(
     diff = update.logprob_max_abs_diff
     return {
         "step": step,
-        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "reward_mean": _mean(rewards),
         "requests": len(members),
         "ok": sum(m.outcome is Outcome.OK for m in members),
         "failed": sum(m.outcome in _FAILED for m in members),
@@ -157,7 +156,7 @@ def _row(
     }
 
 
-def _mean(values: list[int]) -> float | None:
+def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
@@ -179,12 +178,3 @@ async def _push(http: aiohttp.ClientSession, workers: list[str], path: Path, ver
                 raise RuntimeError(f"policy worker {url} refused weights {path.name}: {answer}")
 
     await asyncio.gather(*(one(url) for url in workers))
-
-
-def first_and_last(rows: Sequence[dict[str, Any]], k: int = 3) -> tuple[float, float]:
-    """Mean reward of the first `k` and of the last `k` steps: what "it learned" means."""
-    rewards = [r["reward_mean"] for r in rows if r["reward_mean"] is not None]
-    if not rewards:
-        return math.nan, math.nan
-    k = max(1, min(k, len(rewards) // 2 or 1))
-    return sum(rewards[:k]) / k, sum(rewards[-k:]) / k

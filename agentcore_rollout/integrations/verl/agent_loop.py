@@ -111,7 +111,9 @@ class HostedGateway:
 class _Group:
     size: int
     ended: list[RolloutOutcome | None] = field(default_factory=list)
-    verdict: asyncio.Future[bool] | None = None
+    verdict: asyncio.Future[bool] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class EngineService:
@@ -136,9 +138,9 @@ class EngineService:
         """Run one member; return its outcome and whether its group has `min_group_ok` ok
         members (known once all `group_size` members ended)."""
         key = (request.input_id, step)
-        group = self._groups.setdefault(key, _Group(group_size))
-        if group.verdict is None:
-            group.verdict = asyncio.get_running_loop().create_future()
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group(group_size)
         verdict = group.verdict
         outcome: RolloutOutcome | None = None
         try:
