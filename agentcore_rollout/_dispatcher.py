@@ -4,8 +4,11 @@ Three bounds hold at once:
 - a start rate (token bucket, adapted down on throttling and back up on success),
 - at most `ceil(start_rate * session_start_time)` starts in flight (Little's law), so a
   cold-start wave cannot pile up connections,
-- at most `max_live_sessions` sessions alive; a slot frees only after the session is stopped
-  (the engine stops it inside `live_slot`).
+- at most `max_live_sessions` sessions alive; a slot frees only once the session is stopped
+  (`stop_and_release`), which runs after the outcome is handed over, never before it.
+
+Stops have their own rate (`stop_rate`, with a second of burst), so a burst of results ending
+together is stopped at once, and a stop never holds up anyone's outcome.
 
 And it fails fast: when the runtime keeps failing with outage errors (unreachable, 5xx) for
 longer than the retry budget, it is declared down, and every request waiting to start ends at
@@ -21,8 +24,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -104,7 +106,8 @@ class RequestDispatcher:
         self._cfg = config
         self._rng = rng or random.Random()
         self.start_rate = AdaptiveRate(_bucket(config.start_rate))
-        self.stop_rate = AdaptiveRate(_bucket(config.stop_rate or config.start_rate))
+        stops = config.stops_per_second
+        self.stop_rate = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
         self._starting_slots = asyncio.Semaphore(config.max_starting)
         self._live_slots = asyncio.Semaphore(config.max_live_sessions)
         self._outage = _Outage(retry_budget(config), config.backoff_max)
@@ -133,16 +136,35 @@ class RequestDispatcher:
             "runtime_down": self._outage.declared.is_set(),
         }
 
-    @asynccontextmanager
-    async def live_slot(self, start_by: float) -> AsyncIterator[None]:
-        """Hold one of the `max_live_sessions` slots; the caller stops its session inside.
-        Waiting for it counts against `start_by` (unix seconds)."""
-        await self._until(self._live_slots.acquire(), start_by, "a live-session slot")
+    async def take_live_slot(self, start_by: float) -> None:
+        """Take one of the `max_live_sessions` slots, waiting until `start_by` (unix seconds)
+        at most. Give it back with `release_live_slot` (no session started) or
+        `stop_and_release`."""
+        if not self._live_slots.locked():
+            await self._live_slots.acquire()  # free: returns without yielding to the loop
+        else:
+            acquired = asyncio.ensure_future(self._live_slots.acquire())
+            try:
+                await self._until(acquired, start_by, "a live-session slot")
+            except BaseException:
+                # cancelled in the same turn of the loop the slot was granted: give it back
+                if acquired.done() and not acquired.cancelled() and not acquired.exception():
+                    self._live_slots.release()
+                raise
+        self.live.add()
+
+    def release_live_slot(self) -> None:
+        """Free a slot whose session never started."""
+        self.live.remove()
+        self._live_slots.release()
+
+    async def stop_and_release(self, session_id: str) -> None:
+        """Stop the session, then free its slot: a slot is held until its session is gone, so
+        `max_live_sessions` bounds the sessions alive, not just the ones still running."""
         try:
-            with self.live:
-                yield
+            await self.stop(session_id)
         finally:
-            self._live_slots.release()
+            self.release_live_slot()
 
     async def start(
         self,

@@ -2,7 +2,8 @@
 
 Each request runs through the same short life:
 register with the buffer -> take a live-session slot -> start the session (dispatcher)
--> wait for the buffer's delivery -> stop the session -> release the slot.
+-> wait for the buffer's delivery -> hand the outcome over, while the session is stopped and
+its slot released behind it.
 Whatever happens, the request ends in exactly one `Outcome`, and no outcome is invented:
 a failure carries no rewards.
 """
@@ -338,7 +339,7 @@ class RolloutEngine:
     async def _run(self, outcome: RolloutOutcome, job: _Job) -> RolloutOutcome:
         request, session_id = outcome.request, outcome.session_id
         attempts = StartAttempts()
-        decided = False  # a cancel that lands while the session is being stopped changes nothing
+        decided = False  # a cancel that lands once the outcome is known changes nothing
         try:
             if job.resumed is not None:
                 outcome.gateway_session_id = job.resumed.gateway_session_id
@@ -350,21 +351,24 @@ class RolloutEngine:
                     attempts.maybe_started, attempts.deadline = True, job.resumed.running_until
                 else:
                     outcome.gateway_session_id = None
-            async with self._dispatcher.live_slot(job.start_by):
-                try:
-                    if not attempts.maybe_started:
-                        await self._start(outcome, job, attempts)
-                    assert attempts.deadline is not None
-                    delivery = await self._buffer.wait(request.request_id, attempts.deadline)
-                    self._take(outcome, delivery)
-                    decided = True
-                except SubmitFailed as e:
-                    self._end(outcome, Outcome.SUBMIT_FAILED, str(e))
-                    decided = True
-                    log.warning("submit_failed request_id=%s: %s", request.request_id, e)
-                finally:
-                    if attempts.maybe_started:  # a session that never started is not stopped
-                        await self._uncancellable(self._dispatcher.stop(session_id))
+            await self._dispatcher.take_live_slot(job.start_by)
+            try:
+                if not attempts.maybe_started:
+                    await self._start(outcome, job, attempts)
+                assert attempts.deadline is not None
+                delivery = await self._buffer.wait(request.request_id, attempts.deadline)
+                self._take(outcome, delivery)
+                decided = True
+            except SubmitFailed as e:
+                self._end(outcome, Outcome.SUBMIT_FAILED, str(e))
+                decided = True
+                log.warning("submit_failed request_id=%s: %s", request.request_id, e)
+            finally:
+                # The outcome does not wait for the stop; the slot does.
+                if attempts.maybe_started:  # a session that never started is not stopped
+                    _owned(self._cleanups, self._dispatcher.stop_and_release(session_id))
+                else:
+                    self._dispatcher.release_live_slot()
         except SubmitFailed as e:  # no live slot in time
             self._end(outcome, Outcome.SUBMIT_FAILED, str(e))
             log.warning("submit_failed request_id=%s: %s", request.request_id, e)

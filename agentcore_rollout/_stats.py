@@ -64,6 +64,9 @@ class EngineStats:
     foreign_messages: int = 0
     malformed_messages: int = 0
     test_events: int = 0
+    unsettled_messages: int = 0
+    """Handled messages whose batched delete or release failed: they come back after the
+    visibility timeout (and are recognized as duplicates)."""
     s3_lookups: int = 0
     recovered_by_lookup: int = 0
     invalid_results: dict[str, int] = field(default_factory=dict)

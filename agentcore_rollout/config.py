@@ -16,12 +16,20 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from dotenv import dotenv_values
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from .contract import DEFAULT_MAX_RESULT_BYTES, ID_MAX, ID_PATTERN, first_error
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
+DEFAULT_STOP_RATE = 25.0  # StopRuntimeSession calls per second (see EngineConfig.stop_rate)
 _RESERVED_ENV = {"AGENTCORE_ROLLOUT_CONFIG", "AGENTCORE_ROLLOUT_PARENT_PID"}  # not config keys
 
 # AgentCore's runtime ARN; the id is the runtime name ([a-zA-Z][a-zA-Z0-9_]*) plus a suffix.
@@ -133,7 +141,14 @@ class EngineConfig(_Section):
     start_rate: float = Field(default=5.0, gt=0, description="new sessions per second")
     session_start_time: float = Field(default=2.0, gt=0, description="seconds a start may take")
     max_live_sessions: int = Field(default=64, ge=1)
-    stop_rate: float | None = Field(default=None, gt=0, description="defaults to start_rate")
+    stop_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="StopRuntimeSession calls per second, with a second of burst; None: the "
+        "larger of start_rate and 25 (AgentCore publishes no stop quota of its own; 25/s is its "
+        "lowest published per-endpoint invocation rate). Below start_rate, stopped sessions "
+        "would pile up in live slots",
+    )
     max_retries: int = Field(default=8, ge=0)
     backoff_base: float = Field(default=0.2, gt=0)
     backoff_max: float = Field(default=20.0, gt=0)
@@ -154,6 +169,19 @@ class EngineConfig(_Section):
     wait_time: int = Field(default=20, ge=0, le=20)
     visibility_timeout: int = Field(default=60, ge=0, le=43200)
     foreign_visibility: int = Field(default=2, ge=0, le=43200)
+    receive_gather: float = Field(
+        default=0.1,
+        ge=0,
+        le=5,
+        description="seconds to wait after a receive that brought 1-9 messages, so the next "
+        "brings several: fewer calls per result, this much more latency at most",
+    )
+    delete_window: float = Field(
+        default=0.5,
+        ge=0,
+        description="seconds a handled message waits for others to share its delete call; "
+        "must stay well under visibility_timeout",
+    )
     download_concurrency: int = Field(default=16, ge=1)
     max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024)
     notify_directly: bool = Field(default=False, description="agents also send to SQS")
@@ -177,12 +205,26 @@ class EngineConfig(_Section):
         description="derives each request's signing key; set it to resume a run after a restart",
     )
 
+    @model_validator(mode="after")
+    def _deletes_within_visibility(self) -> EngineConfig:
+        if self.visibility_timeout and self.delete_window >= self.visibility_timeout:
+            raise ValueError(
+                f"delete_window ({self.delete_window}s) must be shorter than visibility_timeout "
+                f"({self.visibility_timeout}s), or handled messages come back"
+            )
+        return self
+
     def require_targets(self) -> None:
         """Raise ConfigError naming the first of bucket/queue_url/runtime_arn left unset."""
         for name in ("bucket", "queue_url", "runtime_arn"):
             if not getattr(self, name):
                 env = f"{ENV_PREFIX}{name.upper()}"
                 raise ConfigError(f"config: engine.{name} is not set (in the config or {env})")
+
+    @property
+    def stops_per_second(self) -> float:
+        """`stop_rate`, or its default: stops must keep up with starts."""
+        return self.stop_rate or max(self.start_rate, DEFAULT_STOP_RATE)
 
     @property
     def max_starting(self) -> int:

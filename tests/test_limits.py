@@ -117,11 +117,14 @@ async def test_live_slots_bounded_and_released_on_error():
     holders = Gauge()
 
     async def one(i: int) -> None:
-        async with d.live_slot(math.inf):
+        await d.take_live_slot(math.inf)
+        try:
             with holders:
                 await asyncio.sleep(0.01)
             if i % 2:
                 raise RuntimeError("boom")
+        finally:
+            d.release_live_slot()
 
     results = await asyncio.gather(*(one(i) for i in range(12)), return_exceptions=True)
     assert holders.peak == 3 and d.live.peak == 3 and d.live.value == 0
@@ -157,11 +160,12 @@ async def test_retries_exhausted_and_not_started_in_time():
     with pytest.raises(SubmitFailed, match="gave up after 3 attempts: InternalServerException"):
         await _start(d)
     d = RequestDispatcher(FakeRuntime(start_time=0.2), _cfg(start_rate=1000.0, max_live_sessions=1))
-    async with d.live_slot(math.inf):  # the only slot is taken
-        with pytest.raises(SubmitFailed, match=r"not started in time: .* live-session slot"):
-            async with d.live_slot(time.time() + 0.05):
-                pass
-    assert d.live.value == 0
+    await d.take_live_slot(math.inf)  # the only slot is taken
+    with pytest.raises(SubmitFailed, match=r"not started in time: .* live-session slot"):
+        await d.take_live_slot(time.time() + 0.05)
+    assert d.live.value == 1
+    await d.stop_and_release("s" * 40)
+    assert d.live.value == 0 and d.stats()["stops"] == 1
 
 
 async def test_time_queued_for_the_start_rate_does_not_count_against_the_rollout():

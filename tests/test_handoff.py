@@ -1,0 +1,81 @@
+"""Hand-off: an outcome reaches the caller as soon as the buffer has it; the session is stopped
+behind it, and its live slot is held until that stop completes. Through the real wire: the
+engine's own aiobotocore AgentCore client, the emulator, moto S3 -> SQS."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
+from agentcore_rollout._agentcore import AgentCoreRuntime
+from agentcore_rollout._aws import AwsClients
+
+from .conftest import RUNTIME_ARN, engine_config
+
+
+class _HeldStops:
+    """The real AgentCore client, with every stop held until the test lets stops through."""
+
+    def __init__(self, runtime: AgentCoreRuntime) -> None:
+        self._runtime = runtime
+        self.release = asyncio.Event()
+        self.stops_asked: list[str] = []
+
+    async def invoke(self, session_id: str, payload: bytes) -> None:
+        await self._runtime.invoke(session_id, payload)
+
+    async def stop(self, session_id: str) -> None:
+        self.stops_asked.append(session_id)
+        await self.release.wait()
+        await self._runtime.stop(session_id)
+
+
+async def test_outcome_is_handed_over_before_the_stop_and_the_slot_waits_for_it(
+    moto, channel, emulator
+):
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, max_live_sessions=2)
+    requests = [RolloutRequest({"a": i, "b": 1}, input_id=f"q{i}") for i in range(4)]
+    async with AwsClients(cfg) as clients:
+        runtime = _HeldStops(AgentCoreRuntime(clients.agentcore, RUNTIME_ARN))
+        async with RolloutEngine(cfg, runtime=runtime) as engine:
+            handles = [engine.submit(r) for r in requests]
+            async with asyncio.timeout(20):  # an engine that stops first would wait forever
+                first = [await h for h in handles[:2]]
+            # Both outcomes are in hand while their sessions are still alive, being stopped.
+            assert [o.outcome for o in first] == [Outcome.OK, Outcome.OK]
+            assert sorted(runtime.stops_asked) == sorted(o.session_id for o in first)
+            assert emu.stopped == [] and len(emu.started) == 2
+            # The stopped-but-not-yet-gone sessions still hold both slots: nothing else starts.
+            await asyncio.sleep(0.3)
+            assert len(emu.started) == 2 and not any(h.done() for h in handles[2:])
+            assert engine.stats().live_sessions == 2
+            runtime.release.set()
+            rest = [await h for h in handles[2:]]
+            assert [o.outcome for o in rest] == [Outcome.OK, Outcome.OK]
+        # Closing the engine waits for the last stops.
+        stats = engine.stats()
+    assert stats.peak_live_sessions == 2 and stats.live_sessions == 0
+    assert emu.live.peak == 2 and sorted(emu.stopped) == sorted(emu.started)
+
+
+async def test_deletes_are_batched_and_flushed_on_close(moto, channel, emulator):
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, delete_window=0.3)
+    requests = [RolloutRequest({"a": i, "b": 2}, input_id=f"q{i}") for i in range(40)]
+    async with RolloutEngine(cfg) as engine:
+        batch = await engine.rollout(requests)
+    assert batch.counts["ok"] == 40
+    calls, stats = engine.stats().api_calls, engine.stats()
+    # 40 results (and S3's test event) in a few windows of 0.3 s: several per call
+    assert calls["sqs:DeleteMessageBatch"] * 3 <= stats.messages, calls
+    assert stats.unsettled_messages == 0 and stats.duplicates == 0
+    # what was still waiting for its window when the engine closed was deleted too
+    attrs = moto.client("sqs").get_queue_attributes(
+        QueueUrl=channel.queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    assert attrs == {
+        "ApproximateNumberOfMessages": "0",
+        "ApproximateNumberOfMessagesNotVisible": "0",
+    }
