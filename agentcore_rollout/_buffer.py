@@ -2,7 +2,10 @@
 
 S3 is the source of truth; SQS only says where to look. Notifications can be duplicated,
 late, lost, foreign or malformed, so the buffer:
-- long-polls, parses both notification forms, and deletes a message only after hand-off,
+- long-polls, parses both notification forms, and deletes a message only after hand-off
+  (in batches: a handled message waits up to `delete_window` for others to share a call),
+- after a receive that brought a partial batch, waits `receive_gather` before the next,
+  so at moderate traffic one call brings several messages,
 - leaves another experiment's messages on the queue (visible again after a short delay),
 - verifies every object (size, schema, signature, key) before a request sees it,
 - looks a request's key up in S3 directly when its deadline nears with no notification,
@@ -16,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -92,6 +95,10 @@ class RolloutBuffer:
         self._window = max(config.retain_steps, config.max_staleness + 1)
         self._downloads = asyncio.Semaphore(config.download_concurrency)
         self._pollers: list[asyncio.Task[None]] = []
+        self._deletes = _Batched(sqs.delete_message_batch, config.queue_url, config.delete_window)
+        self._releases = _Batched(
+            sqs.change_message_visibility_batch, config.queue_url, config.delete_window
+        )
         self._counts: Counter[str] = Counter()
         self._invalid: Counter[str] = Counter()
 
@@ -114,6 +121,7 @@ class RolloutBuffer:
             if not isinstance(ended, asyncio.CancelledError | None):
                 log.error("%s ended with %r", task.get_name(), ended)
         self._pollers = []
+        await asyncio.gather(self._deletes.close(), self._releases.close())
 
     def stats(self) -> dict[str, Any]:
         """This buffer's share of `EngineStats`."""
@@ -128,6 +136,7 @@ class RolloutBuffer:
             "foreign_messages": c["foreign_messages"],
             "malformed_messages": c["malformed_messages"],
             "test_events": c["test_events"],
+            "unsettled_messages": self._deletes.failed + self._releases.failed,
             "s3_lookups": c["lookups"],
             "recovered_by_lookup": c["recovered_by_lookup"],
             "invalid_results": self._invalid,
@@ -256,27 +265,37 @@ class RolloutBuffer:
                 messages = resp.get("Messages", [])
                 self._counts["messages"] += len(messages)
                 in_hand.create_task(self._process(messages, batches.release))
+                if 0 < len(messages) < 10 and self._cfg.receive_gather:
+                    # More are coming but not enough to fill a batch: let them gather, so
+                    # the next call brings several (an empty long poll has waited already).
+                    await asyncio.sleep(self._cfg.receive_gather)
 
     async def _process(self, messages: list[dict[str, Any]], done: Callable[[], None]) -> None:
-        """Handle one received batch and settle it; never raises (a bug must not stop the
-        poller: a message whose handling failed is kept, and comes back)."""
+        """Handle one received batch, settling each message as soon as it is handled (so a
+        message whose result was handed over is deleted even if the batch is cut short)."""
         try:
-            handled = await asyncio.gather(
-                *(self._handle(m) for m in messages), return_exceptions=True
-            )
-            fates: list[_MessageFate] = []
-            for message, fate in zip(messages, handled, strict=True):
-                if isinstance(fate, BaseException):
-                    log.error("handling message %s failed: %r", message.get("MessageId"), fate)
-                    self._counts["handler_errors"] += 1
-                    fate = "keep"
-                fates.append(fate)
-            await self._settle(messages, fates)
-        except Exception as e:
-            log.error("settling %d messages failed: %r", len(messages), e)
-            self._counts["handler_errors"] += 1
+            await asyncio.gather(*(self._handle_and_settle(m) for m in messages))
         finally:
             done()
+
+    async def _handle_and_settle(self, message: dict[str, Any]) -> None:
+        """Never raises (a bug must not stop the poller): a message whose handling failed is
+        kept, and comes back."""
+        try:
+            fate = await self._handle(message)
+        except Exception as e:
+            log.error("handling message %s failed: %r", message.get("MessageId"), e)
+            self._counts["handler_errors"] += 1
+            return
+        if fate == "delete":
+            self._deletes.add({"ReceiptHandle": message["ReceiptHandle"]})
+        elif fate == "release":
+            self._releases.add(
+                {
+                    "ReceiptHandle": message["ReceiptHandle"],
+                    "VisibilityTimeout": self._cfg.foreign_visibility,
+                }
+            )
 
     async def _handle(self, message: dict[str, Any]) -> _MessageFate:
         try:
@@ -301,31 +320,6 @@ class RolloutBuffer:
         # Ours, but nobody here expects it: another engine of this experiment on the same
         # queue, or one resuming after a restart, may. Let it come back for them.
         return "delete" if all(expected) else "release"
-
-    async def _settle(self, messages: list[dict[str, Any]], fates: list[_MessageFate]) -> None:
-        done = [m for m, f in zip(messages, fates, strict=True) if f == "delete"]
-        back = [m for m, f in zip(messages, fates, strict=True) if f == "release"]
-        try:
-            if done:
-                entries = [
-                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)
-                ]
-                await self._sqs.delete_message_batch(QueueUrl=self._cfg.queue_url, Entries=entries)
-            if back:
-                entries = [
-                    {
-                        "Id": str(i),
-                        "ReceiptHandle": m["ReceiptHandle"],
-                        "VisibilityTimeout": self._cfg.foreign_visibility,
-                    }
-                    for i, m in enumerate(back)
-                ]
-                await self._sqs.change_message_visibility_batch(
-                    QueueUrl=self._cfg.queue_url, Entries=entries
-                )
-        except (ClientError, BotoCoreError, OSError) as e:
-            # Undeleted messages come back and are then recognized as duplicates.
-            log.warning("could not settle %d messages: %s", len(done) + len(back), e)
 
     def _own_key(self, ref: ObjectRef) -> ResultKey | None:
         if ref.bucket != self._cfg.bucket:
@@ -446,3 +440,51 @@ class RolloutBuffer:
             log.warning("lookup of request_id=%s failed: %s", w.request_id, e)
         if w.future.done():
             self._counts["recovered_by_lookup"] += 1
+
+
+class _Batched:
+    """Sends SQS entries ten to a call (DeleteMessageBatch, ChangeMessageVisibilityBatch). An
+    entry waits at most `window` seconds for others to share its call (the message's
+    visibility timeout covers the wait); ten waiting go at once. A failed entry is counted and
+    logged: its message comes back after the visibility timeout, and is then recognized."""
+
+    def __init__(self, call: Callable[..., Awaitable[Any]], queue_url: str | None, window: float):
+        self._call = call
+        self._queue_url = queue_url
+        self._window = window
+        self._waiting: list[dict[str, Any]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._calls: set[asyncio.Task[None]] = set()
+        self.failed = 0
+
+    def add(self, entry: dict[str, Any]) -> None:
+        self._waiting.append(entry)
+        if len(self._waiting) >= 10:
+            self._send()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._window, self._send)
+
+    def _send(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._waiting:
+            chunk, self._waiting = self._waiting[:10], self._waiting[10:]
+            task = asyncio.create_task(self._post(chunk))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    async def _post(self, chunk: list[dict[str, Any]]) -> None:
+        entries = [{"Id": str(i), **entry} for i, entry in enumerate(chunk)]
+        try:
+            resp = await self._call(QueueUrl=self._queue_url, Entries=entries)
+            failed = len((resp or {}).get("Failed") or [])
+        except Exception as e:  # a task of our own: whatever it is, report it here
+            log.warning("%s of %d messages failed: %r", self._call.__name__, len(chunk), e)
+            failed = len(chunk)
+        self.failed += failed
+
+    async def close(self) -> None:
+        """Send what waits and wait for every call under way."""
+        self._send()
+        await asyncio.gather(*self._calls, return_exceptions=True)

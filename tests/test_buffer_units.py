@@ -8,7 +8,7 @@ import gc
 import json
 import time
 
-from agentcore_rollout._buffer import RolloutBuffer
+from agentcore_rollout._buffer import RolloutBuffer, _Batched
 from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.contract import Outcome, result_key
 
@@ -44,6 +44,7 @@ class FakeSQS:
     def __init__(self, batches: list[list[dict] | Exception]) -> None:
         self.batches = batches
         self.deleted: list[str] = []
+        self.released: list[str] = []
 
     async def receive_message(self, **_: object) -> dict:
         if not self.batches:
@@ -56,6 +57,9 @@ class FakeSQS:
 
     async def delete_message_batch(self, QueueUrl: str, Entries: list[dict]) -> None:
         self.deleted += [e["ReceiptHandle"] for e in Entries]
+
+    async def change_message_visibility_batch(self, QueueUrl: str, Entries: list[dict]) -> None:
+        self.released += [e["ReceiptHandle"] for e in Entries]
 
 
 def _event(key: str) -> str:
@@ -107,7 +111,7 @@ class FailingDeleteSQS(FakeSQS):
         await super().delete_message_batch(QueueUrl, Entries)
 
 
-async def test_a_failed_settle_is_counted_and_no_task_error_goes_unretrieved():
+async def test_a_failed_delete_is_counted_and_no_task_error_goes_unretrieved():
     loop = asyncio.get_running_loop()
     unhandled: list[dict] = []
     loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
@@ -116,6 +120,9 @@ async def test_a_failed_settle_is_counted_and_no_task_error_goes_unretrieved():
         queue_url="q",
         runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
         exp_id="e",
+        delete_window=0,  # a handled message's delete is sent at once ...
+        receive_gather=0.05,  # ... before the next message is received: one call each
+        reconcile_before=0,  # delivered by the notifications, not by a lookup
     )
     keys = {rid: result_key("rollouts", "e", 0, rid) for rid in ("first", "second")}
     s3 = FakeS3({k: signed_body(make_result(request_id=r)) for r, k in keys.items()}, set())
@@ -131,6 +138,25 @@ async def test_a_failed_settle_is_counted_and_no_task_error_goes_unretrieved():
     gc.collect()  # an unretrieved task exception is reported when the task is collected
     await asyncio.sleep(0)
     assert [d.outcome for d in deliveries] == [Outcome.OK, Outcome.OK]
-    assert buffer.stats()["handler_errors"] == 1
+    assert buffer.stats()["unsettled_messages"] == 1
     assert sqs.deleted == ["failed once", "h-second"]
     assert unhandled == []
+
+
+async def test_settlements_go_ten_to_a_call_after_a_short_window():
+    calls: list[list[str]] = []
+
+    async def call(QueueUrl: str, Entries: list[dict]) -> dict:
+        calls.append([e["ReceiptHandle"] for e in Entries])
+        return {}
+
+    batched = _Batched(call, "q", window=0.05)
+    for i in range(25):
+        batched.add({"ReceiptHandle": f"h{i}"})
+    await asyncio.sleep(0)
+    assert [len(c) for c in calls] == [10, 10]  # full calls at once; the last 5 wait
+    await asyncio.sleep(0.2)
+    assert [len(c) for c in calls] == [10, 10, 5]  # the window passed
+    batched.add({"ReceiptHandle": "last"})
+    await batched.close()  # sends what waits, without waiting for the window
+    assert calls[-1] == ["last"] and batched.failed == 0
