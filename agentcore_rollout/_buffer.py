@@ -45,6 +45,7 @@ log = logging.getLogger("agentcore_rollout.buffer")
 
 _MessageFate = Literal["delete", "release", "keep"]
 _MAX_BATCHES = 4  # received batches being downloaded at once, per poller
+_CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
 
 
 @dataclass(frozen=True)
@@ -390,17 +391,19 @@ class RolloutBuffer:
             body = await self._download(key)
             if body is None:
                 return None
-            result = decode_result(body, self._cfg.max_result_bytes)
-            if (result.exp_id, result.step, result.request_id) != (
+            check = (
+                key,
+                body,
                 self._cfg.exp_id,
                 step,
                 request_id,
-            ):
-                raise ContractError(
-                    f"object at {key} is for {result.exp_id}/{result.step}/{result.request_id}",
-                    "wrong_object",
-                )
-            verify_result(result, sig_key)
+                sig_key,
+                self._cfg.max_result_bytes,
+            )
+            if len(body) > _CHECK_IN_THREAD_BYTES:  # ~15 ms a MB: keep the loop handing off
+                result = await asyncio.to_thread(_checked_result, *check)
+            else:
+                result = _checked_result(*check)
         except ContractError as e:
             self._invalid[e.reason] += 1
             log.warning("invalid result request_id=%s: %s", request_id, e)
@@ -440,6 +443,20 @@ class RolloutBuffer:
             log.warning("lookup of request_id=%s failed: %s", w.request_id, e)
         if w.future.done():
             self._counts["recovered_by_lookup"] += 1
+
+
+def _checked_result(
+    key: str, body: bytes, exp_id: str, step: int, request_id: str, sig_key: str, max_bytes: int
+) -> RolloutResult:
+    """Parse, validate and verify one object (pure CPU: may run in a worker thread)."""
+    result = decode_result(body, max_bytes)
+    if (result.exp_id, result.step, result.request_id) != (exp_id, step, request_id):
+        raise ContractError(
+            f"object at {key} is for {result.exp_id}/{result.step}/{result.request_id}",
+            "wrong_object",
+        )
+    verify_result(result, sig_key)
+    return result
 
 
 class _Batched:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import threading
 import time
 
+from agentcore_rollout import _buffer
 from agentcore_rollout._buffer import RolloutBuffer, _Batched
 from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.contract import Outcome, result_key
@@ -160,3 +162,43 @@ async def test_settlements_go_ten_to_a_call_after_a_short_window():
     batched.add({"ReceiptHandle": "last"})
     await batched.close()  # sends what waits, without waiting for the window
     assert calls[-1] == ["last"] and batched.failed == 0
+
+
+async def test_large_objects_are_checked_off_the_event_loop_and_still_refused_when_forged(
+    monkeypatch,
+):
+    threads: list[str] = []
+    check = _buffer._checked_result
+
+    def recorded(*args: object) -> object:
+        threads.append(threading.current_thread().name)
+        return check(*args)
+
+    monkeypatch.setattr(_buffer, "_checked_result", recorded)
+    cfg = EngineConfig(
+        bucket="bkt",
+        queue_url="q",
+        runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
+        exp_id="e",
+        reconcile_before=0,
+    )
+    big = {"messages": [{"role": "user", "content": "x" * 1000} for _ in range(600)]}
+    keys = {rid: result_key("rollouts", "e", 0, rid) for rid in ("big", "forged")}
+    objects = {
+        keys["big"]: signed_body(make_result(request_id="big", trajectory=big)),
+        keys["forged"]: signed_body(make_result(request_id="forged", trajectory=big), "x" * 32),
+    }
+    assert all(len(body) > 256 * 1024 for body in objects.values())  # the worker-thread path
+    sqs = FakeSQS(
+        [[{"MessageId": r, "ReceiptHandle": f"h-{r}", "Body": _event(k)}] for r, k in keys.items()]
+    )
+    buffer = RolloutBuffer(FakeS3(objects, set()), sqs, cfg)
+    for rid in keys:
+        buffer.expect(rid, step=0, sig_key=KEY)
+    await buffer.start()
+    big_delivery, forged = [await buffer.wait(rid, deadline=time.time() + 5) for rid in keys]
+    await buffer.close()
+    assert big_delivery.outcome is Outcome.OK and big_delivery.result.trajectory == big
+    assert forged.outcome is Outcome.INVALID_RESULT and "signature" in (forged.error or "")
+    assert buffer.stats()["invalid_results"] == {"signature": 1}
+    assert len(threads) == 2 and threading.main_thread().name not in threads
