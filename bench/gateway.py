@@ -1,17 +1,33 @@
-"""Gateway overhead: added latency per agent turn, gateway vs calling the policy server directly.
+"""Gateway overhead: added latency and CPU per agent turn, gateway vs calling a backend directly.
 
-Prints JSON and writes bench/results/gateway.json and gateway.png. The toy policy server and the
-gateway (char renderer, SGLang backend) each run in their own process on loopback; this process
-drives N concurrent sessions of T growing multi-turn conversations through aiohttp:
+Prints JSON and writes bench/results/gateway.json and gateway.png. Every server runs in its own
+process on loopback; this process drives N concurrent sessions of T-turn conversations through
+aiohttp. Three parts:
 
-  direct    POST policy /v1/chat/completions         (the policy renders and samples)
-  gateway   POST gateway /v1/chat/completions         (the gateway renders, calls policy
-            /generate with ids + log-probs, parses, records the turn)
+1. `concurrent_sessions`: the toy policy server (char renderer, real sampling), growing
+   conversations of short questions:
+     direct    POST policy /v1/chat/completions       (the policy renders and samples)
+     gateway   POST gateway /v1/chat/completions       (the gateway renders, calls policy
+               /generate with ids + log-probs, parses, records the turn)
+   Each (session, turn) sends the same per-request seed on both paths, so both sample the same
+   tokens and do the same work on the policy side; the difference is the gateway's cost.
+   `finish_ms` is the time to close a session and download its trace.
+2. `gateway_cpu_ms_per_turn`: the gateway process's own CPU time (utime + stime from
+   /proc/<pid>/stat) over the turns it served, for conversations of about 250 tokens a turn
+   (about 2k tokens at 8 turns) through the Hugging Face renderer (the test fixture tokenizer)
+   in front of an instant backend; `gateway_cpu` repeats it at 32 turns (about 8k tokens) and
+   says what share of the 2 cores each process used.
+3. `instant_backend`: the same conversations against a backend in its own process that answers
+   /generate at once with fixed ids and log-probs: `added_ms` is the gateway path's latency minus
+   that backend's called directly (a /generate body with the same input ids), so what is left is
+   the gateway's own work and its extra HTTP hop. Sessions run closed-loop (each sends its next
+   turn when the last is answered), so at N sessions a turn also waits behind the others' turns
+   on the gateway's one event loop: about N times its CPU per turn.
 
-Each (session, turn) sends the same per-request seed on both paths, so both sample the same
-tokens and do the same work on the policy side; the difference is the gateway's cost. Arms
-alternate in rounds to cancel drift. `finish_ms` is the time to close a session and download its
-trace. Absolute numbers are a 2-core machine's; the point is the gateway's share.
+The client encodes and parses JSON with orjson on every arm, so that its own CPU, which competes
+with the servers for the same cores, stays small. Arms alternate in rounds to cancel drift.
+Absolute numbers are a 2-core machine's, shared with
+this client; the point is the gateway's share.
 
     python bench/gateway.py [--sessions 1 16 64] [--turns 8] [--rounds 2]
 """
@@ -21,53 +37,135 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
+import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agentcore_rollout._process import ServiceProcess  # noqa: E402
-from agentcore_rollout.gateway import GatewayAdmin  # noqa: E402
+from agentcore_rollout.gateway import GatewayAdmin, HFRenderer  # noqa: E402
 from agentcore_rollout.gateway.__main__ import TOKEN_ENV  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 8}
+MIN_TURNS = 256  # per arm and concurrency in part 3: enough for a p99 at 1 session too
+JSON = {"Content-Type": "application/json"}
+TOKENIZER_DIR = ROOT / "tests" / "fixtures" / "tokenizer"
+CHAR_RENDERER = "agentcore_rollout.local.policy.render:CharRenderer"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
+SYSTEM = "You are a careful math agent. Think step by step and check every sum twice."
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "two",
+    "agents",
+    "add",
+    "numbers",
+]
+REPLY = "Let me check the numbers once more. The sum is 42."
+
+
+# -- conversations --------------------------------------------------------------------------------
 
 
 def conversation(session: int, turn: int, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Part 1: a short question per turn (the toy policy's context is small)."""
     return [*history, {"role": "user", "content": f"What is {session % 10} + {turn}?"}]
 
 
+def long_conversation(
+    session: int, turn: int, history: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Parts 2 and 3: about 230 tokens of user text per turn (the reply adds about 20)."""
+    words = " ".join(WORDS[(session + turn + i) % len(WORDS)] for i in range(95))
+    user = {"role": "user", "content": f"Turn {turn} of session {session}: {words}. Sum?"}
+    if not history:
+        history = [{"role": "system", "content": SYSTEM}]
+    return [*history, user]
+
+
 async def drive(
-    http: aiohttp.ClientSession, url: str, keys: list[str | None], turns: int
+    http: aiohttp.ClientSession,
+    url: str,
+    keys: list[str | None],
+    turns: int,
+    make: Callable[[int, int, list[dict[str, Any]]], list[dict[str, Any]]] = conversation,
+    extra: dict[str, Any] | None = None,
 ) -> list[float]:
-    """Run one conversation per key concurrently; per-turn latencies in ms."""
+    """Run one conversation per key concurrently through an OpenAI chat endpoint, each turn
+    appending the assistant message it got back; per-turn latencies in ms."""
     latencies: list[float] = []
 
     async def one(session: int, key: str | None) -> None:
         history: list[dict[str, Any]] = []
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         for turn in range(turns):
-            messages = conversation(session, turn, history)
+            messages = make(session, turn, history)
             body = {"model": "policy", "messages": messages, "seed": session * 1000 + turn}
-            body |= SAMPLING
+            body |= SAMPLING | (extra or {})
             started = time.perf_counter()
-            async with http.post(url, json=body, headers=headers) as response:
-                data = await response.json()
+            async with http.post(url, data=orjson.dumps(body), headers=headers) as response:
+                data = orjson.loads(await response.read())
             latencies.append((time.perf_counter() - started) * 1000)
             assert response.status == 200, data
-            history = [
-                *messages,
-                {"role": "assistant", "content": data["choices"][0]["message"]["content"]},
-            ]
+            history = [*messages, data["choices"][0]["message"]]
 
     await asyncio.gather(*(one(i, key) for i, key in enumerate(keys)))
+    return latencies
+
+
+async def drive_generate(
+    http: aiohttp.ClientSession, url: str, prompts: list[list[list[int]]]
+) -> list[float]:
+    """Call a /generate backend directly: one sequence of prompts per concurrent session."""
+    latencies: list[float] = []
+
+    async def one(session: list[list[int]]) -> None:
+        for ids in session:
+            body = {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": 8},
+                "return_logprob": True,
+                "stream": False,
+            }
+            started = time.perf_counter()
+            async with http.post(url, data=orjson.dumps(body), headers=JSON) as response:
+                await response.read()
+            latencies.append((time.perf_counter() - started) * 1000)
+            assert response.status == 200
+
+    await asyncio.gather(*(one(s) for s in prompts))
     return latencies
 
 
@@ -78,21 +176,85 @@ def pct(values: list[float]) -> dict[str, float]:
     }
 
 
-async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
-    token = secrets.token_urlsafe(32)
-    policy = ServiceProcess("policy", "agentcore_rollout.local.policy", "--seed", "0")
-    policy.start()
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc (clock ticks, 10 ms each)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- the instant backend ------------------------------------------------------------------------
+
+
+def serve_instant() -> None:
+    """A /generate server that answers at once: the fixture tokenizer's ids of REPLY and an
+    end-of-turn id, fixed log-probs, no parsing of the request."""
+    from aiohttp import web
+
+    from agentcore_rollout._process import exit_with_parent
+
+    tokenizer = HFRenderer.from_pretrained(TOKENIZER_DIR).tokenizer
+    ids = [*tokenizer.encode(REPLY, add_special_tokens=False), tokenizer.eos_token_id]
+    meta = {
+        "finish_reason": {"type": "stop", "matched": ids[-1]},
+        "completion_tokens": len(ids),
+        "output_token_logprobs": [[-0.5, t, None] for t in ids],
+    }
+    answer = json.dumps({"text": REPLY, "output_ids": ids, "meta_info": meta}).encode()
+
+    async def generate(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=answer, content_type="application/json")
+
+    async def main() -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.add_routes([web.post("/generate", generate)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(f"http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
+        await asyncio.Event().wait()
+
+    exit_with_parent()
+    asyncio.run(main())
+
+
+# -- the runs -------------------------------------------------------------------------------------
+
+
+def start_gateway(backend_url: str, renderer: str, token: str) -> ServiceProcess:
     gateway = ServiceProcess(
         "gateway",
         "agentcore_rollout.gateway",
-        "--backend-url",
-        policy.url,
-        "--renderer",
-        "agentcore_rollout.local.policy.render:CharRenderer",
+        *("--backend-url", backend_url, "--renderer", renderer),
         env={TOKEN_ENV: token},
     )
+    gateway.start()
+    return gateway
+
+
+async def with_sessions(
+    admin: GatewayAdmin, n: int, run: Callable[[list[str | None]], Awaitable[Any]], turns: int
+) -> tuple[Any, list[float]]:
+    """Create n sessions, run, then finish them; the finish times in ms."""
+    created = [await admin.create_session(f"bench-{i}", sampling=SAMPLING) for i in range(n)]
+    result = await run([s.api_key for s in created])
+    finish: list[float] = []
+    for s in created:
+        t1 = time.perf_counter()
+        trace = await admin.finish_session(s.session_id)
+        finish.append((time.perf_counter() - t1) * 1000)
+        assert trace["num_turns"] == turns and trace["num_samples"] >= 1
+    return result, finish
+
+
+async def policy_part(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
+    token = secrets.token_urlsafe(32)
+    policy = ServiceProcess("policy", "agentcore_rollout.local.policy", "--seed", "0")
+    policy.start()
+    gateway: ServiceProcess | None = None
     try:
-        gateway.start()
+        gateway = start_gateway(policy.url, CHAR_RENDERER, token)
         results: dict[str, Any] = {}
         limits = aiohttp.TCPConnector(limit=0)
         async with (
@@ -135,13 +297,140 @@ async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
                     "finish_ms": pct(finish),
                 }
     finally:
-        gateway.stop()
+        if gateway is not None:
+            gateway.stop()
         policy.stop()
+    return results
+
+
+async def instant_part(
+    sessions: list[int], turns: int, rounds: int, cpu_turns: list[int], cpu_sessions: int
+) -> dict[str, Any]:
+    token = secrets.token_urlsafe(32)
+    backend = ServiceProcess(
+        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
+    )
+    backend.start()
+    gateway: ServiceProcess | None = None
+    renderer = HFRenderer.from_pretrained(TOKENIZER_DIR)
+    reply = {"role": "assistant", "content": REPLY}
+    try:
+        gateway = start_gateway(backend.url, str(TOKENIZER_DIR), token)
+        assert gateway.pid is not None and backend.pid is not None
+        limits = aiohttp.TCPConnector(limit=0)
+        async with (
+            aiohttp.ClientSession(connector=limits) as http,
+            GatewayAdmin(gateway.url, token) as admin,
+        ):
+            chat = f"{gateway.url}/v1/chat/completions"
+            extra = {"tools": TOOLS}
+
+            def prompts(n: int, t: int) -> list[list[list[int]]]:
+                """The prompt ids the gateway sends for each session's turns (rendered here,
+                before the clock starts), for the direct arm."""
+                out = []
+                for s in range(n):
+                    history: list[dict[str, Any]] = []
+                    ids = []
+                    for turn in range(t):
+                        messages = long_conversation(s, turn, history)
+                        ids.append(renderer.render(messages, TOOLS))
+                        history = [*messages, reply]
+                    out.append(ids)
+                return out
+
+            async def chat_run(keys: list[str | None], t: int) -> list[float]:
+                return await drive(http, chat, keys, t, long_conversation, extra)
+
+            await with_sessions(admin, 4, lambda keys: chat_run(keys, 2), 2)  # warm up
+            cpu: dict[str, Any] = {}
+            for t in cpu_turns:
+                final = prompts(1, t)[0][-1]
+                used = {"gateway": 0.0, "backend": 0.0, "client": 0.0}
+                served, wall = 0, 0.0
+                while served < 1024:
+                    created = [
+                        await admin.create_session(f"cpu-{i}", sampling=SAMPLING)
+                        for i in range(cpu_sessions)
+                    ]
+                    keys: list[str | None] = [s.api_key for s in created]
+                    before = (
+                        cpu_seconds(gateway.pid),
+                        cpu_seconds(backend.pid),
+                        time.process_time(),
+                    )
+                    t0 = time.perf_counter()
+                    await chat_run(keys, t)
+                    wall += time.perf_counter() - t0
+                    after = (
+                        cpu_seconds(gateway.pid),
+                        cpu_seconds(backend.pid),
+                        time.process_time(),
+                    )
+                    for name, b, a in zip(used, before, after, strict=True):
+                        used[name] += a - b
+                    served += cpu_sessions * t
+                    for s in created:
+                        trace = await admin.finish_session(s.session_id)
+                        assert trace["num_turns"] == t
+                cpu[str(t)] = {
+                    "turns": served,
+                    "final_prompt_tokens": len(final),
+                    "cpu_ms_per_turn": round(used["gateway"] * 1000 / served, 3),
+                    "core_share": {k: round(v / wall, 2) for k, v in used.items()},
+                    "turns_per_s": round(served / wall, 1),
+                }
+            latency: dict[str, Any] = {}
+            for n in sessions:
+                direct_prompts = prompts(n, turns)
+                direct: list[float] = []
+                through: list[float] = []
+                for _ in range(max(rounds, -(-MIN_TURNS // (n * turns)))):
+                    direct += await drive_generate(http, f"{backend.url}/generate", direct_prompts)
+                    got, _ = await with_sessions(admin, n, lambda k: chat_run(k, turns), turns)
+                    through += got
+                d, g = pct(direct), pct(through)
+                latency[str(n)] = {
+                    "turns": len(through),
+                    "direct_ms": d,
+                    "gateway_ms": g,
+                    "added_ms": {k: round(g[k] - d[k], 3) for k in d},
+                }
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        backend.stop()
+    return {"cpu": cpu, "latency": latency, "final_prompt_tokens": len(direct_prompts[0][-1])}
+
+
+async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
+    concurrent = await policy_part(sessions, turns, rounds)
+    cpu_sessions = 16
+    instant = await instant_part(sessions, turns, rounds, [turns, 4 * turns], cpu_sessions)
+    cpu = instant["cpu"]
     return {
         "setup": "policy server and gateway in separate processes on 127.0.0.1, aiohttp client, "
         f"{turns} turns per session, {rounds} alternating rounds, max_tokens 8",
-        "concurrent_sessions": results,
+        "concurrent_sessions": concurrent,
+        "gateway_cpu_ms_per_turn": cpu[str(turns)]["cpu_ms_per_turn"],
+        "gateway_cpu": {
+            "setup": f"HF renderer (tests/fixtures/tokenizer) with tools, {cpu_sessions} "
+            "concurrent sessions of about 250 prompt tokens a turn, instant backend; gateway "
+            "utime+stime over the turns served; core_share: CPU seconds per wall second of "
+            "each process while the turns ran (2 cores in all)",
+            "by_turns": cpu,
+        },
+        "instant_backend": {
+            "setup": f"same conversations ({turns} turns, about "
+            f"{instant['final_prompt_tokens']} prompt tokens at the last), a /generate server "
+            "in its own process answering at once; direct = that server called with the same "
+            f"prompt ids; alternating rounds, at least {rounds} and {MIN_TURNS} turns per arm",
+            "concurrent_sessions": instant["latency"],
+        },
     }
+
+
+# -- the figure -----------------------------------------------------------------------------------
 
 
 def plot(figures: dict[str, Any], path: Path) -> None:
@@ -150,22 +439,61 @@ def plot(figures: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = figures["concurrent_sessions"]
-    groups = list(data)
-    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
-    for ax, n in zip(axes[0], groups, strict=True):
-        x = np.arange(2)
-        for i, (arm, label) in enumerate((("direct_ms", "direct"), ("gateway_ms", "gateway"))):
-            values = [data[n][arm]["p50"], data[n][arm]["p99"]]
-            bars = ax.bar(x + (i - 0.5) * 0.38, values, 0.38, label=label)
-            ax.bar_label(bars, fmt="%.1f", fontsize=8)
-        ax.set_xticks(x, ["p50", "p99"])
-        added = data[n]["added_ms"]
-        sessions = f"{n} session" + ("" if n == "1" else "s")
-        title = f"{sessions}: +{added['p50']:.1f} ms p50, +{added['p99']:.1f} ms p99"
-        ax.set(ylabel="ms per turn", title=title)
-        ax.legend()
-    fig.suptitle("Latency per agent turn: policy server direct vs through the gateway")
+    parts = [
+        ("toy policy", figures["concurrent_sessions"]),
+        ("instant backend", figures["instant_backend"]["concurrent_sessions"]),
+    ]
+    groups = list(parts[0][1])
+    fig, axes = plt.subplots(
+        3, len(groups), figsize=(5 * len(groups), 11), squeeze=False, height_ratios=[1, 1, 0.8]
+    )
+    for row, (label_, data) in enumerate(parts):
+        for ax, n in zip(axes[row], groups, strict=True):
+            x = np.arange(2)
+            for i, (arm, label) in enumerate((("direct_ms", "direct"), ("gateway_ms", "gateway"))):
+                values = [data[n][arm]["p50"], data[n][arm]["p99"]]
+                bars = ax.bar(x + (i - 0.5) * 0.38, values, 0.38, label=label)
+                ax.bar_label(bars, fmt="%.1f", fontsize=8)
+            ax.set_xticks(x, ["p50", "p99"])
+            added = data[n]["added_ms"]
+            sessions = f"{n} session" + ("" if n == "1" else "s")
+            title = f"{label_}, {sessions}: +{added['p50']:.1f} p50, +{added['p99']:.1f} p99"
+            ax.set(ylabel="ms per turn", title=title)
+            ax.title.set_fontsize(9)
+            ax.legend(fontsize=8)
+    cpu = figures["gateway_cpu"]["by_turns"]
+    ax = axes[2][0]
+    labels = [f"{t} turns\n~{cpu[t]['final_prompt_tokens']} tokens" for t in cpu]
+    bars = ax.bar(labels, [cpu[t]["cpu_ms_per_turn"] for t in cpu], 0.5, color="tab:green")
+    ax.bar_label(bars, fmt="%.3f", fontsize=8)
+    ax.axhline(0.5, color="grey", linestyle="--", linewidth=1, label="target 0.5 ms")
+    ax.set(ylabel="gateway CPU ms per turn", title="gateway CPU per turn (HF renderer)")
+    ax.legend(fontsize=8)
+    ax = axes[2][1]
+    added = figures["instant_backend"]["concurrent_sessions"]
+    x = np.arange(len(added))
+    for i, q in enumerate(("p50", "p99")):
+        bars = ax.bar(x + (i - 0.5) * 0.38, [added[n]["added_ms"][q] for n in added], 0.38, label=q)
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax.set_xticks(x, [f"{n} sess." for n in added])
+    ax.set_yscale("symlog", linthresh=1)
+    ax.axhline(1, color="tab:blue", linestyle=":", linewidth=1, label="target p50 @1: 1 ms")
+    ax.axhline(5, color="tab:orange", linestyle=":", linewidth=1, label="target p99 @64: 5 ms")
+    ax.set(ylabel="added ms per turn", title="gateway added latency, instant backend")
+    ax.legend(fontsize=7)
+    ax = axes[2][2]
+    shares = {t: cpu[t]["core_share"] for t in cpu}
+    bottom = np.zeros(len(shares))
+    for name in ("gateway", "backend", "client"):
+        values = np.array([shares[t][name] for t in shares])
+        ax.bar([f"{t} turns" for t in shares], values, 0.5, bottom=bottom, label=name)
+        bottom += values
+    ax.axhline(2, color="grey", linestyle="--", linewidth=1, label="2 cores")
+    ax.set(ylabel="CPU s per wall s", title="who used the cores during the CPU runs")
+    ax.legend(fontsize=8)
+    for ax in axes[2]:
+        ax.title.set_fontsize(9)
+    fig.suptitle("Latency per agent turn: direct vs through the gateway, and the gateway's CPU")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -176,7 +504,11 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--serve-instant", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_instant:  # the instant backend's own process
+        serve_instant()
+        return
     figures = asyncio.run(run(args.sessions, args.turns, args.rounds))
     args.out.mkdir(parents=True, exist_ok=True)
     plot(figures, args.out / "gateway.png")

@@ -144,6 +144,7 @@ async def test_multi_turn_traces_equal_what_two_workers_sampled_through_the_rout
     for trace in traces:
         assert trace["token_capture"] is True
         assert [s["turns"] for s in trace["samples"]] == [[0, 1, 2]]  # all turns merged
+        assert trace["render"] == {"incremental": 2, "fallback": 0, "full": 1}
         check_sample_against_records(trace["samples"][0], by_rid, trace["turns"])
         truncated = any(
             by_rid[t["rid"]]["finish_reason"]["type"] == "length" for t in trace["turns"]

@@ -199,3 +199,22 @@ def test_sampling_defaults_requests_and_sglang_names() -> None:
             check_sampling(bad)
     with pytest.raises(ValueError, match="n must be 1"):
         request_sampling({"n": 2}, {})
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
+def test_fastjson_is_compact_bytes_and_value_errors_with_or_without_orjson(
+    fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentcore_rollout.gateway import _fastjson
+
+    if not fast:  # a core + [local] install, where the gateway runs without orjson
+        monkeypatch.setattr(_fastjson, "orjson", None)
+    data = {"input_ids": [1, 2, 3], "text": "é", "logprob": -0.5, "none": None}
+    raw = _fastjson.dumps(data)
+    assert raw == json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    assert _fastjson.loads(raw) == data == _fastjson.loads(raw.decode())
+    with pytest.raises(ValueError):
+        _fastjson.loads(b"{not json")

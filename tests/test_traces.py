@@ -1,6 +1,8 @@
 """Exact token traces for the example agent, end to end: RolloutEngine -> emulator ->
 math agent -> token-capture gateway -> sglang-router -> two policy workers. Every token the
-trace marks as sampled, and its log-prob, is exactly what a worker recorded sampling."""
+trace marks as sampled, and its log-prob, is exactly what a worker recorded sampling, and every
+prompt a worker saw is a full render of the agent's messages although the gateway rendered all
+turns after the first incrementally."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import aiohttp
 
 from agentcore_rollout import RolloutEngine, RolloutRequest
 from agentcore_rollout.config import EngineConfig, LocalConfig
-from agentcore_rollout.local.policy import CharTokenizer
+from agentcore_rollout.local.policy import CharRenderer, CharTokenizer
 from agentcore_rollout.local.stack import LocalStack
 
 
@@ -58,15 +60,20 @@ async def test_example_agent_traces_equal_what_the_workers_sampled():
     for samples in recorded:
         for s in samples:
             by_prompt.setdefault(tuple(s["input_ids"]), []).append(s)
-    tokenizer = CharTokenizer()
+    prompts = set(by_prompt)
+    tokenizer, renderer = CharTokenizer(), CharRenderer()
     checked = 0
     for outcome in batch.outcomes:
         trace = outcome.trace
         assert trace is not None and trace["token_capture"] is True
-        assistant = [
-            m["content"] for m in outcome.result.trajectory["messages"] if m["role"] == "assistant"
-        ]
+        messages = outcome.result.trajectory["messages"]
+        assistant = [m["content"] for m in messages if m["role"] == "assistant"]
         assert trace["num_turns"] == len(assistant)
+        asked = [messages[:i] for i, m in enumerate(messages) if m["role"] == "assistant"]
+        assert all(tuple(renderer.render(m, None)) in prompts for m in asked)
+        assert [t["render"] for t in trace["turns"]] == ["full"] + ["incremental"] * (
+            len(asked) - 1
+        )
         sampled_texts = []
         for sample in trace["samples"]:
             ids, mask, lps = sample["response_ids"], sample["loss_mask"], sample["logprobs"]

@@ -8,11 +8,12 @@
             trace = await admin.finish_session(session.session_id)
 
 Modules, one concept each: `server` (the aiohttp app and its routes), `sessions` (per-session
-keys, limits, expiry), `render` (messages <-> token ids, tool-call parsing, choosing a renderer),
+keys, limits, expiry, render states), `render` (messages <-> token ids, incremental per session,
+tool-call parsing, choosing a renderer),
 `backends` (SGLang /generate with log-probs; OpenAI pass-through), `sampling` (which sampling
 fields pass, and how), `trajectory` (turns -> training samples with loss masks), `router`
 (sglang-router as a managed subprocess), `client` (the engine's admin client, and the trace's
-JSON shape).
+JSON shape), `_fastjson` (orjson when installed, for the per-turn JSON).
 
 The names below are imported on first use, so the engine's `from .gateway.client import
 GatewayAdmin` loads the admin client alone (aiohttp's client, which the core install has), never
@@ -20,7 +21,8 @@ the server, the router or a tokenizer. The gateway depends on no particular mode
 policy's renderer is `agentcore_rollout.local.policy.CharRenderer`.
 
 Needs the [gateway] extra for the Hugging Face renderer (transformers, tokenizers) and the router
-(sglang-router); the server itself needs only aiohttp.
+(sglang-router); the server itself needs only aiohttp (and uses orjson, also in the extra, when
+installed).
 """
 
 from __future__ import annotations
@@ -38,7 +40,17 @@ if TYPE_CHECKING:
         TurnRequest,
     )
     from .client import GatewayAdmin, GatewayError, GatewaySession
-    from .render import HFRenderer, Parsed, Renderer, TextRenderer, load_renderer
+    from .render import (
+        AnchoredRenderer,
+        HFRenderer,
+        IncrementalRenderer,
+        Parsed,
+        Rendered,
+        Renderer,
+        RenderState,
+        TextRenderer,
+        load_renderer,
+    )
     from .router import RouterError, SGLangRouter
     from .server import Gateway
     from .trajectory import Sample, Trajectory, Turn
@@ -53,8 +65,12 @@ _SUBMODULE = {
     "GatewayAdmin": "client",
     "GatewayError": "client",
     "GatewaySession": "client",
+    "AnchoredRenderer": "render",
     "HFRenderer": "render",
+    "IncrementalRenderer": "render",
     "Parsed": "render",
+    "RenderState": "render",
+    "Rendered": "render",
     "Renderer": "render",
     "TextRenderer": "render",
     "load_renderer": "render",
@@ -67,6 +83,7 @@ _SUBMODULE = {
 }
 
 __all__ = [
+    "AnchoredRenderer",
     "Backend",
     "BackendError",
     "Completion",
@@ -75,8 +92,11 @@ __all__ = [
     "GatewayError",
     "GatewaySession",
     "HFRenderer",
+    "IncrementalRenderer",
     "OpenAIBackend",
     "Parsed",
+    "RenderState",
+    "Rendered",
     "Renderer",
     "RouterError",
     "SGLangBackend",

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from . import _fastjson
 from .sampling import to_sglang
 
 
@@ -93,7 +94,7 @@ class _HTTPBackend(Backend):
         self._http: aiohttp.ClientSession | None = None
 
     def _headers(self) -> dict[str, str]:
-        return {}
+        return {"Content-Type": "application/json"}
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> Any:
         if self._http is None or self._http.closed:
@@ -102,9 +103,10 @@ class _HTTPBackend(Backend):
                 connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout)
             )
         target = f"{self.url}{path}"
+        data = _fastjson.dumps(body)
         try:
-            async with self._http.post(target, json=body, headers=self._headers()) as response:
-                text = await response.text()
+            async with self._http.post(target, data=data, headers=self._headers()) as response:
+                raw = await response.read()
                 status = response.status
         except TimeoutError:
             raise BackendError(
@@ -113,14 +115,14 @@ class _HTTPBackend(Backend):
         except aiohttp.ClientError as exc:
             raise BackendError(f"{self.name} backend unreachable at {self.url}: {exc}") from None
         if status != 200:
-            detail = _error_detail(text)
+            detail = _error_detail(raw.decode(errors="replace"))
             if status == 400:
                 raise BackendError(f"{self.name} backend rejected the request: {detail}", 400)
             raise BackendError(f"{self.name} backend answered {status}: {detail}")
         try:
-            return json.loads(text)
+            return _fastjson.loads(raw)
         except ValueError:
-            raise BackendError(f"{self.name} backend answered non-JSON: {text[:200]!r}") from None
+            raise BackendError(f"{self.name} backend answered non-JSON: {raw[:200]!r}") from None
 
     async def close(self) -> None:
         if self._http is not None:
@@ -221,7 +223,10 @@ class OpenAIBackend(_HTTPBackend):
         return f"OpenAIBackend(base_url={self.url!r}, model={self.model!r}, api_key='***')"
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        headers = super()._headers()
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
 
     async def complete(self, request: TurnRequest) -> Completion:
         body: dict[str, Any] = {

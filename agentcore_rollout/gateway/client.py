@@ -20,9 +20,12 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
       "limits": {"max_turns", "max_context", "rejected_turns", "context_limited_turns"},
       "in_flight_at_finish": int,     # turns still running when finished (not recorded)
       "truncated": bool, "ill_formed": bool,   # any turn
+      "render": {"incremental": int, "fallback": int, "full": int},   # turns by render kind
       "turns": [{"index", "rid", "sample" (int | null), "prompt_tokens", "completion_tokens",
                  "finish_reason" ("stop" | "length" | "tool_calls"), "truncated",
-                 "context_limited", "ill_formed", "error", "weight_version", "latency_s"}],
+                 "context_limited", "ill_formed", "error", "weight_version", "latency_s",
+                 "render" ("incremental" | "fallback" | "full" | null: no renderer),
+                 "reused_prompt_tokens": int}],   # prompt ids not re-encoded this turn
       "samples": [{"index", "turns": [turn indices],
                    "prompt_ids": [int],        # the first merged turn's prompt
                    "response_ids": [int],      # sampled + observation tokens after the prompt
@@ -33,7 +36,10 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
     }
 
 `response_ids`, `loss_mask` and `logprobs` have the same length. Turns merge into one sample
-when a prompt extends an earlier sample's prompt + response exactly (see `trajectory`).
+when a prompt extends an earlier sample's prompt + response exactly (see `trajectory`). A turn's
+`render` says whether its prompt reused an earlier render's ids (`incremental`), was encoded in
+full although the session had earlier renders it does not extend (`fallback`: edited history,
+changed tools, a branch), or had nothing to extend (`full`); the ids are the same either way.
 """
 
 from __future__ import annotations
@@ -121,6 +127,11 @@ class GatewayAdmin:
                 return False
             raise
         return True
+
+    async def stats(self) -> dict[str, Any]:
+        """The gateway's counters: {"sessions": live, "turns": rendered since start,
+        "render": {"incremental", "fallback", "full"}, "prompt_tokens": {"reused", "encoded"}}."""
+        return await self._call("GET", "/admin/stats")
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:
         if self._http is None or self._http.closed:

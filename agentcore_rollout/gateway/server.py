@@ -21,10 +21,20 @@ every error is one line of OpenAI-style JSON, `{"error": {"message", "type", "pa
   POST   /admin/sessions/{id}/finish      -> 200 trace (see client.GatewayAdmin.finish_session);
                                           the session is closed, its key stops working
   DELETE /admin/sessions/{id}             -> 200 {"session_id", "dropped": true}; no trace
+  GET    /admin/stats                     -> 200 {"sessions", "turns", "render", "prompt_tokens"}
+                                          (see client.GatewayAdmin.stats)
 
 Limits: past `max_turns` a turn is refused with 429 (and `x-should-retry: false`, so OpenAI SDKs
 do not retry it); a prompt that reaches `max_context` gets an empty answer with finish_reason
 `length` without calling the backend, and shorter prompts get max_tokens capped to what fits.
+
+Per turn the gateway renders incrementally when the renderer can (`render.IncrementalRenderer`):
+each session keeps the states of its last few renders, and a prompt that extends one of them
+encodes only its new part. Every render is counted as `incremental`, `fallback` (the session had
+earlier renders but the prompt extends none of them: an edited history, changed tools, a branch)
+or `full` (nothing to extend: a session's first turn, or a renderer without the capability), in
+the trace's turns and in /admin/stats. The hot path does no per-turn logging and encodes JSON
+with orjson when installed (`_fastjson`).
 
 Streaming: the backend call is not streamed (the whole turn is needed to parse tool calls and to
 record it atomically); the answer is then sent as standard SSE chunks. For rollouts the agent's
@@ -36,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -45,12 +54,13 @@ from typing import Any
 
 from aiohttp import web
 
-from .._http import read_json_object, sse_response
+from .._http import sse_response
+from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
-from .render import Parsed, Renderer
+from .render import IncrementalRenderer, Parsed, Renderer
 from .sampling import request_sampling
 from .sessions import Session, SessionLimitError, SessionStore
-from .trajectory import Turn
+from .trajectory import RENDER_KINDS, Turn
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +117,10 @@ class Gateway:
         self.host, self.port = host, port
         self.model_name = model_name
         self.sessions = SessionStore(ttl=session_ttl)
+        # An isinstance check against a Protocol is slow: decided once, not per turn.
+        self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
+        self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
+        self.prompt_tokens = {"reused": 0, "encoded": 0}
         self._runner: web.AppRunner | None = None
         self._reaper: asyncio.Task[None] | None = None
 
@@ -165,6 +179,7 @@ class Gateway:
                 web.post("/admin/sessions", self._create),
                 web.post("/admin/sessions/{session_id}/finish", self._finish),
                 web.delete("/admin/sessions/{session_id}", self._drop),
+                web.get("/admin/stats", self._stats),
             ]
         )
         return app
@@ -207,14 +222,14 @@ class Gateway:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session = self._agent_session(request)
-        body = await read_json_object(request)
+        body = await _read_json_object(request)
         tools = _tools(body.get("tools"))
         sampling = request_sampling(body, session.sampling)
         stream, want_logprobs = _flag(body, "stream"), _flag(body, "logprobs")
         model = body["model"] if isinstance(body.get("model"), str) else self.model_name
         messages = body.get("messages")
         # Render before reserving a turn: a malformed request is a 400 and costs no turn.
-        prompt_ids = self.renderer.render(messages, tools) if self.renderer else None
+        prompt_ids, render, reused = self._render(session, messages, tools)
         try:
             index = session.begin_turn()
         except SessionLimitError as exc:
@@ -233,12 +248,32 @@ class Gateway:
                 model=model,
             )
             turn, completion, parsed = await self._run_turn(session, index, request_)
+            turn.render, turn.reused_prompt_tokens = render, reused
         finally:
             session.end_turn(turn)
         answer = self._answer(turn, completion, parsed, model, want_logprobs)
         if stream:
             return await sse_response(request, _chunks(answer, body.get("stream_options")))
         return _json(answer)
+
+    def _render(
+        self, session: Session, messages: Any, tools: list[dict[str, Any]] | None
+    ) -> tuple[list[int] | None, str | None, int]:
+        """Prompt ids, how they were rendered (one of RENDER_KINDS; None without a renderer),
+        and how many of them were reused from an earlier render of the session."""
+        if self.renderer is None:
+            return None, None, 0
+        if self._incremental is None:
+            ids, render, reused = self.renderer.render(messages, tools), "full", 0
+        else:
+            rendered = self._incremental.render_from(messages, tools, session.render_states)
+            ids, reused = rendered.ids, rendered.reused
+            render = "incremental" if reused else "fallback" if session.render_states else "full"
+            session.remember_render(rendered)
+        self.render_counts[render] += 1
+        self.prompt_tokens["reused"] += reused
+        self.prompt_tokens["encoded"] += len(ids) - reused
+        return ids, render, reused
 
     async def _run_turn(
         self, session: Session, index: int, request: TurnRequest
@@ -321,7 +356,7 @@ class Gateway:
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
         self._check_admin(request)
-        body = await read_json_object(request)
+        body = await _read_json_object(request)
         session, key = self.sessions.create(
             body.get("request_id"),
             sampling=body.get("sampling"),
@@ -346,6 +381,20 @@ class Gateway:
         session = self._remove(request, "dropped")
         return _json({"session_id": session.id, "dropped": True})
 
+    async def _stats(self, request: web.Request) -> web.StreamResponse:
+        self._check_admin(request)
+        return _json(self.stats())
+
+    def stats(self) -> dict[str, Any]:
+        """Live sessions and, since start, rendered turns by kind and prompt tokens reused from
+        earlier renders vs encoded."""
+        return {
+            "sessions": len(self.sessions),
+            "turns": sum(self.render_counts.values()),
+            "render": dict(self.render_counts),
+            "prompt_tokens": dict(self.prompt_tokens),
+        }
+
     def _remove(self, request: web.Request, reason: str) -> Session:
         session_id = request.match_info["session_id"]
         session = self.sessions.remove(session_id, reason=reason)
@@ -357,6 +406,17 @@ class Gateway:
 
 
 # -- request parsing ------------------------------------------------------------------------------
+
+
+async def _read_json_object(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object; ValueError (a 400) otherwise."""
+    try:
+        body = _fastjson.loads(await request.read())
+    except ValueError as exc:
+        raise ValueError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    return body
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -385,8 +445,8 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
-    return web.Response(text=text, status=status, headers=headers, content_type="application/json")
+    body = _fastjson.dumps(data)
+    return web.Response(body=body, status=status, headers=headers, content_type="application/json")
 
 
 def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:

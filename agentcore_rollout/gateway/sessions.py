@@ -21,14 +21,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from .render import Rendered, RenderState
 from .sampling import check_sampling
-from .trajectory import Trajectory, Turn
+from .trajectory import RENDER_KINDS, Trajectory, Turn
 
 log = logging.getLogger(__name__)
 
 TRACE_VERSION = 1
 KEY_PREFIX = "sk-gw-"
 PLACEHOLDER_KEYS = frozenset({"", "EMPTY", "empty", "None", "null", "sk-no-key-required"})
+# Render states kept per session: one per conversation an agent interleaves (sub-agents).
+MAX_RENDER_STATES = 4
 
 
 class SessionLimitError(Exception):
@@ -55,6 +58,7 @@ class Session:
     in_flight: int = 0
     rejected_turns: int = 0
     closed: bool = False
+    render_states: list[RenderState] = field(default_factory=list, repr=False)  # newest first
     _digest: str = field(default="", repr=False)
 
     def begin_turn(self) -> int:
@@ -67,6 +71,14 @@ class Session:
         self.turns_started += 1
         self.in_flight += 1
         return self.turns_started - 1
+
+    def remember_render(self, rendered: Rendered) -> None:
+        """Keep a render's state for the next turns, newest first, in place of the state it
+        reused (that conversation moved on); past MAX_RENDER_STATES the oldest goes."""
+        if rendered.state is None:
+            return
+        others = [s for s in self.render_states if s is not rendered.base]
+        self.render_states = [rendered.state, *others[: MAX_RENDER_STATES - 1]]
 
     def end_turn(self, turn: Turn | None) -> None:
         """Release an in-flight turn; record it unless the session closed meanwhile."""
@@ -103,6 +115,7 @@ class Session:
             "in_flight_at_finish": self.in_flight,
             "truncated": any(t.truncated for t in turns),
             "ill_formed": any(t.ill_formed for t in turns),
+            "render": {k: sum(t.render == k for t in turns) for k in RENDER_KINDS},
             **data,
         }
 

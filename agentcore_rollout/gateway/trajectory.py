@@ -24,6 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# How a turn's prompt was rendered: reusing an earlier render's ids, fully although the session
+# had earlier renders (none of which it extends), or fully with nothing to extend.
+RENDER_KINDS = ("incremental", "fallback", "full")
+
 
 @dataclass
 class Turn:
@@ -44,6 +48,8 @@ class Turn:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     sample: int | None = None  # index of the sample this turn went into
+    render: str | None = None  # one of RENDER_KINDS; None without a renderer (pass-through)
+    reused_prompt_tokens: int = 0  # prompt ids taken from an earlier render, not re-encoded
 
     @property
     def truncated(self) -> bool:
@@ -63,6 +69,8 @@ class Turn:
             "error": self.error,
             "weight_version": self.weight_version,
             "latency_s": round(self.latency, 6),
+            "render": self.render,
+            "reused_prompt_tokens": self.reused_prompt_tokens,
         }
 
 

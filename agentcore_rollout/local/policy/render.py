@@ -11,16 +11,19 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...gateway.render import TextRenderer, normalize_messages
-from .tokenizer import CharTokenizer
+from ...gateway.render import AnchoredRenderer, Message
+from .tokenizer import IM_START, IM_START_ID, CharTokenizer
 
 
-class CharRenderer(TextRenderer):
+class CharRenderer(AnchoredRenderer):
     """The toy policy's `CharTokenizer` and its ChatML rendering (see `tokenizer`).
 
     Renders exactly what the policy server's own /v1/chat/completions renders, so the gateway and
     a direct call see the same prompt. That template has no tools slot: tools, if given, are
     described in the system message (Qwen's wording), prepended to an existing one.
+
+    Incremental renders anchor at `<|im_start|>`: the tokenizer maps each character on its own
+    and splits out special tokens, none of which overlaps another, so any such split is exact.
     """
 
     name = "char"
@@ -28,18 +31,22 @@ class CharRenderer(TextRenderer):
     def __init__(self, tokenizer: CharTokenizer | None = None) -> None:
         self.tokenizer = tokenizer or CharTokenizer()
         self.stop_token_ids = (self.tokenizer.eos_token_id,)
+        self.anchors = {IM_START: IM_START_ID}
 
-    def render(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
-    ) -> list[int]:
-        norm = normalize_messages(messages)
+    def render_text(
+        self, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None
+    ) -> str:
         if tools:
             block = "# Tools\n<tools>\n" + "\n".join(json.dumps(t) for t in tools) + "\n</tools>"
-            if norm[0]["role"] == "system":
-                norm[0] = {**norm[0], "content": f"{norm[0].get('content') or ''}\n\n{block}"}
+            if messages[0]["role"] == "system":
+                content = messages[0].get("content") or ""
+                messages = [{**messages[0], "content": f"{content}\n\n{block}"}, *messages[1:]]
             else:
-                norm.insert(0, {"role": "system", "content": block})
-        return self.tokenizer.apply_chat_template(norm, add_generation_prompt=True)
+                messages = [{"role": "system", "content": block}, *messages]
+        return self.tokenizer.render_chat(messages, add_generation_prompt=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
