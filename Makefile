@@ -33,6 +33,7 @@ lint: $(VENV)/.dev
 bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 	$(PY) bench/dispatch.py
 	$(PY) bench/gateway.py
+	$(PY) bench/scale.py
 	$(PY) bench/memory.py
 
 clean:
