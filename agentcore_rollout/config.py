@@ -240,7 +240,12 @@ class LocalConfig(_Section):
     bucket: _BucketName = "agentcore-rollout-local"
     queue: _QueueName = "agentcore-rollout-results"
     cold_start: float = Field(default=0.0, ge=0)
-    invoke_tps: float | None = Field(default=None, gt=0)
+    invoke_tps: float | None = Field(
+        default=None, gt=0, description="emulator's invocations per second, all calls; None: none"
+    )
+    new_sessions_per_minute: float | None = Field(
+        default=None, gt=0, description="emulator's new-session rate (429 above it); None: none"
+    )
     max_sessions: int = Field(default=1000, ge=1)
     idle_timeout: float = Field(default=900.0, gt=0)
     max_lifetime: float = Field(default=8 * 3600.0, gt=0)

@@ -73,7 +73,12 @@ async def emulator(moto: MotoServer, agent_endpoints: None) -> AsyncIterator[Any
     started: list[RuntimeEmulator] = []
 
     async def make(**overrides: Any) -> RuntimeEmulator:
-        cfg = EmulatorConfig(app="tests.agents.basic:app", mode="in_process", env=agent_env(moto))
+        cfg = EmulatorConfig(
+            app="tests.agents.basic:app",
+            mode="in_process",
+            runtime_arns=(RUNTIME_ARN,),  # the emulator answers ResourceNotFound for others
+            env=agent_env(moto),
+        )
         for k, v in overrides.items():
             setattr(cfg, k, v)
         emu = RuntimeEmulator(cfg)

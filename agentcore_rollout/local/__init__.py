@@ -1,4 +1,5 @@
-"""The embedded local stack: moto server, AgentCore Runtime emulator, a small CPU policy.
+"""The embedded local stack: moto server, the AgentCore Runtime emulator (which hosts any app
+of the AgentCore container contract), a small CPU policy.
 
 Needs the `[local]` extra.
 """

@@ -1,13 +1,21 @@
-"""An AgentCore Runtime emulator that speaks the real data-plane wire protocol.
+"""An AgentCore Runtime emulator that behaves like the service wherever a client or an agent
+can tell.
 
-`POST /runtimes/{arn}/invocations` and `POST /runtimes/{arn}/stopruntimesession`, REST-JSON,
-errors by `x-amzn-ErrorType`, so the unmodified boto3/aiobotocore client talks to it through
-`endpoint_url`. Each new session gets its own agent: by default a fresh process serving a
-RolloutApp on a loopback socket (isolated, killable); `in_process` mode serves one app
-instance in a thread for tests and benchmarks that need hundreds of sessions quickly.
+`POST /runtimes/{arn}/invocations` and `POST /runtimes/{arn}/stopruntimesession`, REST-JSON as
+botocore's service model describes them (`wire.py`), so the unmodified boto3/aiobotocore clients
+talk to it through `endpoint_url`: signed requests only, a runtime registry (its ARNs and
+endpoint qualifiers; anything else is ResourceNotFoundException), either way of naming the
+runtime the model allows, modelled errors with a request id on every response, trace headers.
 
-Simulated: cold start, an invoke TPS limit (429), a live-session quota (402), idle timeout,
-max lifetime, and injected throttling. Counters and peaks let tests check the client's bounds.
+Each new session gets its own agent (`agents.py`): a process serving any app of the container
+contract, given as `module:attr` or as a command that serves on `$PORT`; `in_process` mode
+serves one app instance in a thread for tests and benchmarks that need hundreds of sessions
+quickly. Replies are passed through as the agent produces them (streams stay streams), within
+the service's time caps. The agent receives the headers the service forwards.
+
+Simulated: cold start, the three quotas as the service counts them (`quotas.py`), idle
+timeout, max lifetime, and injected throttling. Counters and peaks let tests check a client's
+bounds.
 """
 
 from __future__ import annotations
@@ -15,38 +23,80 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import sys
-import threading
+import shlex
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
-from urllib.parse import unquote
+from typing import Literal
 
 import aiohttp
 from aiohttp import web
 
-from .._limits import Gauge, TokenBucket
+from .._limits import Gauge
+from .agents import Agent, InProcessAgent, ProcessAgent, SharedApp
+from .host import AppLoadError
+from .quotas import (
+    DEFAULT_INVOKE_TPS,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_NEW_SESSIONS_PER_MINUTE,
+    Quotas,
+)
+from .wire import (
+    CONTAINER_REQUEST_ID_HEADER,
+    CUSTOM_HEADER_PREFIX,
+    DEFAULT_QUALIFIER,
+    MAX_PAYLOAD_BYTES,
+    MCP_HEADERS,
+    REQUEST_ID_HEADER,
+    SESSION_HEADER,
+    TRACE_HEADERS,
+    TRACE_ID_HEADER,
+    USER_ID_HEADER,
+    ApiError,
+    RuntimeArn,
+    check_headers,
+    check_signed,
+    invalid,
+    new_request_id,
+    new_trace_id,
+    resolve_runtime,
+)
 
 log = logging.getLogger("agentcore_rollout.local.runtime")
 
-SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
+DEFAULT_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
+SYNC_TIMEOUT = 15 * 60.0  # the service's cap on a synchronous invocation
+STREAM_TIMEOUT = 60 * 60.0  # and on a streaming one
+_STREAM_TYPES = ("text/event-stream",)
+# Headers aiohttp would add on its own: the agent gets these only as the caller sent them.
+_NOT_ADDED = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
+
+__all__ = ["DEFAULT_RUNTIME_ARN", "SESSION_HEADER", "EmulatorConfig", "RuntimeEmulator"]
 
 
 @dataclass
 class EmulatorConfig:
-    app: str
-    """`module:attr` of the RolloutApp each session runs."""
+    app: str = ""
+    """`module:attr` of the app each session runs: any BedrockAgentCoreApp (RolloutApp
+    included) or ASGI app serving `POST /invocations` and `GET /ping`."""
     mode: Literal["process", "in_process"] = "process"
     runtime_arns: tuple[str, ...] = ()
-    """ARNs that exist; empty accepts any."""
+    """The runtimes that exist (empty: `DEFAULT_RUNTIME_ARN` alone); others are not found."""
+    qualifiers: tuple[str, ...] = (DEFAULT_QUALIFIER,)
+    """Endpoint names each runtime has; a request without one means DEFAULT."""
+    command: tuple[str, ...] = ()
+    """Instead of `app`: a command that serves the contract on `$PORT` (process mode)."""
     cold_start: float = 0.0
-    invoke_tps: float | None = None
-    max_sessions: int = 1000
+    invoke_tps: float | None = DEFAULT_INVOKE_TPS
+    """InvokeAgentRuntime calls per second, all counted (None: no limit)."""
+    new_sessions_per_minute: float | None = DEFAULT_NEW_SESSIONS_PER_MINUTE
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    """Active sessions quota."""
     idle_timeout: float = 900.0
     max_lifetime: float = 8 * 3600.0
+    sync_timeout: float = SYNC_TIMEOUT
+    stream_timeout: float = STREAM_TIMEOUT
     throttle_every: int = 0
     """Fault injection: every k-th invocation answers 429 (0: never)."""
     env: dict[str, str] = field(default_factory=dict)
@@ -54,52 +104,67 @@ class EmulatorConfig:
     agent_ready_timeout: float = 60.0
     log_dir: str | None = None
 
+    def __post_init__(self) -> None:
+        self.validate()
 
-class _Agent(Protocol):
-    url: str
-
-    def alive(self) -> bool: ...
-    async def busy(self, http: aiohttp.ClientSession) -> bool: ...
-    async def terminate(self) -> None: ...
-
-
-class _ApiError(Exception):
-    def __init__(self, status: int, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.error_type, self.message = status, error_type, message
+    def validate(self) -> None:
+        """Raise ValueError for a config no emulator can run (also checked at start, since
+        tests set fields after construction)."""
+        if bool(self.app) == bool(self.command):
+            raise ValueError("EmulatorConfig needs exactly one of app and command")
+        if self.command and self.mode != "process":
+            raise ValueError("a command agent needs mode='process'")
 
 
 @dataclass
 class _Session:
     session_id: str
+    key: tuple[str, str, str]
     created: float
     last_active: float
-    agent: _Agent | None = None
+    agent: Agent | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     failed: str | None = None
+    in_flight: int = 0
+    """Invocations being answered: a session with one is not idle, whatever its ping says."""
 
 
 class RuntimeEmulator:
     """`async with RuntimeEmulator(EmulatorConfig(app="pkg.agent:app")) as emu: emu.url`"""
 
     def __init__(self, config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+        config.validate()
         self.config = config
         self._host, self._port = host, port
-        self.sessions: dict[str, _Session] = {}
+        self.runtimes: dict[str, RuntimeArn] = {}
+        for arn in config.runtime_arns or (DEFAULT_RUNTIME_ARN,):
+            if (parsed := RuntimeArn.parse(arn)) is None:
+                raise ValueError(f"not an AgentCore runtime ARN: {arn}")
+            self.runtimes[arn] = parsed
+        self._sessions: dict[tuple[str, str, str], _Session] = {}
         self.starting = Gauge()
         self.live = Gauge()
         self.started: list[str] = []
         self.stopped: list[str] = []
         self.expired: list[str] = []
         self.counts: Counter[str] = Counter()
-        self._invoke_tps = (
-            TokenBucket(config.invoke_tps, burst=config.invoke_tps) if config.invoke_tps else None
+        self.quotas = Quotas(
+            invoke_tps=config.invoke_tps,
+            new_sessions_per_minute=config.new_sessions_per_minute,
+            max_sessions=config.max_sessions,
+            throttle_every=config.throttle_every,
         )
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self._reaper: asyncio.Task[None] | None = None
-        self._shared: _SharedApp | None = None
+        self._shared: SharedApp | None = None
         self.url = ""
+
+    @property
+    def sessions(self) -> dict[str, _Session]:
+        """Live sessions by id (a session id is unique per runtime endpoint on AWS; tests
+        here use one runtime)."""
+        return {s.session_id: s for s in self._sessions.values()}
 
     async def __aenter__(self) -> RuntimeEmulator:
         await self.start()
@@ -109,7 +174,9 @@ class RuntimeEmulator:
         await self.stop()
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=100 * 1024 * 1024)
+        # The body is read by the handler, which answers an oversized one with the modelled
+        # ValidationException instead of aiohttp's plain-text 413.
+        app = web.Application(client_max_size=2**62, middlewares=[_as_the_service_answers])
         app.router.add_post(r"/runtimes/{arn:.+}/invocations", self._invoke)
         app.router.add_post(r"/runtimes/{arn:.+}/stopruntimesession", self._stop_session)
         self._runner = web.AppRunner(app, access_log=None)
@@ -118,9 +185,16 @@ class RuntimeEmulator:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://{self._host}:{port}"
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+        # No total timeout: the service's caps (sync_timeout, stream_timeout) are applied per
+        # invocation; a connect that hangs is still bounded. No connection limit either: open
+        # streams must not queue other sessions' invocations (only the quotas bound them).
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, connect=10),
+            auto_decompress=False,
+        )
         if self.config.mode == "in_process":
-            self._shared = _SharedApp(self.config.app)
+            self._shared = SharedApp(self.config.app)
             await asyncio.to_thread(self._shared.start)
         self._reaper = asyncio.create_task(self._reap())
 
@@ -129,140 +203,201 @@ class RuntimeEmulator:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        await asyncio.gather(*(self._end(s, self.expired) for s in list(self.sessions.values())))
+        await asyncio.gather(*(self._end(s, self.expired) for s in list(self._sessions.values())))
         if self._shared is not None:
             await asyncio.to_thread(self._shared.stop)
         if self._http is not None:
             await self._http.close()
-        if self._runner is not None:
+        if self._runner is not None:  # after the agents: no reply still waits on one
             await self._runner.cleanup()
 
     def agent_pids(self) -> list[int]:
-        agents = [s.agent for s in self.sessions.values()]
-        return [a.process.pid for a in agents if isinstance(a, _ProcessAgent)]
+        agents = [s.agent for s in self._sessions.values()]
+        return [a.process.pid for a in agents if isinstance(a, ProcessAgent)]
 
     def kill_agent(self, session_id: str) -> None:
         """Kill a session's agent process abruptly (SIGKILL), as a crash would."""
         agent = self.sessions[session_id].agent
-        if not isinstance(agent, _ProcessAgent):
+        if not isinstance(agent, ProcessAgent):
             raise RuntimeError("kill_agent needs mode='process'")
-        agent.process.kill()
+        agent.kill()
 
     # ------------------------------------------------------------------ API
 
+    def _identify(self, request: web.Request, *, invoke: bool) -> tuple[tuple[str, str, str], str]:
+        """Who is asked for what, in the service's order: signature, runtime, endpoint,
+        headers. The session's key is (runtime ARN, endpoint, session id)."""
+        region = check_signed(request)
+        runtime = resolve_runtime(
+            request.match_info["arn"],
+            request.query.get("accountId"),
+            region,
+            self.runtimes,
+        )
+        qualifier = request.query.get("qualifier") or DEFAULT_QUALIFIER
+        if qualifier not in self.config.qualifiers:
+            raise ApiError(
+                "ResourceNotFoundException",
+                f"No endpoint {qualifier!r} found for agent runtime {runtime.arn}",
+            )
+        sid = check_headers(request, invoke=invoke)
+        return (runtime.arn, qualifier, sid), sid
+
     async def _invoke(self, request: web.Request) -> web.StreamResponse:
+        request_id = new_request_id()
         self.counts["invoke"] += 1
         try:
-            self._check_arn(request)
-            session_id = self._session_header(request)
-            payload = await request.read()
-            if session_id in self.sessions:
-                session = self.sessions[session_id]
+            key, _ = self._identify(request, invoke=True)
+            payload = await _read_payload(request)
+            self.quotas.admit_invoke()
+            session = self._sessions.get(key)
+            if session is not None:
                 await session.ready.wait()
-                return await self._forward(session, payload, request)
-            with self.starting:
-                self._admit()
-                session = self._open(session_id)
-                await self._launch(session)
-                return await self._forward(session, payload, request)
-        except _ApiError as e:
-            self.counts[e.error_type] += 1
-            return _error(e)
+            else:
+                with self.starting:
+                    self.quotas.admit_session(len(self._sessions))
+                    session = self._open(key)
+                    await self._launch(session)
+            return await self._forward(session, payload, request, request_id)
+        except ApiError as e:
+            self.counts[e.code] += 1
+            return e.response(request_id)
 
     async def _stop_session(self, request: web.Request) -> web.StreamResponse:
+        request_id = new_request_id()
         self.counts["stop"] += 1
         try:
-            self._check_arn(request)
-            session_id = self._session_header(request)
-            session = self.sessions.get(session_id)
+            key, sid = self._identify(request, invoke=False)
+            await request.read()  # clientToken: idempotency is moot for a stop of one session
+            session = self._sessions.get(key)
             if session is None:
-                raise _ApiError(404, "ResourceNotFoundException", f"session {session_id} not found")
+                raise ApiError("ResourceNotFoundException", f"Session {sid} not found")
             await self._end(session, self.stopped)
-        except _ApiError as e:
-            self.counts[e.error_type] += 1
-            return _error(e)
-        return web.json_response({}, headers={SESSION_HEADER: session_id})
+        except ApiError as e:
+            self.counts[e.code] += 1
+            return e.response(request_id)
+        return web.json_response({}, headers={SESSION_HEADER: sid, REQUEST_ID_HEADER: request_id})
 
-    def _check_arn(self, request: web.Request) -> None:
-        arn = unquote(request.match_info["arn"])
-        if self.config.runtime_arns and arn not in self.config.runtime_arns:
-            raise _ApiError(404, "ResourceNotFoundException", f"runtime {arn} not found")
-
-    @staticmethod
-    def _session_header(request: web.Request) -> str:
-        sid = request.headers.get(SESSION_HEADER, "")
-        if not 33 <= len(sid) <= 256:
-            raise _ApiError(
-                400, "ValidationException", "runtimeSessionId must be 33-256 characters"
-            )
-        return sid
-
-    def _admit(self) -> None:
-        """Throttling and quota, checked before a new session is created."""
-        n = self.counts["invoke"]
-        if self.config.throttle_every and n % self.config.throttle_every == 0:
-            raise _ApiError(429, "ThrottlingException", "Rate exceeded (injected)")
-        if self._invoke_tps is not None and not self._invoke_tps.try_acquire():
-            raise _ApiError(429, "ThrottlingException", "Rate exceeded")
-        if len(self.sessions) >= self.config.max_sessions:
-            raise _ApiError(
-                402,
-                "ServiceQuotaExceededException",
-                f"active sessions quota ({self.config.max_sessions}) reached",
-            )
-
-    def _open(self, session_id: str) -> _Session:
+    def _open(self, key: tuple[str, str, str]) -> _Session:
         now = time.monotonic()
-        session = _Session(session_id, created=now, last_active=now)
-        self.sessions[session_id] = session
+        session = _Session(key[2], key, created=now, last_active=now)
+        self._sessions[key] = session
         self.live.add()
-        self.started.append(session_id)
+        self.started.append(session.session_id)
         return session
 
     async def _launch(self, session: _Session) -> None:
+        cfg = self.config
         try:
-            await asyncio.sleep(self.config.cold_start)
+            await asyncio.sleep(cfg.cold_start)
             if self._shared is not None:
-                session.agent = _InProcessAgent(self._shared, session.session_id)
+                session.agent = InProcessAgent(self._shared, session.session_id)
             else:
-                session.agent = await _ProcessAgent.spawn(self.config, session.session_id)
-                await session.agent.wait_ready(self._http, self.config.agent_ready_timeout)  # type: ignore[arg-type]
+                agent = await ProcessAgent.spawn(
+                    app=cfg.app,
+                    command=cfg.command,
+                    env=cfg.env,
+                    session_id=session.session_id,
+                    log_dir=cfg.log_dir,
+                )
+                session.agent = agent
+                assert self._http is not None
+                await agent.wait_ready(self._http, cfg.agent_ready_timeout)
         except Exception as e:
             session.failed = f"agent failed to start: {e}"
             await self._end(session, self.expired)
-            raise _ApiError(424, "RuntimeClientError", session.failed) from None
+            raise ApiError("RuntimeClientError", session.failed) from None
         finally:
             session.ready.set()
 
     async def _forward(
-        self, session: _Session, payload: bytes, request: web.Request
-    ) -> web.Response:
+        self, session: _Session, payload: bytes, request: web.Request, request_id: str
+    ) -> web.StreamResponse:
+        """Send the invocation to the session's agent and pass its reply through as it comes:
+        headers first, then each chunk as the agent writes it (an SSE stream stays a stream).
+        The service's caps bound it: `sync_timeout` until the reply's headers and for a plain
+        reply's body, `stream_timeout` for an event stream."""
         if session.agent is None or not session.agent.alive():
-            raise _ApiError(424, "RuntimeClientError", session.failed or "agent is not running")
-        session.last_active = time.monotonic()
+            raise ApiError("RuntimeClientError", session.failed or "agent is not running")
         assert self._http is not None
-        headers = {SESSION_HEADER: session.session_id, "Content-Type": "application/json"}
+        session.in_flight += 1
         try:
-            async with self._http.post(
-                f"{session.agent.url}/invocations", data=payload, headers=headers
-            ) as resp:
-                body = await resp.read()
-                status, ctype = resp.status, resp.headers.get("Content-Type", "application/json")
+            return await self._exchange(session, payload, request, request_id)
+        finally:
+            session.in_flight -= 1
+            session.last_active = time.monotonic()
+
+    async def _exchange(
+        self, session: _Session, payload: bytes, request: web.Request, request_id: str
+    ) -> web.StreamResponse:
+        assert self._http is not None and session.agent is not None
+        headers, echoed = _container_headers(request, session.session_id, request_id)
+        began = time.monotonic()
+        cap = self.config.sync_timeout
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                async with asyncio.timeout(cap):
+                    upstream = await stack.enter_async_context(
+                        self._http.post(
+                            f"{session.agent.url}/invocations",
+                            data=payload,
+                            headers=headers,
+                            skip_auto_headers=_NOT_ADDED,
+                        )
+                    )
+                    if upstream.status >= 400:
+                        text = (await upstream.content.read(500)).decode(errors="replace")
+                        raise ApiError(
+                            "RuntimeClientError",
+                            f"Received error ({upstream.status}) from runtime: {text}",
+                        )
+                ctype = upstream.headers.get("Content-Type", "application/json")
+                if ctype.split(";")[0].strip() in _STREAM_TYPES:
+                    cap = self.config.stream_timeout
+                reply = web.StreamResponse(status=upstream.status)
+                reply.headers.update(echoed)
+                reply.headers["Content-Type"] = ctype
+                reply.headers[REQUEST_ID_HEADER] = request_id
+                if (length := upstream.headers.get("Content-Length")) is not None:
+                    reply.content_length = int(length)
+                for name in ("Mcp-Session-Id", "Mcp-Protocol-Version"):
+                    if name in upstream.headers:
+                        reply.headers[name] = upstream.headers[name]
+                return await self._relay(session, upstream, reply, request, began + cap)
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise _ApiError(424, "RuntimeClientError", f"agent unreachable: {e}") from None
-        if status >= 400:
-            text = body[:500].decode(errors="replace")
-            raise _ApiError(424, "RuntimeClientError", f"agent answered {status}: {text}")
-        return web.Response(
-            body=body,
-            status=200,
-            headers={SESSION_HEADER: session.session_id, "Content-Type": ctype},
-        )
+            why = f"timed out after {cap:.0f}s" if isinstance(e, TimeoutError) else str(e)
+            raise ApiError("RuntimeClientError", f"agent unreachable: {why}") from None
+
+    async def _relay(
+        self,
+        session: _Session,
+        upstream: aiohttp.ClientResponse,
+        reply: web.StreamResponse,
+        request: web.Request,
+        deadline: float,
+    ) -> web.StreamResponse:
+        """Copy the agent's body chunk by chunk; past the cap the stream is cut, as the
+        service ends an invocation that runs over."""
+        await reply.prepare(request)
+        try:
+            async with asyncio.timeout_at(
+                asyncio.get_running_loop().time() + deadline - time.monotonic()
+            ):
+                async for chunk in upstream.content.iter_any():
+                    session.last_active = time.monotonic()
+                    await reply.write(chunk)
+            await reply.write_eof()
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+            self.counts["cut"] += 1
+            log.info("invocation of session %s cut: %s", session.session_id, type(e).__name__)
+            with contextlib.suppress(Exception):
+                request.transport.close()  # type: ignore[union-attr]
+        return reply
 
     # ------------------------------------------------------------------ lifecycle
 
     async def _end(self, session: _Session, ledger: list[str]) -> None:
-        if self.sessions.pop(session.session_id, None) is None:
+        if self._sessions.pop(session.key, None) is None:
             return
         self.live.remove()
         ledger.append(session.session_id)
@@ -274,12 +409,15 @@ class RuntimeEmulator:
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
-            for session in list(self.sessions.values()):
+            for session in list(self._sessions.values()):
                 agent = session.agent
                 if agent is None:
                     continue
                 if not agent.alive() or now - session.created > self.config.max_lifetime:
                     await self._end(session, self.expired)
+                    continue
+                if session.in_flight:
+                    session.last_active = now
                     continue
                 if now - session.last_active > self.config.idle_timeout:
                     assert self._http is not None
@@ -289,139 +427,62 @@ class RuntimeEmulator:
                         await self._end(session, self.expired)
 
 
-def _error(e: _ApiError) -> web.Response:
-    return web.json_response(
-        {"message": e.message, "__type": e.error_type},
-        status=e.status,
-        headers={"x-amzn-ErrorType": e.error_type},
-    )
+@web.middleware
+async def _as_the_service_answers(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """What no handler answers still gets a modelled error with a request id: an unknown
+    path or method (UnknownOperationException, as AWS's REST front ends say) and a bug here
+    (InternalServerException, never aiohttp's plain-text 500)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status not in (404, 405):
+            raise
+        error = ApiError("UnknownOperationException", f"{request.method} {request.path}")
+        return error.response(new_request_id())
+    except Exception:
+        log.exception("emulator error on %s %s", request.method, request.path)
+        error = ApiError("InternalServerException", "Internal server error")
+        return error.response(new_request_id())
 
 
-# ---------------------------------------------------------------------- agents
+async def _read_payload(request: web.Request) -> bytes:
+    """The body, up to the model's limit; an oversized one is read to the end (so the client,
+    still sending, gets the answer) and refused as the service does."""
+    declared = request.content_length
+    if declared is None or declared <= MAX_PAYLOAD_BYTES:
+        body = bytearray()
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > MAX_PAYLOAD_BYTES:
+                break
+        else:
+            return bytes(body)
+    async for _ in request.content.iter_any():
+        pass
+    raise invalid("payload", f"payload must be at most {MAX_PAYLOAD_BYTES} bytes")
 
 
-class _ProcessAgent:
-    """One OS process per session, serving on a socket the emulator bound for it."""
-
-    def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
-        self.process = process
-        self.url = url
-
-    @classmethod
-    async def spawn(cls, config: EmulatorConfig, session_id: str) -> _ProcessAgent:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        port = sock.getsockname()[1]
-        out: Any = asyncio.subprocess.DEVNULL
-        if config.log_dir:
-            os.makedirs(config.log_dir, exist_ok=True)
-            out = open(os.path.join(config.log_dir, f"{session_id}.log"), "ab")  # noqa: SIM115, ASYNC230
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "agentcore_rollout.agent.serve",
-                config.app,
-                "--fd",
-                str(sock.fileno()),
-                pass_fds=(sock.fileno(),),
-                env={**os.environ, **config.env, "AGENTCORE_ROLLOUT_PARENT_PID": str(os.getpid())},
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-            )
-        finally:
-            sock.close()
-            if out is not asyncio.subprocess.DEVNULL:
-                out.close()
-        return cls(process, f"http://127.0.0.1:{port}")
-
-    def alive(self) -> bool:
-        return self.process.returncode is None
-
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float) -> None:
-        give_up = time.monotonic() + timeout
-        while time.monotonic() < give_up:
-            if not self.alive():
-                raise RuntimeError(f"agent process exited with code {self.process.returncode}")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.get(f"{self.url}/ping") as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.05)
-        await self.terminate()
-        raise RuntimeError(f"agent not healthy within {timeout:.0f}s")
-
-    async def busy(self, http: aiohttp.ClientSession) -> bool:
-        try:
-            async with http.get(f"{self.url}/ping") as resp:
-                return (await resp.json()).get("status") == "HealthyBusy"
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return False
-
-    async def terminate(self) -> None:
-        if self.alive():
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), timeout=5)
-            except TimeoutError:
-                self.process.kill()
-        await self.process.wait()
-
-
-class _SharedApp:
-    """One RolloutApp served by uvicorn in a background thread (in_process mode)."""
-
-    def __init__(self, spec: str) -> None:
-        from ..agent.serve import load_app
-
-        self.app = load_app(spec)
-        self.url = ""
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self._server = uvicorn.Server(
-            uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
-        )
-        self._thread = threading.Thread(
-            target=lambda: asyncio.run(self._server.serve(sockets=[sock])), daemon=True
-        )
-        self._thread.start()
-        give_up = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > give_up or not self._thread.is_alive():
-                raise RuntimeError("in-process agent server did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-
-class _InProcessAgent:
-    def __init__(self, shared: _SharedApp, session_id: str) -> None:
-        self._shared = shared
-        self._session_id = session_id
-        self.url = shared.url
-
-    def alive(self) -> bool:
-        return True
-
-    async def busy(self, http: aiohttp.ClientSession) -> bool:
-        return self._shared.app.session_busy(self._session_id)
-
-    async def terminate(self) -> None:
-        self._shared.app.cancel_session(self._session_id)
+def _container_headers(
+    request: web.Request, session_id: str, request_id: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(headers for the agent, headers echoed to the caller). The agent gets the session and
+    request ids, the trace headers (a trace id is started if the caller sent none), the user
+    id, custom headers, MCP headers, and Content-Type and Accept as sent; never the caller's
+    signature."""
+    src = request.headers
+    trace = {h: src[h] for h in TRACE_HEADERS if h in src}
+    trace.setdefault(TRACE_ID_HEADER, new_trace_id())
+    headers = {
+        SESSION_HEADER: session_id,
+        CONTAINER_REQUEST_ID_HEADER: request_id,
+        **trace,
+        **{h: src[h] for h in (USER_ID_HEADER, *MCP_HEADERS, "Content-Type", "Accept") if h in src},
+        **{k: v for k, v in src.items() if k.lower().startswith(CUSTOM_HEADER_PREFIX.lower())},
+    }
+    echoed = {SESSION_HEADER: session_id, **trace}
+    return headers, echoed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -432,33 +493,55 @@ def main(argv: list[str] | None = None) -> None:
 
     from .._process import exit_with_parent, serve_until_signalled
 
+    def off(value: str) -> float | None:
+        return None if value.lower() in ("none", "off", "0") else float(value)
+
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.runtime")
-    parser.add_argument("app", help="module:attribute of the RolloutApp each session runs")
+    parser.add_argument("app", nargs="?", default="", help="module:attribute of the agent app")
+    parser.add_argument("--command", default=None, help="instead of APP: serves on $PORT")
     parser.add_argument("--mode", choices=["process", "in_process"], default="process")
     parser.add_argument("--runtime-arn", action="append", default=[], help="ARNs that exist")
+    parser.add_argument("--qualifier", action="append", default=[], help="endpoint names")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--cold-start", type=float, default=0.0)
-    parser.add_argument("--invoke-tps", type=float, default=None)
-    parser.add_argument("--max-sessions", type=int, default=1000)
+    parser.add_argument("--invoke-tps", type=off, default=DEFAULT_INVOKE_TPS)
+    parser.add_argument(
+        "--new-sessions-per-minute", type=off, default=DEFAULT_NEW_SESSIONS_PER_MINUTE
+    )
+    parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS)
     parser.add_argument("--idle-timeout", type=float, default=900.0)
     parser.add_argument("--max-lifetime", type=float, default=8 * 3600.0)
+    parser.add_argument("--sync-timeout", type=float, default=SYNC_TIMEOUT)
+    parser.add_argument("--stream-timeout", type=float, default=STREAM_TIMEOUT)
     parser.add_argument("--log-dir", default=None, help="each agent process's output goes here")
     args = parser.parse_args(argv)
     exit_with_parent()
     logging.basicConfig(level=logging.WARNING)
-    config = EmulatorConfig(
-        app=args.app,
-        mode=args.mode,
-        runtime_arns=tuple(args.runtime_arn),
-        cold_start=args.cold_start,
-        invoke_tps=args.invoke_tps,
-        max_sessions=args.max_sessions,
-        idle_timeout=args.idle_timeout,
-        max_lifetime=args.max_lifetime,
-        log_dir=args.log_dir,
-    )
-    asyncio.run(serve_until_signalled(RuntimeEmulator(config, host=args.host, port=args.port)))
+    try:
+        config = EmulatorConfig(
+            app=args.app,
+            command=tuple(shlex.split(args.command)) if args.command else (),
+            mode=args.mode,
+            runtime_arns=tuple(args.runtime_arn),
+            qualifiers=tuple(args.qualifier) or (DEFAULT_QUALIFIER,),
+            cold_start=args.cold_start,
+            invoke_tps=args.invoke_tps,
+            new_sessions_per_minute=args.new_sessions_per_minute,
+            max_sessions=args.max_sessions,
+            idle_timeout=args.idle_timeout,
+            max_lifetime=args.max_lifetime,
+            sync_timeout=args.sync_timeout,
+            stream_timeout=args.stream_timeout,
+            log_dir=args.log_dir,
+        )
+        emulator = RuntimeEmulator(config, host=args.host, port=args.port)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        asyncio.run(serve_until_signalled(emulator))
+    except AppLoadError as e:
+        raise SystemExit(str(e)) from None
 
 
 if __name__ == "__main__":

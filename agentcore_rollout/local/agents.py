@@ -1,0 +1,223 @@
+"""Where the emulator's sessions run: the agent side of the AgentCore container contract.
+
+- `ProcessAgent`: one OS process per session, as a microVM per session is on AWS. The agent is
+  an app given as `module:attr` (any BedrockAgentCoreApp, a RolloutApp included, or any ASGI
+  app), served on a socket the emulator bound for it; or a command that starts a server on the
+  port in `$PORT`, which is what a container image does.
+- `SharedApp` + `InProcessAgent`: one app instance served in a thread for every session (for
+  tests and benchmarks that need hundreds of sessions quickly); a RolloutApp keeps sessions
+  apart itself (`session_busy`, `cancel_session`), any other app shares its ping status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO, Any, Protocol
+
+import aiohttp
+
+from .host import load_asgi_app
+
+PING_TIMEOUT = aiohttp.ClientTimeout(total=5)
+_TAIL_BYTES = 2048
+
+
+class Agent(Protocol):
+    url: str
+
+    def alive(self) -> bool: ...
+    async def busy(self, http: aiohttp.ClientSession) -> bool: ...
+    async def terminate(self) -> None: ...
+
+
+async def _ping_busy(http: aiohttp.ClientSession, url: str) -> bool:
+    """`GET /ping` says HealthyBusy (the contract's way to keep an idle session alive)."""
+    try:
+        async with http.get(f"{url}/ping", timeout=PING_TIMEOUT) as resp:
+            return (await resp.json(content_type=None)).get("status") == "HealthyBusy"
+    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+        return False
+
+
+class ProcessAgent:
+    """One OS process per session, in a process group of its own (a command's children go
+    with it)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
+        self.process = process
+        self.url = url
+        self._tail = b""  # the end of the agent's output, for a start failure's message
+        self._drain: asyncio.Task[None] | None = None
+        if process.stdout is not None:
+            self._drain = asyncio.create_task(self._keep_tail(process.stdout))
+
+    async def _keep_tail(self, stream: asyncio.StreamReader) -> None:
+        """Read the agent's output as it comes (a full pipe would block it), keeping the end."""
+        while chunk := await stream.read(4096):
+            self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
+
+    def last_words(self) -> str:
+        lines = self._tail.decode(errors="replace").strip().splitlines()
+        return lines[-1][:300] if lines else ""
+
+    @classmethod
+    async def spawn(
+        cls,
+        *,
+        app: str,
+        command: Sequence[str],
+        env: dict[str, str],
+        session_id: str,
+        log_dir: str | None,
+    ) -> ProcessAgent:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        full_env = {**os.environ, **env, "AGENTCORE_ROLLOUT_PARENT_PID": str(os.getpid())}
+        if command:
+            # The command binds $PORT itself, as a container's server binds 8080: the port is
+            # free again by the time it starts (a race on loopback only, not worth a protocol).
+            sock.close()
+            argv, fds = list(command), ()
+            full_env["PORT"] = str(port)
+        else:
+            sock.listen(64)
+            argv = [sys.executable, "-m", "agentcore_rollout.local.host", app]
+            argv += ["--fd", str(sock.fileno())]
+            fds = (sock.fileno(),)
+        out: int | IO[bytes] = asyncio.subprocess.PIPE
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+            out = open(os.path.join(log_dir, f"{session_id}.log"), "ab")  # noqa: SIM115, ASYNC230
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                pass_fds=fds,
+                env=full_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT if out == asyncio.subprocess.PIPE else out,
+                start_new_session=True,
+            )
+        finally:
+            sock.close()
+            if not isinstance(out, int):
+                out.close()
+        return cls(process, f"http://127.0.0.1:{port}")
+
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float) -> None:
+        """Until `GET /ping` answers 200, as the service waits for a container's health."""
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            if not self.alive():
+                if self._drain is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(self._drain), timeout=1)
+                why = f": {words}" if (words := self.last_words()) else ""
+                raise RuntimeError(f"agent exited with code {self.process.returncode}{why}")
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.get(f"{self.url}/ping", timeout=PING_TIMEOUT) as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.05)
+        await self.terminate()
+        raise RuntimeError(f"agent not healthy within {timeout:.0f}s")
+
+    async def busy(self, http: aiohttp.ClientSession) -> bool:
+        return await _ping_busy(http, self.url)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group, as a crash of the microVM would."""
+        self._signal(signal.SIGKILL)
+
+    async def terminate(self) -> None:
+        if self.alive():
+            self._signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout=5)
+            except TimeoutError:
+                self._signal(signal.SIGKILL)
+        await self.process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # whatever the agent left behind
+        if self._drain is not None:
+            self._drain.cancel()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(sig)
+
+
+class SharedApp:
+    """One app served by uvicorn in a background thread (in_process mode)."""
+
+    def __init__(self, spec: str) -> None:
+        self.app = load_asgi_app(spec)
+        self.url = ""
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        # A RolloutApp needs no lifespan; another app may have startup work to run.
+        lifespan = "off" if hasattr(self.app, "session_busy") else "auto"
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan=lifespan)
+        )
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[sock])), daemon=True
+        )
+        self._thread.start()
+        give_up = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > give_up or not self._thread.is_alive():
+                raise RuntimeError("in-process agent server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+class InProcessAgent:
+    """A session's view of the shared app."""
+
+    def __init__(self, shared: SharedApp, session_id: str) -> None:
+        self._shared = shared
+        self._session_id = session_id
+        self.url = shared.url
+
+    def alive(self) -> bool:
+        return True
+
+    async def busy(self, http: aiohttp.ClientSession) -> bool:
+        session_busy = getattr(self._shared.app, "session_busy", None)
+        if session_busy is not None:
+            return bool(session_busy(self._session_id))
+        return await _ping_busy(http, self.url)
+
+    async def terminate(self) -> None:
+        cancel = getattr(self._shared.app, "cancel_session", None)
+        if cancel is not None:
+            cancel(self._session_id)

@@ -1,0 +1,57 @@
+"""Serve any app of the AgentCore container contract (`POST /invocations`, `GET /ping`):
+`python -m agentcore_rollout.local.host module:app --fd N`.
+
+What a container image does with its own server, for an app given as `module:attr`: any
+BedrockAgentCoreApp (a RolloutApp included) or any other ASGI app. The emulator binds the
+socket and passes it (`--fd`), so no port can be taken in between, and the agent exits with
+the emulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import sys
+from typing import Any
+
+
+class AppLoadError(Exception):
+    """`module:attr` cannot be imported or is not an ASGI app."""
+
+
+def load_asgi_app(spec: str) -> Any:
+    """Import `module:attr` (attr defaults to `app`) and check it is callable as ASGI.
+
+    No class is required: the service runs whatever serves the contract, so the emulator does.
+    """
+    module_name, _, attr = spec.partition(":")
+    try:
+        app = getattr(importlib.import_module(module_name), attr or "app")
+    except (ImportError, AttributeError) as e:
+        raise AppLoadError(f"cannot load agent app {spec!r}: {e}") from None
+    call = app if inspect.isfunction(app) else getattr(app, "__call__", None)  # noqa: B004
+    if call is None or isinstance(app, type) or not inspect.iscoroutinefunction(call):
+        raise AppLoadError(f"{spec!r} is a {type(app).__name__}, not an ASGI app")
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    from .._process import exit_with_parent
+
+    parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.host")
+    parser.add_argument("app", help="module:attribute of an ASGI app (e.g. a BedrockAgentCoreApp)")
+    parser.add_argument("--fd", type=int, required=True, help="serve on this bound socket")
+    args = parser.parse_args(argv)
+    exit_with_parent()
+    try:
+        app = load_asgi_app(args.app)
+    except AppLoadError as e:
+        raise SystemExit(str(e)) from None
+    uvicorn.run(app, fd=args.fd, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

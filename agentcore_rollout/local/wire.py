@@ -1,0 +1,210 @@
+"""The AgentCore Runtime data plane as botocore's service model describes it: header names,
+error shapes, request identity (ARN or agent id + account), request signing.
+
+Everything a client can observe about the wire lives here, apart from the emulator's
+behaviour, so it can be read side by side with `botocore/data/bedrock-agentcore/*/service-2.json`
+(the source of truth) and checked by `tests/test_emulator_conformance.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+from aiohttp import web
+
+# Request and response headers (the model's `locationName`s).
+SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
+USER_ID_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-User-Id"
+CUSTOM_HEADER_PREFIX = "X-Amzn-Bedrock-AgentCore-Runtime-Custom-"
+REQUEST_ID_HEADER = "x-amzn-RequestId"
+ERROR_TYPE_HEADER = "x-amzn-ErrorType"
+TRACE_ID_HEADER = "X-Amzn-Trace-Id"
+# What the container is told the request id is (bedrock-agentcore's REQUEST_ID_HEADER).
+CONTAINER_REQUEST_ID_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Request-Id"
+TRACE_HEADERS = ("X-Amzn-Trace-Id", "traceparent", "tracestate", "baggage")
+MCP_HEADERS = ("Mcp-Session-Id", "Mcp-Protocol-Version", "Mcp-Method", "Mcp-Name")
+
+# Request limits of the model (string `max`/`min`, blob `max`), checked as the service does:
+# botocore itself only checks minimums, so a longer value reaches the server.
+MAX_PAYLOAD_BYTES = 100_000_000
+SESSION_ID_LENGTH = (33, 256)
+HEADER_LIMITS: dict[str, tuple[str, int, int]] = {  # header -> (member, min, max)
+    "Content-Type": ("contentType", 1, 256),
+    "Accept": ("accept", 1, 256),
+    USER_ID_HEADER: ("runtimeUserId", 1, 1024),
+    "X-Amzn-Trace-Id": ("traceId", 0, 128),
+    "traceparent": ("traceParent", 0, 128),
+    "tracestate": ("traceState", 0, 512),
+    "baggage": ("baggage", 0, 8192),
+    **{h: (h[0].lower() + h[1:].replace("-", ""), 1, 1024) for h in MCP_HEADERS},
+}
+
+DEFAULT_QUALIFIER = "DEFAULT"
+SIGNING_NAME = "bedrock-agentcore"
+_ARN = re.compile(
+    r"arn:(?P<partition>[a-z0-9-]+):bedrock-agentcore:(?P<region>[a-z0-9-]+):"
+    r"(?P<account>[0-9]{12}):runtime/(?P<id>[A-Za-z][A-Za-z0-9_-]*)"
+)
+_AGENT_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_ACCOUNT_ID = re.compile(r"[0-9]{12}")
+_CREDENTIAL = re.compile(
+    r"Credential=[^/,\s]+/\d{8}/(?P<region>[^/]+)/(?P<service>[^/]+)/aws4_request"
+)
+
+# Error shapes: code -> HTTP status, from the model's `error.httpStatusCode`.
+ERROR_STATUS: dict[str, int] = {
+    "ValidationException": 400,
+    "UnauthorizedException": 401,
+    "ServiceQuotaExceededException": 402,
+    "AccessDeniedException": 403,
+    "ResourceNotFoundException": 404,
+    "ConflictException": 409,
+    "RetryableConflictException": 409,
+    "ThrottlingException": 429,
+    "RuntimeClientError": 424,
+    "InternalServerException": 500,
+    "UnknownOperationException": 404,  # not modelled: AWS front ends' answer to an unknown path
+}
+ValidationReason = Literal[
+    "CannotParse",
+    "FieldValidationFailed",
+    "IdempotentParameterMismatchException",
+    "EventInOtherSession",
+    "ResourceConflict",
+]
+
+
+@dataclass
+class ApiError(Exception):
+    """An error the service answers with: its code, status and modelled members."""
+
+    code: str
+    message: str
+    reason: ValidationReason | None = None
+    fields: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+        if self.code == "ValidationException" and self.reason is None:
+            self.reason = "FieldValidationFailed"
+
+    @property
+    def status(self) -> int:
+        return ERROR_STATUS[self.code]
+
+    def response(self, request_id: str) -> web.Response:
+        body: dict[str, object] = {"message": self.message}
+        if self.code == "ValidationException":
+            body["reason"] = self.reason
+            if self.fields:
+                body["fieldList"] = [{"name": n, "message": m} for n, m in self.fields]
+        return web.Response(
+            body=json.dumps(body).encode(),
+            status=self.status,
+            content_type="application/json",
+            headers={ERROR_TYPE_HEADER: self.code, REQUEST_ID_HEADER: request_id},
+        )
+
+
+def invalid(
+    member: str, message: str, reason: ValidationReason = "FieldValidationFailed"
+) -> ApiError:
+    """A ValidationException about one request member, with the modelled `fieldList`."""
+    return ApiError("ValidationException", message, reason, [(member, message)])
+
+
+def new_request_id() -> str:
+    return str(uuid.uuid4())
+
+
+def new_trace_id() -> str:
+    """An X-Ray trace header, as the service starts one when the caller sends none."""
+    return f"Root=1-{int(time.time()):08x}-{os.urandom(12).hex()}"
+
+
+@dataclass(frozen=True)
+class RuntimeArn:
+    """A runtime ARN, split into the parts that identify it."""
+
+    arn: str
+    region: str
+    account: str
+    agent_id: str
+
+    @classmethod
+    def parse(cls, arn: str) -> RuntimeArn | None:
+        m = _ARN.fullmatch(arn)
+        if m is None:
+            return None
+        return cls(arn, m["region"], m["account"], m["id"])
+
+
+def check_signed(request: web.Request) -> str:
+    """The SigV4 signing region of `request`; AccessDeniedException if it is unsigned or signed
+    for another service. Signatures are not verified: locally every caller signs with dummy
+    credentials, and the point is that a client that would not sign fails here as on AWS."""
+    auth = request.headers.get("Authorization", "")
+    if not auth.startswith("AWS4-HMAC-SHA256 ") or not (
+        request.headers.get("X-Amz-Date") or request.headers.get("Date")
+    ):
+        raise ApiError("AccessDeniedException", "Missing Authentication Token")
+    m = _CREDENTIAL.search(auth)
+    if m is None:
+        raise ApiError("AccessDeniedException", "Authorization header is malformed")
+    if m["service"] != SIGNING_NAME:
+        raise ApiError(
+            "AccessDeniedException",
+            f"Credential should be scoped to correct service: '{SIGNING_NAME}'.",
+        )
+    return m["region"]
+
+
+def resolve_runtime(
+    identifier: str, account_id: str | None, region: str, known: dict[str, RuntimeArn]
+) -> RuntimeArn:
+    """The runtime a request names: a full ARN, or an agent id with `accountId` (the model
+    allows both; the id is looked up in the signing region). ValidationException for neither,
+    ResourceNotFoundException for a well-formed name no runtime has."""
+    if identifier.startswith("arn:"):
+        if account_id is not None:
+            raise invalid("accountId", "accountId is only allowed with an agent runtime id")
+        parsed = RuntimeArn.parse(identifier)
+        if parsed is None:
+            raise invalid("agentRuntimeArn", f"Invalid agent runtime ARN: {identifier}")
+        arn = identifier
+    else:
+        if account_id is None:
+            raise invalid(
+                "agentRuntimeArn",
+                f"'{identifier}' is not an agent runtime ARN; "
+                "an agent runtime id needs the accountId parameter",
+            )
+        if not _ACCOUNT_ID.fullmatch(account_id):
+            raise invalid("accountId", "accountId must be 12 digits")
+        if not _AGENT_ID.fullmatch(identifier):
+            raise invalid("agentRuntimeArn", f"Invalid agent runtime id: {identifier}")
+        arn = f"arn:aws:bedrock-agentcore:{region}:{account_id}:runtime/{identifier}"
+    runtime = known.get(arn)
+    if runtime is None:
+        raise ApiError("ResourceNotFoundException", f"No agent runtime found for {arn}")
+    return runtime
+
+
+def check_headers(request: web.Request, *, invoke: bool) -> str:
+    """The session id, after checking it and (for an invoke) the modelled headers' lengths."""
+    sid = request.headers.get(SESSION_HEADER)
+    lo, hi = SESSION_ID_LENGTH
+    if sid is None or not lo <= len(sid) <= hi:
+        raise invalid("runtimeSessionId", f"runtimeSessionId must be {lo}-{hi} characters")
+    if invoke:
+        for header, (member, lo, hi) in HEADER_LIMITS.items():
+            value = request.headers.get(header)
+            if value is not None and not lo <= len(value) <= hi:
+                raise invalid(member, f"{member} must be {lo}-{hi} characters")
+    return sid
