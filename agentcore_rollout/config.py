@@ -170,7 +170,7 @@ class EngineConfig(_Section):
     visibility_timeout: int = Field(default=60, ge=0, le=43200)
     foreign_visibility: int = Field(default=2, ge=0, le=43200)
     receive_gather: float = Field(
-        default=0.1,
+        default=0.05,
         ge=0,
         le=5,
         description="seconds to wait after a receive that brought 1-9 messages, so the next "
