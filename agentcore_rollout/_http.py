@@ -4,16 +4,19 @@ and the gateway): the same JSON-object bodies and the same OpenAI-style SSE stre
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 
 
-async def read_json_object(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object; ValueError (a 400 to the servers) otherwise."""
+async def read_json_object(
+    request: web.Request, loads: Callable[[bytes], Any] = json.loads
+) -> dict[str, Any]:
+    """The request body as a JSON object; ValueError (a 400 to the servers) otherwise. `loads`
+    must raise ValueError on bad JSON (the gateway passes orjson's)."""
     try:
-        body = json.loads(await request.read())
+        body = loads(await request.read())
     except ValueError as exc:
         raise ValueError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):

@@ -54,7 +54,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .._http import sse_response
+from .._http import read_json_object, sse_response
 from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
 from .render import IncrementalRenderer, Parsed, Renderer
@@ -222,7 +222,7 @@ class Gateway:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session = self._agent_session(request)
-        body = await _read_json_object(request)
+        body = await read_json_object(request, _fastjson.loads)
         tools = _tools(body.get("tools"))
         sampling = request_sampling(body, session.sampling)
         stream, want_logprobs = _flag(body, "stream"), _flag(body, "logprobs")
@@ -356,7 +356,7 @@ class Gateway:
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
         self._check_admin(request)
-        body = await _read_json_object(request)
+        body = await read_json_object(request, _fastjson.loads)
         session, key = self.sessions.create(
             body.get("request_id"),
             sampling=body.get("sampling"),
@@ -406,17 +406,6 @@ class Gateway:
 
 
 # -- request parsing ------------------------------------------------------------------------------
-
-
-async def _read_json_object(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object; ValueError (a 400) otherwise."""
-    try:
-        body = _fastjson.loads(await request.read())
-    except ValueError as exc:
-        raise ValueError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ValueError("request body must be a JSON object")
-    return body
 
 
 def _bearer(request: web.Request) -> str | None:
