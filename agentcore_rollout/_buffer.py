@@ -400,7 +400,7 @@ class RolloutBuffer:
                 sig_key,
                 self._cfg.max_result_bytes,
             )
-            if len(body) > _CHECK_IN_THREAD_BYTES:  # ~15 ms a MB: keep the loop handing off
+            if len(body) > _CHECK_IN_THREAD_BYTES:  # ~10 ms a MB: keep the loop handing off
                 result = await asyncio.to_thread(_checked_result, *check)
             else:
                 result = _checked_result(*check)
