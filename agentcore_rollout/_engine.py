@@ -381,7 +381,15 @@ class RolloutEngine:
                 self._end(outcome, Outcome.SUBMIT_FAILED, f"engine error: {e!r}")
         finally:
             if outcome.gateway_session_id is not None and self._gateway is not None:
-                await self._uncancellable(self._close_gateway_session(outcome))
+                closing = _owned(self._cleanups, self._close_gateway_session(outcome))
+                while not closing.done():
+                    try:
+                        await asyncio.shield(closing)
+                    except asyncio.CancelledError:
+                        if not decided:
+                            raise
+                        # Too late to cancel: the outcome stands, and needs its trace.
+                        asyncio.current_task().uncancel()  # type: ignore[union-attr]
             outcome.finished_at = time.time()
         return outcome
 
@@ -412,11 +420,6 @@ class RolloutEngine:
         """End a request that got no delivery."""
         self._buffer.cancel(outcome.request.request_id, error)
         outcome.outcome, outcome.error = ending, error
-
-    async def _uncancellable(self, work: Coroutine[Any, Any, _T]) -> _T:
-        """Run cleanup to its end even if the request is cancelled meanwhile; the engine
-        awaits it on close."""
-        return await asyncio.shield(_owned(self._cleanups, work))
 
     async def _open_gateway_session(self, request: RolloutRequest) -> Any:
         if self._gateway is None:

@@ -5,11 +5,15 @@ engine's own aiobotocore AgentCore client, the emulator, moto S3 -> SQS."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
+from agentcore_rollout.gateway import Gateway, GatewayAdmin, SGLangBackend
+from agentcore_rollout.local.policy import CharRenderer
 
+from .agents.basic import expected_reward
 from .conftest import RUNTIME_ARN, engine_config
 
 
@@ -79,3 +83,39 @@ async def test_deletes_are_batched_and_flushed_on_close(moto, channel, emulator)
         "ApproximateNumberOfMessages": "0",
         "ApproximateNumberOfMessagesNotVisible": "0",
     }
+
+
+class _HeldTraces(GatewayAdmin):
+    """The engine's real gateway admin client, with each trace held until the test lets it."""
+
+    def __init__(self, url: str, admin_token: str) -> None:
+        super().__init__(url, admin_token)
+        self.asked = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def finish_session(self, session_id: str) -> dict[str, Any]:
+        self.asked.set()
+        await self.release.wait()
+        return await super().finish_session(session_id)
+
+
+async def test_a_cancel_that_lands_while_the_trace_is_fetched_changes_nothing(
+    moto, channel, emulator
+):
+    emu = await emulator()
+    async with Gateway(SGLangBackend("http://127.0.0.1:9"), CharRenderer()) as gateway:
+        gw = {"url": gateway.url, "admin_token": gateway.admin_token}
+        async with RolloutEngine(engine_config(moto, channel, emu, gateway=gw)) as engine:
+            await engine._gateway.close()
+            engine._gateway = held = _HeldTraces(gateway.url, gateway.admin_token)
+            request = RolloutRequest({"a": 3, "b": 4}, input_id="q")
+            handle = engine.submit(request)
+            async with asyncio.timeout(20):
+                await held.asked.wait()  # delivered: the outcome is decided, its trace pending
+            handle.cancel()  # e.g. a group that has its n members cancels the rest
+            await asyncio.sleep(0.1)
+            held.release.set()
+            outcome = await handle
+            await held.close()
+    assert outcome.outcome is Outcome.OK, outcome.error
+    assert outcome.reward == expected_reward(request.payload) and outcome.trace is not None
