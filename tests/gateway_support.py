@@ -21,6 +21,18 @@ from agentcore_rollout.gateway import HFRenderer
 TOKENIZER_DIR = Path(__file__).resolve().parent / "fixtures" / "tokenizer"
 
 
+def exactness_conversation(i: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[Any]]:
+    """Rollout `i` of the exactness tests: its sampling, its first message, and the message
+    the agent appends after each of its three replies."""
+    sampling = {"temperature": 1.0, "max_tokens": 3 + i % 3}
+    observations = [
+        {"role": "tool", "tool_call_id": f"c{i}", "content": f"calculator: {i + 4}"},
+        {"role": "user", "content": f"And {i} + 5?"},
+        {"role": "user", "content": "Thanks. Last one: 9 + 9?"},
+    ]
+    return sampling, [{"role": "user", "content": f"What is {i} + 4?"}], observations
+
+
 @functools.cache
 def hf_renderer() -> HFRenderer:
     """The offline fixture tokenizer (tests/fixtures/make_tokenizer.py), loaded once."""

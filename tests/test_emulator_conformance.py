@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -26,10 +27,10 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from agentcore_rollout.contract import CONTROL_KEY
 from agentcore_rollout.local.runtime import EmulatorConfig
 
 from .conftest import REGION, RUNTIME_ARN
+from .test_emulator import _payload
 
 MODEL = botocore.session.get_session().get_service_model("bedrock-agentcore")
 ACCOUNT, AGENT_ID = RUNTIME_ARN.split(":")[4], RUNTIME_ARN.split("/")[-1]
@@ -117,22 +118,6 @@ async def _invoke(c: Any, sid: str, payload: Any, **kw: Any) -> tuple[dict[str, 
         return resp, await body.read()
 
 
-def _rollout_payload(channel: Any, sid: str) -> dict[str, Any]:
-    rid = f"r-{uuid.uuid4().hex[:8]}"
-    control = {
-        "exp_id": "exp1",
-        "step": 0,
-        "request_id": rid,
-        "input_id": "g",
-        "sample_index": 0,
-        "session_id": sid,
-        "result": {"bucket": channel.bucket, "key": f"rollouts/exp1/00000000/{rid}.json"},
-        "deadline": time.time() + 30,
-        "sig_key": "k" * 32,
-    }
-    return {"a": 1, "b": 2, CONTROL_KEY: control}
-
-
 # ---------------------------------------------------------------------- every kind of agent
 
 AGENTS = {
@@ -152,10 +137,11 @@ AGENTS = {
 async def test_every_kind_of_agent_is_served_and_replies_conform(agent, emulator, clients, channel):
     spec = dict(AGENTS[agent])
     if "command" in spec:  # the command's interpreter: this test's, with the repo importable
-        spec["command"] = (__import__("sys").executable, *spec["command"][1:])
+        spec["command"] = (sys.executable, *spec["command"][1:])
     emu = await emulator(**spec)
     sid = _sid()
-    payload = _rollout_payload(channel, sid) if agent == "RolloutApp" else {"hello": "agent"}
+    rollout = json.loads(_payload(channel, f"r-{uuid.uuid4().hex[:8]}", sid, time.time() + 30))
+    payload = rollout if agent == "RolloutApp" else {"hello": "agent"}
     async with clients(emu.url) as c:
         resp, body = await _invoke(c, sid, payload)
         check_output(resp, "InvokeAgentRuntime")

@@ -30,7 +30,7 @@ from agentcore_rollout.gateway import (
 )
 from agentcore_rollout.local.policy import CharRenderer, PolicyServer
 
-from .gateway_support import ScriptedWorker, hf_renderer
+from .gateway_support import ScriptedWorker, exactness_conversation, hf_renderer
 
 TOOLS = [
     {
@@ -117,16 +117,9 @@ async def test_multi_turn_traces_equal_what_two_workers_sampled_through_the_rout
     ):
 
         async def rollout(i: int) -> dict[str, Any]:
-            session = await admin.create_session(
-                f"req-{i}", sampling={"temperature": 1.0, "max_tokens": 3 + i % 3}
-            )
+            sampling, messages, observations = exactness_conversation(i)
+            session = await admin.create_session(f"req-{i}", sampling=sampling)
             client = agent(gateway, session.api_key)
-            messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is {i} + 4?"}]
-            observations = [
-                {"role": "tool", "tool_call_id": f"c{i}", "content": f"calculator: {i + 4}"},
-                {"role": "user", "content": f"And {i} + 5?"},
-                {"role": "user", "content": "Thanks. Last one: 9 + 9?"},
-            ]
             for observation in observations:
                 reply = await client.chat.completions.create(model="policy", messages=messages)
                 assert reply.choices[0].finish_reason in ("stop", "length")

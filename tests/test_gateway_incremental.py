@@ -29,7 +29,7 @@ from agentcore_rollout.gateway.render import (
 from agentcore_rollout.gateway.sessions import Session
 from agentcore_rollout.local.policy import CharRenderer, PolicyServer
 
-from .gateway_support import TOKENIZER_DIR, ScriptedWorker, hf_renderer
+from .gateway_support import TOKENIZER_DIR, ScriptedWorker, exactness_conversation, hf_renderer
 from .test_gateway import TOOLS, agent, recorded
 
 OTHER_TOOLS = [{"type": "function", "function": {"name": "mul", "parameters": {}}}]
@@ -61,16 +61,9 @@ async def test_char_policy_conversations_render_incrementally_and_exactly() -> N
         sent: dict[str, list[list[dict[str, Any]]]] = {}
 
         async def rollout(i: int) -> dict[str, Any]:
-            session = await admin.create_session(
-                f"req-{i}", sampling={"temperature": 1.0, "max_tokens": 3 + i % 3}
-            )
+            sampling, messages, observations = exactness_conversation(i)
+            session = await admin.create_session(f"req-{i}", sampling=sampling)
             client = agent(gateway, session.api_key)
-            messages: list[dict[str, Any]] = [{"role": "user", "content": f"What is {i} + 4?"}]
-            observations = [
-                {"role": "tool", "tool_call_id": f"c{i}", "content": f"calculator: {i + 4}"},
-                {"role": "user", "content": f"And {i} + 5?"},
-                {"role": "user", "content": "Thanks. Last one: 9 + 9?"},
-            ]
             sent[f"req-{i}"] = []
             for observation in observations:
                 sent[f"req-{i}"].append(list(messages))
