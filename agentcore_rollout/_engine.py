@@ -109,6 +109,15 @@ class RolloutEngine:
         self._buffer: RolloutBuffer
 
     async def __aenter__(self) -> RolloutEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Check the bucket, queue and endpoints, then start polling for results. Pair it with
+        `aclose()`, or use the engine as an async context manager."""
         self.config.require_targets()
         await self._clients.__aenter__()
         try:
@@ -127,9 +136,9 @@ class RolloutEngine:
 
             self._gateway = GatewayAdmin(self.config.gateway.url, self.config.gateway.admin_token)
         await self._buffer.start()
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def aclose(self) -> None:
+        """Cancel what runs (each ends `cancelled`), wait for the sessions' stops, close."""
         for task in list(self._requests):
             task.cancel()
         await asyncio.gather(*self._requests, return_exceptions=True)
@@ -137,7 +146,7 @@ class RolloutEngine:
         await self._buffer.close()
         if self._gateway is not None:
             await self._gateway.close()
-        await self._clients.__aexit__(*exc)
+        await self._clients.__aexit__(None, None, None)
 
     async def _preflight(self) -> None:
         """Fail at once, in one line, on a missing bucket or queue or an unreachable endpoint,
