@@ -15,6 +15,11 @@ from botocore.exceptions import (
 
 from ._sandbox import SessionCallError
 
+# AgentCore Runtime's published defaults (seconds): the one definition, for the config, the
+# emulator, the CLI's deploy and the infra parameters. Check your account's own.
+IDLE_TIMEOUT_S = 900  # idleRuntimeSessionTimeout: an idle session ends after it (60-28,800)
+MAX_LIFETIME_S = 28_800  # maxLifetime: any session ends after it, 8 h
+
 # AgentCore error types (x-amzn-ErrorType) -> (retryable, throttled)
 _AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {
     "ThrottlingException": (True, True),
