@@ -8,7 +8,7 @@ This module is the trainer's API. Agent authors use `agentcore_rollout.agent`; t
 contract is `agentcore_rollout.contract`. Modules whose names start with `_` are internal.
 """
 
-from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, StaleResult
+from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
 from ._engine import RolloutEngine, RolloutHandle
 from ._sandbox import SandboxRuntime, SessionCallError
 from ._stats import EngineStats
@@ -29,6 +29,7 @@ __all__ = [
     "RolloutHandle",
     "RolloutOutcome",
     "RolloutRequest",
+    "RolloutStart",
     "SandboxRuntime",
     "SessionCallError",
     "StaleResult",

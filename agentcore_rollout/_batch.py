@@ -24,9 +24,26 @@ class RolloutRequest:
     request_id: str = field(default_factory=lambda: uuid4().hex)
 
 
-@dataclass
+@dataclass(frozen=True)
+class RolloutStart:
+    """A request whose session started: what `RolloutEngine.resume` needs after a restart."""
+
+    request: RolloutRequest
+    step: int
+    session_id: str
+    started_at: float
+    """When the invocation that started the session was sent (unix seconds)."""
+    deadline: float
+    """The rollout's deadline given to its agent: `started_at + timeout`, capped by the
+    request's cutoff."""
+    gateway_session_id: str | None
+    """The gateway session the agent calls the policy through (none without a gateway)."""
+
+
+@dataclass(frozen=True)
 class RolloutOutcome:
-    """The terminal outcome of one request; `result` is set only if the agent wrote one."""
+    """The terminal outcome of one request, built once when it ended and never changed;
+    `result` is set only if the agent wrote one."""
 
     request: RolloutRequest
     step: int
@@ -40,7 +57,7 @@ class RolloutOutcome:
     started_at: float | None = None
     """When the invocation that started the session was sent (unix seconds)."""
     deadline: float | None = None
-    """The rollout's deadline given to its agent: `started_at + timeout`, capped."""
+    """The rollout's deadline given to its agent (see `RolloutStart.deadline`)."""
     gateway_session_id: str | None = None
     """The gateway session the agent called the policy through (none without a gateway)."""
     delivered_at: float | None = None

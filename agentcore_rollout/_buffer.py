@@ -27,6 +27,7 @@ import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ._batch import StaleResult
+from ._limits import backoff_delay
 from .config import EngineConfig
 from .contract import (
     ContractError,
@@ -35,6 +36,7 @@ from .contract import (
     ResultKey,
     RolloutResult,
     decode_result,
+    normal_prefix,
     parse_notification,
     parse_result_key,
     result_key,
@@ -86,7 +88,7 @@ class RolloutBuffer:
         self._s3 = s3
         self._sqs = sqs
         self._cfg = config
-        self._prefix = config.prefix.strip("/")
+        self._prefix = normal_prefix(config.prefix)
         self._waiters: dict[str, _Waiter] = {}
         # step -> request_id -> the signing key of a request that ended without a result
         # (its result may still come, late), or None once nothing more is expected of it
@@ -203,7 +205,7 @@ class RolloutBuffer:
                 log.warning(
                     "lookup of request_id=%s failed (%s), attempt %d", request_id, e, attempt
                 )
-                await asyncio.sleep(0.5 * 2**attempt)
+                await asyncio.sleep(backoff_delay(attempt, 0.5, 2.0))
                 continue
             self._counts["lookups"] += 1
             return None if delivery is None else self._resolve(w, delivery)
@@ -259,9 +261,9 @@ class RolloutBuffer:
                     failures = 0
                 except Exception as e:  # the poller must outlive any one bad call
                     batches.release()
-                    failures += 1
                     log.warning("receive_message failed (%r); retrying", e)
-                    await asyncio.sleep(min(10.0, 0.2 * 2**failures))
+                    await asyncio.sleep(backoff_delay(failures, 0.2, 10.0))
+                    failures += 1
                     continue
                 messages = resp.get("Messages", [])
                 self._counts["messages"] += len(messages)

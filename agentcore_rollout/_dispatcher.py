@@ -4,8 +4,8 @@ Three bounds hold at once:
 - a start rate (token bucket, adapted down on throttling and back up on success),
 - at most `ceil(start_rate * session_start_time)` starts in flight (Little's law), so a
   cold-start wave cannot pile up connections,
-- at most `max_live_sessions` sessions alive; a slot frees only once the session is stopped
-  (`stop_and_release`), which runs after the outcome is handed over, never before it.
+- at most `max_live_sessions` sessions alive; a slot frees only once the session is stopped,
+  which runs behind the outcome's hand-off (`live_session`), never before it.
 
 Stops have their own rate (`stop_rate`, with a second of burst), so a burst of results ending
 together is stopped at once, and a stop never holds up anyone's outcome.
@@ -24,13 +24,14 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from ._sandbox import SandboxRuntime, SessionCallError
-from .config import EngineConfig
+from .config import DEFAULT_STOP_RATE, EngineConfig
 
 log = logging.getLogger("agentcore_rollout.dispatcher")
 
@@ -42,16 +43,45 @@ class SubmitFailed(Exception):
     down, or it waited too long to start. The message says which, with the last cause."""
 
 
-@dataclass
-class StartAttempts:
-    """What the attempts to start one session did, for the engine to decide about the stop."""
+@dataclass(frozen=True)
+class Started:
+    """A session the runtime accepted."""
 
-    maybe_started: bool = False
-    """Some attempt may have created the session (it was sent and not clearly refused)."""
-    sent_at: float | None = None
+    sent_at: float
     """When the accepted invocation was sent (unix seconds): the session's start."""
-    deadline: float | None = None
-    """The rollout's deadline written into the accepted invocation (unix seconds)."""
+    deadline: float
+    """The rollout's deadline written into that invocation (unix seconds)."""
+
+
+class LiveSession:
+    """One live-session slot and the session it holds (see `RequestDispatcher.live_session`)."""
+
+    def __init__(self, dispatcher: RequestDispatcher, session_id: str) -> None:
+        self._dispatcher = dispatcher
+        self.session_id = session_id
+        self.maybe_started = False
+        """Some attempt may have created the session (sent, and not clearly refused), so
+        leaving stops it."""
+
+    async def start(
+        self,
+        payload_for: Callable[[float], bytes],
+        *,
+        timeout: float,
+        cutoff: float,
+        start_by: float,
+    ) -> Started:
+        """Invoke the runtime in this new session, retrying what is retryable.
+
+        Each attempt's payload carries its own deadline, `min(now + timeout, cutoff)`, taken
+        once the start-rate token is ours: time queued to start never eats into the rollout's
+        timeout. Giving up (retries spent, runtime down, `start_by` passed) raises
+        SubmitFailed."""
+        return await self._dispatcher._start(self, payload_for, timeout, cutoff, start_by)
+
+    def adopt(self) -> None:
+        """Hold a session an earlier engine started (resuming): it is stopped on leaving."""
+        self.maybe_started = True
 
 
 class _Outage:
@@ -105,9 +135,10 @@ class RequestDispatcher:
         self._runtime = runtime
         self._cfg = config
         self._rng = rng or random.Random()
-        self.start_rate = AdaptiveRate(_bucket(config.start_rate))
-        stops = config.stops_per_second
-        self.stop_rate = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
+        self._starts = AdaptiveRate(_bucket(config.start_rate))
+        stops = config.stop_rate or max(config.start_rate, DEFAULT_STOP_RATE)
+        self._stops = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
+        self._stopping: set[asyncio.Task[None]] = set()
         self._starting_slots = asyncio.Semaphore(config.max_starting)
         self._live_slots = asyncio.Semaphore(config.max_live_sessions)
         self._outage = _Outage(retry_budget(config), config.backoff_max)
@@ -125,8 +156,8 @@ class RequestDispatcher:
             "starts_in_flight": self.starting.value,
             "peak_live_sessions": self.live.peak,
             "peak_starts_in_flight": self.starting.peak,
-            "start_rate": self.start_rate.rate,
-            "rate_cuts": self.start_rate.cuts,
+            "start_rate": self._starts.rate,
+            "rate_cuts": self._starts.cuts,
             "invokes": self.invokes,
             "stops": self.stops,
             "throttles": self.throttles,
@@ -136,10 +167,28 @@ class RequestDispatcher:
             "runtime_down": self._outage.declared.is_set(),
         }
 
-    async def take_live_slot(self, start_by: float) -> None:
-        """Take one of the `max_live_sessions` slots, waiting until `start_by` (unix seconds)
-        at most. Give it back with `release_live_slot` (no session started) or
-        `stop_and_release`."""
+    @asynccontextmanager
+    async def live_session(self, session_id: str, start_by: float) -> AsyncIterator[LiveSession]:
+        """Take one of the `max_live_sessions` slots (waiting until `start_by` at most, else
+        SubmitFailed) for one session. Leaving frees it: at once if no session may have
+        started, else once the session is stopped, which runs behind, at `stop_rate`, so the
+        caller's outcome never waits for it and `max_live_sessions` bounds every session
+        alive, stopping ones included."""
+        await self._take_live_slot(start_by)
+        session = LiveSession(self, session_id)
+        try:
+            yield session
+        finally:
+            if session.maybe_started:
+                self._owned(self._stop_and_release(session_id))
+            else:
+                self._release_live_slot()
+
+    async def aclose(self) -> None:
+        """Wait for the stops under way (never cancelled: each frees a session's quota)."""
+        await asyncio.gather(*self._stopping, return_exceptions=True)
+
+    async def _take_live_slot(self, start_by: float) -> None:
         if not self._live_slots.locked():
             await self._live_slots.acquire()  # free: returns without yielding to the loop
         else:
@@ -153,88 +202,97 @@ class RequestDispatcher:
                 raise
         self.live.add()
 
-    def release_live_slot(self) -> None:
-        """Free a slot whose session never started."""
+    def _release_live_slot(self) -> None:
         self.live.remove()
         self._live_slots.release()
 
-    async def stop_and_release(self, session_id: str) -> None:
-        """Stop the session, then free its slot: a slot is held until its session is gone, so
-        `max_live_sessions` bounds the sessions alive, not just the ones still running."""
+    async def _stop_and_release(self, session_id: str) -> None:
         try:
             await self.stop(session_id)
         finally:
-            self.release_live_slot()
+            self._release_live_slot()
 
-    async def start(
+    def _owned(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` as a task held until it ends (never garbage-collected mid-run)."""
+        task = asyncio.create_task(work)
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def _start(
         self,
-        session_id: str,
+        session: LiveSession,
         payload_for: Callable[[float], bytes],
-        *,
         timeout: float,
-        cap: float,
+        cutoff: float,
         start_by: float,
-        attempts: StartAttempts,
-    ) -> None:
-        """Invoke the runtime in a new session, retrying what is retryable.
-
-        Each attempt's payload carries its own deadline, `min(now + timeout, cap)`, taken once
-        the start-rate token is ours: time queued to start never eats into the rollout's
-        timeout. Giving up (retries spent, runtime down, `start_by` passed) raises SubmitFailed;
-        `attempts` records what happened either way."""
+    ) -> Started:
         error: SessionCallError | None = None
         for attempt in range(self._cfg.max_retries + 1):
             if not self._outage.may_try():
                 raise self._outage.refusal()
-            if self._starting_slots.locked():  # only a wait needs the race (tasks cost ~20 us)
-                await self._until(self._starting_slots.acquire(), start_by, "a start slot", error)
-            else:
-                await self._starting_slots.acquire()
             try:
-                with self.starting:
-                    if not self.start_rate.bucket.take_if_free():
-                        await self._until(
-                            self.start_rate.acquire(), start_by, "the start rate", error
-                        )
-                    sent = time.time()
-                    deadline = min(sent + timeout, cap)
-                    self.invokes += 1
-                    already, attempts.maybe_started = attempts.maybe_started, True
-                    try:
-                        await self._runtime.invoke(session_id, payload_for(deadline))
-                    except SessionCallError as e:
-                        error = e
-                        attempts.maybe_started = already or e.maybe_started
-                    else:
-                        self._outage.answered()
-                        self.start_rate.on_success()
-                        attempts.sent_at, attempts.deadline = sent, deadline
-                        return
-            finally:
-                self._starting_slots.release()
-            self.invoke_errors[error.code] += 1
-            if error.outage:
-                self._outage.failed(error)
-            else:
-                self._outage.answered()
+                return await self._attempt(session, payload_for, timeout, cutoff, start_by, error)
+            except SessionCallError as e:
+                error = e
+            self._count_failed_start(error)
             if not error.retryable:
                 raise SubmitFailed(str(error))
-            if error.throttled:
-                self.throttles += 1
-                self.start_rate.on_throttle()
             if attempt == self._cfg.max_retries:
                 break
             self.retries[error.code] += 1
             delay = backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
-            log.debug("retrying session_id=%s in %.2fs after %s", session_id, delay, error)
+            log.debug("retrying session_id=%s in %.2fs after %s", session.session_id, delay, error)
             await self._until(asyncio.sleep(delay), start_by, "a retry", error)
         raise SubmitFailed(f"gave up after {self._cfg.max_retries + 1} attempts: {error}")
+
+    async def _attempt(
+        self,
+        session: LiveSession,
+        payload_for: Callable[[float], bytes],
+        timeout: float,
+        cutoff: float,
+        start_by: float,
+        error: SessionCallError | None,
+    ) -> Started:
+        """One invocation, once a start slot and a start-rate token are ours."""
+        if self._starting_slots.locked():  # only a wait needs the race (tasks cost ~20 us)
+            await self._until(self._starting_slots.acquire(), start_by, "a start slot", error)
+        else:
+            await self._starting_slots.acquire()
+        try:
+            with self.starting:
+                if not self._starts.bucket.take_if_free():
+                    await self._until(self._starts.acquire(), start_by, "the start rate", error)
+                sent = time.time()
+                deadline = min(sent + timeout, cutoff)
+                self.invokes += 1
+                already, session.maybe_started = session.maybe_started, True
+                try:
+                    await self._runtime.invoke(session.session_id, payload_for(deadline))
+                except SessionCallError as e:
+                    session.maybe_started = already or e.maybe_started
+                    raise
+        finally:
+            self._starting_slots.release()
+        self._outage.answered()
+        self._starts.on_success()
+        return Started(sent, deadline)
+
+    def _count_failed_start(self, error: SessionCallError) -> None:
+        self.invoke_errors[error.code] += 1
+        if error.outage:
+            self._outage.failed(error)
+        else:
+            self._outage.answered()
+        if error.throttled:
+            self.throttles += 1
+            self._starts.on_throttle()
 
     async def stop(self, session_id: str) -> None:
         """Best effort: a failed stop is counted and logged, never raised (the session's
         idle timeout reclaims it). A runtime declared down gets one attempt, not retries."""
         for attempt in range(self._cfg.max_retries + 1):
-            await self.stop_rate.acquire()
+            await self._stops.acquire()
             self.stops += 1
             try:
                 await self._runtime.stop(session_id)
@@ -243,7 +301,7 @@ class RequestDispatcher:
                 if e.outage:
                     self._outage.failed(e)
                 if e.throttled:
-                    self.stop_rate.on_throttle()
+                    self._stops.on_throttle()
                 last = attempt == self._cfg.max_retries or self._outage.declared.is_set()
                 if not e.retryable or last:
                     log.warning("could not stop session_id=%s: %s", session_id, e)
@@ -253,7 +311,7 @@ class RequestDispatcher:
                 )
             else:
                 self._outage.answered()
-                self.stop_rate.on_success()
+                self._stops.on_success()
                 return
 
     async def _until(

@@ -1,23 +1,19 @@
 """RolloutEngine: a batch of prompts in, one terminal outcome per prompt out.
 
-Each request runs through the same short life:
-register with the buffer -> take a live-session slot -> start the session (dispatcher)
--> wait for the buffer's delivery -> hand the outcome over, while the session is stopped and
-its slot released behind it.
-Whatever happens, the request ends in exactly one `Outcome`, and no outcome is invented:
-a failure carries no rewards.
+Each request lives one life, read top to bottom in `RolloutEngine._run`:
+register with the buffer -> take a live-session slot -> open its gateway session -> start its
+sandbox session -> wait for the buffer's delivery -> fetch the trace its result needs -> build
+its outcome, once. Its session's stop runs behind the hand-off (the dispatcher's
+`live_session`). Whatever happens, the request ends in exactly one `Outcome`, and no outcome is
+invented: a failure carries no rewards.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import math
-import re
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
@@ -27,21 +23,23 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ._agentcore import AgentCoreRuntime
 from ._aws import AwsClients
-from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, StaleResult
+from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
 from ._buffer import Delivery, RolloutBuffer
-from ._dispatcher import RequestDispatcher, StartAttempts, SubmitFailed
+from ._dispatcher import LiveSession, RequestDispatcher, SubmitFailed
 from ._sandbox import SandboxRuntime
 from ._stats import EngineStats
 from .config import ConfigError, EngineConfig
 from .contract import (
     CONTROL_KEY,
-    ID_MAX,
-    ID_PATTERN,
-    SESSION_ID_MAX,
     LLMSettings,
     Outcome,
     ResultTarget,
     RolloutControl,
+    check_request,
+    listing_prefix,
+    new_run_secret,
+    session_id,
+    signing_key,
 )
 
 log = logging.getLogger("agentcore_rollout.engine")
@@ -55,13 +53,13 @@ class RolloutHandle:
     def __init__(
         self,
         task: asyncio.Task[RolloutOutcome],
-        outcome: RolloutOutcome,
-        end_unstarted: Callable[[], None],
+        request: RolloutRequest,
+        end_unstarted: Callable[[], RolloutOutcome],
     ) -> None:
         self._task = task
-        self._outcome = outcome
         self._end_unstarted = end_unstarted
-        self.request = outcome.request
+        self._unstarted: RolloutOutcome | None = None
+        self.request = request
 
     def __await__(self) -> Generator[Any, None, RolloutOutcome]:
         return self._wait().__await__()
@@ -73,9 +71,9 @@ class RolloutHandle:
             if not self._task.cancelled():
                 raise  # whoever awaits us was cancelled, not the rollout
             # Cancelled before it ever ran: nothing was dispatched, nothing to stop.
-            self._end_unstarted()
-            self._outcome.finished_at = time.time()
-            return self._outcome
+            if self._unstarted is None:
+                self._unstarted = self._end_unstarted()
+            return self._unstarted
 
     def done(self) -> bool:
         return self._task.done()
@@ -98,12 +96,10 @@ class RolloutEngine:
         self._step = step
         self._runtime = runtime
         self._clients = AwsClients(config)
-        self._llm = LLMSettings(**config.llm.model_dump()) if config.llm is not None else None
         # Without a configured secret results are verifiable by this engine alone (no resume).
-        self._run_secret = (config.run_secret or secrets.token_hex(32)).encode()
-        # each running request's task, with what `set_step` may need to end it `stale`
-        self._requests: dict[asyncio.Task[RolloutOutcome], tuple[RolloutOutcome, _Job]] = {}
-        self._cleanups: set[asyncio.Task[Any]] = set()  # session stops, gateway closes
+        self._run_secret = config.run_secret or new_run_secret()
+        self._requests: dict[asyncio.Task[RolloutOutcome], _Job] = {}  # each running request
+        self._cleanups: set[asyncio.Task[Any]] = set()  # gateway sessions being dropped
         self._gateway: Any = None
         self._dispatcher: RequestDispatcher
         self._buffer: RolloutBuffer
@@ -142,6 +138,7 @@ class RolloutEngine:
         for task in list(self._requests):
             task.cancel()
         await asyncio.gather(*self._requests, return_exceptions=True)
+        await self._dispatcher.aclose()  # the sessions' stops
         await asyncio.gather(*self._cleanups, return_exceptions=True)  # never cancelled
         await self._buffer.close()
         if self._gateway is not None:
@@ -157,7 +154,7 @@ class RolloutEngine:
                 "bucket",
                 "s3",
                 lambda: self._clients.s3.list_objects_v2(
-                    Bucket=cfg.bucket, Prefix=_listing_prefix(cfg.prefix), MaxKeys=1
+                    Bucket=cfg.bucket, Prefix=listing_prefix(cfg.prefix), MaxKeys=1
                 ),
             ),
             (
@@ -199,10 +196,10 @@ class RolloutEngine:
         self._step = step
         self._buffer.advance(step)
         oldest = step - self.config.max_staleness
-        for task, (outcome, job) in list(self._requests.items()):
-            if outcome.step < oldest and not task.done():
+        for task, job in list(self._requests.items()):
+            if job.step < oldest and not task.done():
                 job.stale = (
-                    f"step {outcome.step} is {step - outcome.step} behind the current step "
+                    f"step {job.step} is {step - job.step} behind the current step "
                     f"{step} (engine.max_staleness={self.config.max_staleness})"
                 )
                 task.cancel()
@@ -225,38 +222,36 @@ class RolloutEngine:
         *,
         step: int | None = None,
         timeout: float | None = None,
-        deadline: float | None = None,
-        on_start: Callable[[RolloutOutcome], None] | None = None,
+        cutoff: float | None = None,
+        on_start: Callable[[RolloutStart], None] | None = None,
     ) -> RolloutHandle:
         """Start one rollout. `step` is its policy version: the engine's current step (the
-        default) or one of the `max_staleness` before it. `timeout` counts from its session's
-        start (default: `rollout_timeout`);
-        `deadline` (unix seconds) caps both its start and its run. `on_start(outcome)` is
-        called once its session started (`started_at`, `deadline` and `gateway_session_id`
-        set): what to journal to `resume` it after a restart.
+        default) or one of the `max_staleness` before it. Its deadline is `timeout` after its
+        session's start (default: `rollout_timeout`), and no later than `cutoff` (unix
+        seconds), which also bounds the wait to start. `on_start(RolloutStart)` is called once
+        its session started: what to journal to `resume` it after a restart.
 
-        A malformed request (bad request_id, negative sample_index, payload that is not a JSON
-        object), a request_id in use or a step out of that range is a ValueError, raised
-        before anything is taken."""
-        return self._submit(request, step, timeout, deadline, on_start)
+        A malformed request (`contract.check_request`), a request_id in use or a step out of
+        that range is a ValueError, raised before anything is taken."""
+        return self._submit(request, step, timeout, cutoff, on_start)
 
     def resume(
         self,
         request: RolloutRequest,
         *,
         step: int,
-        running_until: float | None = None,
+        deadline: float | None = None,
         gateway_session_id: str | None = None,
         timeout: float | None = None,
-        on_start: Callable[[RolloutOutcome], None] | None = None,
+        on_start: Callable[[RolloutStart], None] | None = None,
     ) -> RolloutHandle:
         """Take over a request an earlier engine of this experiment (same `exp_id` and
         `run_secret`) submitted, e.g. after a crash. If its result is in S3 it is delivered
-        without invoking the agent again; if its session was started and `running_until` (the
-        `deadline` the earlier engine journaled) has not passed, the engine waits for it;
-        otherwise it is dispatched as `submit` would. `gateway_session_id` (journaled too)
-        lets the gateway's trace be collected."""
-        resumed = _Resumed(running_until, gateway_session_id)
+        without invoking the agent again; if its session started and its `deadline` (as the
+        earlier engine's `RolloutStart` had it) has not passed, the engine waits for it;
+        otherwise it is dispatched as `submit` would. `gateway_session_id` (from the same
+        `RolloutStart`) lets the gateway's trace be collected."""
+        resumed = _Resumed(deadline, gateway_session_id)
         return self._submit(request, step, timeout, None, on_start, resumed)
 
     def _submit(
@@ -264,11 +259,11 @@ class RolloutEngine:
         request: RolloutRequest,
         step: int | None,
         timeout: float | None,
-        deadline: float | None,
-        on_start: Callable[[RolloutOutcome], None] | None,
+        cutoff: float | None,
+        on_start: Callable[[RolloutStart], None] | None,
         resumed: _Resumed | None = None,
     ) -> RolloutHandle:
-        _check_request(request)
+        check_request(request.request_id, request.input_id, request.sample_index, request.payload)
         step = self._step if step is None else step
         oldest = max(0, self._step - self.config.max_staleness)
         if not oldest <= step <= self._step:
@@ -276,31 +271,39 @@ class RolloutEngine:
                 f"step {step}: must be the engine's step {self._step} or, with "
                 f"engine.max_staleness={self.config.max_staleness}, one no older than {oldest}"
             )
-        submitted = time.time()
-        cap = deadline if deadline is not None else math.inf
-        queue_timeout = self.config.queue_timeout
-        sig_key = _signing_key(self._run_secret, self.config.exp_id, request.request_id)
-        job = _Job(
+        job = self._job(request, step, timeout, cutoff, on_start, resumed)
+        task = asyncio.create_task(self._run(job))
+        self._requests[task] = job
+        task.add_done_callback(self._requests.__delitem__)
+        return RolloutHandle(task, request, lambda: self._unresolved(job, *job.why_cancelled()))
+
+    def _job(
+        self,
+        request: RolloutRequest,
+        step: int,
+        timeout: float | None,
+        cutoff: float | None,
+        on_start: Callable[[RolloutStart], None] | None,
+        resumed: _Resumed | None,
+    ) -> _Job:
+        """Register the request with the buffer (so no result arrives unclaimed): its job."""
+        cfg, submitted = self.config, time.time()
+        cutoff = math.inf if cutoff is None else cutoff
+        sig_key = signing_key(self._run_secret, cfg.exp_id, request.request_id)
+        queued_until = submitted + cfg.queue_timeout if cfg.queue_timeout else math.inf
+        return _Job(
+            request=request,
+            step=step,
+            session_id=session_id(cfg.exp_id, step, request.request_id),
             sig_key=sig_key,
             result_key=self._buffer.expect(request.request_id, step=step, sig_key=sig_key),
-            timeout=self.config.rollout_timeout if timeout is None else timeout,
-            cap=cap,
-            start_by=min(cap, submitted + queue_timeout if queue_timeout else math.inf),
+            timeout=cfg.rollout_timeout if timeout is None else timeout,
+            cutoff=cutoff,
+            start_by=min(cutoff, queued_until),
+            submitted_at=submitted,
             on_start=on_start,
             resumed=resumed,
         )
-        outcome = RolloutOutcome(
-            request,
-            step,
-            Outcome.CANCELLED,
-            _session_id(self.config.exp_id, step, request.request_id),
-            error="cancelled",
-            submitted_at=submitted,
-        )
-        task = asyncio.create_task(self._run(outcome, job))
-        self._requests[task] = (outcome, job)
-        task.add_done_callback(self._requests.__delitem__)
-        return RolloutHandle(task, outcome, lambda: self._end_cancelled(outcome, job))
 
     async def stream(
         self,
@@ -308,10 +311,10 @@ class RolloutEngine:
         *,
         step: int | None = None,
         timeout: float | None = None,
-        deadline: float | None = None,
+        cutoff: float | None = None,
     ) -> AsyncIterator[RolloutOutcome]:
         """Yield outcomes as they complete; closing the iterator cancels what is left."""
-        handles = [self.submit(r, step=step, timeout=timeout, deadline=deadline) for r in requests]
+        handles = [self.submit(r, step=step, timeout=timeout, cutoff=cutoff) for r in requests]
         waiting = {asyncio.ensure_future(h) for h in handles}
         try:
             while waiting:
@@ -329,12 +332,12 @@ class RolloutEngine:
         *,
         step: int | None = None,
         timeout: float | None = None,
-        deadline: float | None = None,
+        cutoff: float | None = None,
     ) -> RolloutBatch:
         """Run a batch; outcomes come back in request order."""
         began, before = time.monotonic(), self.stats()
         step = self._step if step is None else step
-        handles = [self.submit(r, step=step, timeout=timeout, deadline=deadline) for r in requests]
+        handles = [self.submit(r, step=step, timeout=timeout, cutoff=cutoff) for r in requests]
         outcomes = [await h for h in handles]
         return RolloutBatch(
             step=step,
@@ -345,143 +348,124 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ one request
 
-    async def _run(self, outcome: RolloutOutcome, job: _Job) -> RolloutOutcome:
-        request, session_id = outcome.request, outcome.session_id
-        attempts = StartAttempts()
-        decided = False  # a cancel that lands once the outcome is known changes nothing
+    async def _run(self, job: _Job) -> RolloutOutcome:
+        """One request's life, start to outcome (see the module's docstring)."""
         try:
-            if job.resumed is not None:
-                outcome.gateway_session_id = job.resumed.gateway_session_id
-                delivery = await self._buffer.look_up(request.request_id)
-                if delivery is not None:  # written while no engine listened: no new run
-                    self._take(outcome, delivery)
-                    return outcome
-                if (job.resumed.running_until or 0) > time.time():  # still running: wait
-                    attempts.maybe_started, attempts.deadline = True, job.resumed.running_until
-                else:
-                    outcome.gateway_session_id = None
-            await self._dispatcher.take_live_slot(job.start_by)
-            try:
-                if not attempts.maybe_started:
-                    await self._start(outcome, job, attempts)
-                assert attempts.deadline is not None
-                delivery = await self._buffer.wait(request.request_id, attempts.deadline)
-                self._take(outcome, delivery)
-                decided = True
-            except SubmitFailed as e:
-                self._end(outcome, Outcome.SUBMIT_FAILED, str(e))
-                decided = True
-                log.warning("submit_failed request_id=%s: %s", request.request_id, e)
-            finally:
-                # The outcome does not wait for the stop; the slot does.
-                if attempts.maybe_started:  # a session that never started is not stopped
-                    _owned(self._cleanups, self._dispatcher.stop_and_release(session_id))
-                else:
-                    self._dispatcher.release_live_slot()
-        except SubmitFailed as e:  # no live slot in time
-            self._end(outcome, Outcome.SUBMIT_FAILED, str(e))
-            log.warning("submit_failed request_id=%s: %s", request.request_id, e)
+            delivery = await self._deliver(job)
+        except SubmitFailed as e:
+            log.warning("submit_failed request_id=%s: %s", job.request.request_id, e)
+            return self._unresolved(job, Outcome.SUBMIT_FAILED, str(e))
         except asyncio.CancelledError:
-            if not decided:
-                self._end_cancelled(outcome, job)
+            return self._unresolved(job, *job.why_cancelled())
         except Exception as e:  # a bug must end its request, not leave it hanging
-            log.exception("request_id=%s failed inside the engine", request.request_id)
-            if not decided:
-                self._end(outcome, Outcome.SUBMIT_FAILED, f"engine error: {e!r}")
-        finally:
-            if outcome.gateway_session_id is not None and self._gateway is not None:
-                closing = _owned(self._cleanups, self._close_gateway_session(outcome))
-                while not closing.done():
-                    try:
-                        await asyncio.shield(closing)
-                    except asyncio.CancelledError:
-                        if not decided:
-                            raise
-                        # Too late to cancel: the outcome stands, and needs its trace.
-                        asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            outcome.finished_at = time.time()
-        return outcome
+            log.exception("request_id=%s failed inside the engine", job.request.request_id)
+            return self._unresolved(job, Outcome.SUBMIT_FAILED, f"engine error: {e!r}")
+        # Decided: a cancel from here on changes nothing, and the result gets its trace first.
+        return await _despite_cancel(self._decided(job, delivery))
 
-    async def _start(self, outcome: RolloutOutcome, job: _Job, attempts: StartAttempts) -> None:
+    async def _deliver(self, job: _Job) -> Delivery:
+        """The buffer's delivery, once the request's session ran; resuming, what the earlier
+        engine's session wrote, or waits to write."""
+        rid, resumed = job.request.request_id, job.resumed
+        if resumed is not None and (found := await self._buffer.look_up(rid)) is not None:
+            job.gateway_session_id = resumed.gateway_session_id
+            return found
+        async with self._dispatcher.live_session(job.session_id, job.start_by) as session:
+            if resumed is not None and (resumed.deadline or 0) > time.time():
+                session.adopt()  # still running: wait for it
+                job.deadline, job.gateway_session_id = resumed.deadline, resumed.gateway_session_id
+            else:
+                await self._start(job, session)
+            assert job.deadline is not None
+            return await self._buffer.wait(rid, job.deadline)
+
+    async def _start(self, job: _Job, session: LiveSession) -> None:
         """Open the rollout's gateway session, then start its sandbox session."""
-        gateway_session = await self._open_gateway_session(outcome.request)
-        outcome.gateway_session_id = getattr(gateway_session, "session_id", None)
-        await self._dispatcher.start(
-            outcome.session_id,
-            lambda until: self._payload(outcome, job, until, gateway_session),
+        gateway_session = await self._open_gateway_session(job.request)
+        job.gateway_session_id = getattr(gateway_session, "session_id", None)
+        started = await session.start(
+            lambda deadline: self._payload(job, deadline, gateway_session),
             timeout=job.timeout,
-            cap=job.cap,
+            cutoff=job.cutoff,
             start_by=job.start_by,
-            attempts=attempts,
         )
-        outcome.started_at, outcome.deadline = attempts.sent_at, attempts.deadline
+        job.started_at, job.deadline = started.sent_at, started.deadline
         if job.on_start is not None:
-            job.on_start(outcome)
+            job.on_start(
+                RolloutStart(
+                    job.request,
+                    job.step,
+                    job.session_id,
+                    started.sent_at,
+                    started.deadline,
+                    job.gateway_session_id,
+                )
+            )
 
-    def _end_cancelled(self, outcome: RolloutOutcome, job: _Job) -> None:
-        """End a cancelled request: `stale` if `set_step` cancelled it, else `cancelled`."""
-        if job.stale is not None:
-            self._end(outcome, Outcome.STALE, job.stale)
-        else:
-            self._end(outcome, Outcome.CANCELLED, "cancelled")
+    async def _decided(self, job: _Job, delivery: Delivery) -> RolloutOutcome:
+        """The outcome of a delivered request. A result's trace is fetched first: an `ok`
+        whose trace is lost ends `invalid_result` (a reward without its tokens is not a
+        training sample)."""
+        outcome, result, error = delivery.outcome, delivery.result, delivery.error
+        if error is None and result is not None and result.error is not None:
+            error = f"{result.error.type}: {result.error.message}"
+        trace = None
+        if job.gateway_session_id is not None and result is None:
+            self._drop_gateway_session(job)
+        elif job.gateway_session_id is not None and self._gateway is not None:
+            from .gateway.client import GatewayError
 
-    def _end(self, outcome: RolloutOutcome, ending: Outcome, error: str) -> None:
-        """End a request that got no delivery."""
-        self._buffer.cancel(outcome.request.request_id, error)
-        outcome.outcome, outcome.error = ending, error
+            try:
+                trace = await self._gateway.finish_session(job.gateway_session_id)
+            except GatewayError as e:
+                log.warning("gateway session of request_id=%s: %s", job.request.request_id, e)
+                if outcome is Outcome.OK:
+                    outcome, result, error = Outcome.INVALID_RESULT, None, f"trace lost: {e}"
+        return job.outcome(
+            outcome, result=result, error=error, trace=trace, delivered_at=delivery.handed_off_at
+        )
+
+    def _unresolved(self, job: _Job, outcome: Outcome, error: str) -> RolloutOutcome:
+        """The outcome of a request that got no delivery: the buffer stops waiting for it."""
+        self._buffer.cancel(job.request.request_id, error)
+        self._drop_gateway_session(job)
+        return job.outcome(outcome, error=error)
+
+    def _drop_gateway_session(self, job: _Job) -> None:
+        """Drop the request's gateway session behind its outcome, if it has one."""
+        if job.gateway_session_id is None or self._gateway is None:
+            return
+        from .gateway.client import GatewayError
+
+        async def drop(session_id: str) -> None:
+            try:
+                await self._gateway.drop_session(session_id)
+            except GatewayError as e:
+                log.warning("gateway session of request_id=%s: %s", job.request.request_id, e)
+
+        task = asyncio.create_task(drop(job.gateway_session_id))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     async def _open_gateway_session(self, request: RolloutRequest) -> Any:
         if self._gateway is None:
             return None
         from .gateway.client import GatewayError
 
-        gw = self.config.gateway
+        gw, llm = self.config.gateway, self.config.llm
         assert gw is not None
         try:
             return await self._gateway.create_session(
                 request.request_id,
-                sampling=self._llm.sampling if self._llm else None,
+                sampling=llm.sampling if llm else None,
                 max_context=gw.max_context,
                 max_turns=gw.max_turns,
             )
         except GatewayError as e:
             raise SubmitFailed(f"gateway: {e}") from None
 
-    async def _close_gateway_session(self, outcome: RolloutOutcome) -> None:
-        """Attach the trace of a rollout that produced a result; drop any other session. An
-        `ok` whose trace is lost becomes `invalid_result`: a reward without its tokens is not
-        a training sample."""
-        from .gateway.client import GatewayError
-
-        session_id = outcome.gateway_session_id
-        try:
-            if outcome.result is not None:
-                outcome.trace = await self._gateway.finish_session(session_id)
-            else:
-                await self._gateway.drop_session(session_id)
-            return
-        except GatewayError as e:
-            log.warning("gateway session of request_id=%s: %s", outcome.request.request_id, e)
-            lost = e
-        if outcome.outcome is Outcome.OK:
-            outcome.outcome, outcome.result = Outcome.INVALID_RESULT, None
-            outcome.error = f"trace lost: {lost}"
-
-    @staticmethod
-    def _take(outcome: RolloutOutcome, delivery: Delivery) -> None:
-        outcome.outcome = delivery.outcome
-        outcome.delivered_at = delivery.handed_off_at
-        outcome.result = delivery.result
-        outcome.error = delivery.error or (
-            f"{delivery.result.error.type}: {delivery.result.error.message}"
-            if delivery.result is not None and delivery.result.error is not None
-            else None
-        )
-
-    def _payload(
-        self, outcome: RolloutOutcome, job: _Job, deadline: float, gateway_session: Any
-    ) -> bytes:
-        cfg, llm, request = self.config, self._llm, outcome.request
+    def _payload(self, job: _Job, deadline: float, gateway_session: Any) -> bytes:
+        cfg, llm, request = self.config, self.config.llm, job.request
         if gateway_session is not None:  # agents call the gateway with their session's key
             assert cfg.gateway is not None
             llm = LLMSettings(
@@ -492,11 +476,11 @@ class RolloutEngine:
             )
         control = RolloutControl(
             exp_id=cfg.exp_id,
-            step=outcome.step,
+            step=job.step,
             request_id=request.request_id,
             input_id=request.input_id,
             sample_index=request.sample_index,
-            session_id=outcome.session_id,
+            session_id=job.session_id,
             result=ResultTarget(
                 bucket=cfg.bucket,
                 key=job.result_key,
@@ -507,75 +491,70 @@ class RolloutEngine:
             sig_key=job.sig_key,
             max_result_bytes=cfg.max_result_bytes,
         )
-        body = {**request.payload, CONTROL_KEY: control.model_dump(mode="json")}
-        return json.dumps(body).encode()
+        return json.dumps(
+            {**request.payload, CONTROL_KEY: control.model_dump(mode="json")}
+        ).encode()
 
 
 @dataclass(frozen=True)
 class _Resumed:
-    running_until: float | None
+    deadline: float | None
     gateway_session_id: str | None
 
 
 @dataclass
 class _Job:
-    """What `_run` needs besides the outcome it fills in."""
+    """One request's life: what was asked, fixed at submit, and what `_run` learns on the way
+    (when its session started, its deadline, its gateway session), from which its outcome is
+    built once."""
 
+    request: RolloutRequest
+    step: int
+    session_id: str
     sig_key: str
     result_key: str
     timeout: float
-    cap: float  # absolute deadline for both the start and the run (inf: none)
-    start_by: float  # the session must have started by then (queue_timeout, cap)
-    on_start: Callable[[RolloutOutcome], None] | None
+    cutoff: float  # unix seconds: the request starts and ends by then (inf: none)
+    start_by: float  # the session must have started by then (queue_timeout, cutoff)
+    submitted_at: float
+    on_start: Callable[[RolloutStart], None] | None
     resumed: _Resumed | None
+    started_at: float | None = None
+    deadline: float | None = None
+    gateway_session_id: str | None = None
     stale: str | None = None  # why `set_step` ended it, if it did
 
-
-def _check_request(request: RolloutRequest) -> None:
-    """The checks the wire contract would make later, made before anything is taken."""
-    rid = request.request_id
-    if not isinstance(rid, str) or len(rid) > ID_MAX or not re.match(ID_PATTERN, rid):
-        raise ValueError(
-            f"request_id {rid!r}: 1-{ID_MAX} characters of letters, digits, '.', '_', '-'"
+    def why_cancelled(self) -> tuple[Outcome, str]:
+        """`stale` if `set_step` cancelled it, else `cancelled`."""
+        return (
+            (Outcome.STALE, self.stale)
+            if self.stale is not None
+            else (Outcome.CANCELLED, "cancelled")
         )
-    if not isinstance(request.input_id, str) or not request.input_id:
-        raise ValueError(f"input_id {request.input_id!r}: must be a non-empty string")
-    if isinstance(request.sample_index, bool) or not isinstance(request.sample_index, int):
-        raise ValueError(f"sample_index {request.sample_index!r}: must be an integer")
-    if request.sample_index < 0:
-        raise ValueError(f"sample_index {request.sample_index}: must be >= 0")
-    if not isinstance(request.payload, dict):
-        raise ValueError(
-            f"payload must be a dict (a JSON object), got {type(request.payload).__name__}"
+
+    def outcome(self, outcome: Outcome, **ended: Any) -> RolloutOutcome:
+        return RolloutOutcome(
+            self.request,
+            self.step,
+            outcome,
+            self.session_id,
+            submitted_at=self.submitted_at,
+            started_at=self.started_at,
+            deadline=self.deadline,
+            gateway_session_id=self.gateway_session_id,
+            finished_at=time.time(),
+            **ended,
         )
-    if CONTROL_KEY in request.payload:
-        raise ValueError(f"payload must not hold the {CONTROL_KEY!r} key: the engine writes it")
-    try:
-        json.dumps(request.payload, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"payload is not JSON: {e}") from None
 
 
-def _listing_prefix(prefix: str) -> str:
-    """`rollouts/` for prefix `rollouts`; no prefix lists from the root, as keys are written."""
-    return f"{prefix.strip('/')}/" if prefix.strip("/") else ""
-
-
-def _signing_key(run_secret: bytes, exp_id: str, request_id: str) -> str:
-    """Derived, not stored: an engine with the same secret can verify results of requests an
-    earlier engine submitted. The secret itself never leaves the engine."""
-    return hmac.new(run_secret, f"{exp_id}/{request_id}".encode(), hashlib.sha256).hexdigest()
-
-
-def _owned(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
-    """A task held in `tasks` until it ends (so it is never garbage-collected mid-run)."""
-    task = asyncio.create_task(work)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
-    return task
-
-
-def _session_id(exp_id: str, step: int, request_id: str) -> str:
-    """Readable and unique; padded to AgentCore's 33-character minimum."""
-    sid = f"{exp_id}-{step}-{request_id}"[-SESSION_ID_MAX:]
-    return sid if len(sid) >= 33 else sid + "-" + "0" * (32 - len(sid))
+async def _despite_cancel(work: Coroutine[Any, Any, _T]) -> _T:
+    """Finish `work` even if this task is cancelled meanwhile: what it decides stands."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+    return task.result()

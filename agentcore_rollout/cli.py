@@ -222,7 +222,7 @@ async def _roll_out(
             engine.resume(
                 j.request,
                 step=j.step,
-                running_until=j.running_until,
+                deadline=j.running_until,
                 gateway_session_id=j.gateway_session_id,
                 timeout=config.run.timeout,
                 on_start=journal.started,

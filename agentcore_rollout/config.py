@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .contract import DEFAULT_MAX_RESULT_BYTES, ID_MAX, ID_PATTERN, first_error
+from .contract import DEFAULT_MAX_RESULT_BYTES, ID_MAX, ID_PATTERN, LLMSettings, first_error
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
 DEFAULT_STOP_RATE = 25.0  # StopRuntimeSession calls per second (see EngineConfig.stop_rate)
@@ -101,15 +101,6 @@ class Endpoints(_Section):
     agentcore: str | None = None
 
 
-class LLMConfig(_Section):
-    """The policy endpoint agents are told to call (the gateway, in a full deployment)."""
-
-    base_url: str
-    model: str = "policy"
-    api_key: str = Field(default="EMPTY", repr=False)
-    sampling: dict[str, Any] = Field(default_factory=dict)
-
-
 class GatewayConfig(_Section):
     """The token-capture gateway: the engine opens one session per request through its admin
     API and hands the agent that session's key."""
@@ -134,7 +125,7 @@ class EngineConfig(_Section):
     runtime_arn: _RuntimeArn | None = None
     qualifier: str = "DEFAULT"
     endpoints: Endpoints = Field(default_factory=Endpoints)
-    llm: LLMConfig | None = None
+    llm: LLMSettings | None = None  # the policy endpoint agents call (the gateway, deployed)
     gateway: GatewayConfig | None = None
 
     # Flow control (AgentCore quotas: InvokeAgentRuntime TPS, new sessions per minute).
@@ -220,11 +211,6 @@ class EngineConfig(_Section):
             if not getattr(self, name):
                 env = f"{ENV_PREFIX}{name.upper()}"
                 raise ConfigError(f"config: engine.{name} is not set (in the config or {env})")
-
-    @property
-    def stops_per_second(self) -> float:
-        """`stop_rate`, or its default: stops must keep up with starts."""
-        return self.stop_rate or max(self.start_rate, DEFAULT_STOP_RATE)
 
     @property
     def max_starting(self) -> int:

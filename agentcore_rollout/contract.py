@@ -13,19 +13,21 @@ import hmac
 import json
 import math
 import re
+import secrets
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import unquote_plus
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 1
 CONTROL_KEY = "_rollout"
 DEFAULT_MAX_RESULT_BYTES = 8 * 1024 * 1024
 SESSION_ID_MIN, SESSION_ID_MAX = 33, 256  # AgentCore's runtimeSessionId rule
-ID_PATTERN, ID_MAX = r"^[A-Za-z0-9._-]+$", 128  # exp_id and request_id: safe in a key and a URL
+_ID_CHARS = r"[A-Za-z0-9._-]+"
+ID_PATTERN, ID_MAX = rf"^{_ID_CHARS}$", 128  # exp_id and request_id: safe in a key and a URL
 MAX_DEPTH = 64
 """How deeply arrays and objects may nest in a result, counting the result object itself.
 
@@ -92,7 +94,7 @@ class LLMSettings(_Model):
     """How the agent reaches the policy: an OpenAI-compatible endpoint and a per-session key."""
 
     base_url: str
-    model: str
+    model: str = "policy"
     api_key: str = "EMPTY"
     sampling: dict[str, Any] = Field(default_factory=dict)
 
@@ -106,9 +108,9 @@ class RolloutControl(_Model):
     v: Literal[1] = SCHEMA_VERSION
     exp_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
     step: int = Field(ge=0)
-    request_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
+    request_id: str
     input_id: str
-    sample_index: int = Field(ge=0)
+    sample_index: int
     session_id: str = Field(min_length=SESSION_ID_MIN, max_length=SESSION_ID_MAX)
     result: ResultTarget
     llm: LLMSettings | None = None
@@ -117,6 +119,62 @@ class RolloutControl(_Model):
     max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024)
     """The largest result object the engine accepts, so the agent can refuse a bigger one as
     its own error instead of writing an object the engine would throw away."""
+
+    @model_validator(mode="after")
+    def _request_fields(self) -> RolloutControl:
+        check_request(self.request_id, self.input_id, self.sample_index)
+        return self
+
+
+def check_request(request_id: Any, input_id: Any, sample_index: Any, payload: Any = None) -> None:
+    """The rules every request meets, in one line of ContractError (a ValueError): applied by
+    the engine's `submit` and `resume` before anything is taken, and by the agent to the
+    control block it receives. `payload` (the user's, before the engine adds its block) is
+    checked when given."""
+    if not isinstance(request_id, str) or len(request_id) > ID_MAX:
+        request_id_ok = False
+    else:
+        request_id_ok = re.match(ID_PATTERN, request_id) is not None
+    if not request_id_ok:
+        raise ContractError(
+            f"request_id {request_id!r}: 1-{ID_MAX} characters of letters, digits, '.', '_', '-'"
+        )
+    if not isinstance(input_id, str) or not input_id:
+        raise ContractError(f"input_id {input_id!r}: must be a non-empty string")
+    if isinstance(sample_index, bool) or not isinstance(sample_index, int):
+        raise ContractError(f"sample_index {sample_index!r}: must be an integer")
+    if sample_index < 0:
+        raise ContractError(f"sample_index {sample_index}: must be >= 0")
+    if payload is None:
+        return
+    if not isinstance(payload, dict):
+        raise ContractError(f"payload must be a dict (a JSON object), got {type(payload).__name__}")
+    if CONTROL_KEY in payload:
+        raise ContractError(f"payload must not hold the {CONTROL_KEY!r} key: the engine writes it")
+    try:
+        json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ContractError(f"payload is not JSON: {e}", "not_json") from None
+
+
+def session_id(exp_id: str, step: int, request_id: str) -> str:
+    """The AgentCore session of one request: readable, unique, and padded to the service's
+    minimum length."""
+    sid = f"{exp_id}-{step}-{request_id}"[-SESSION_ID_MAX:]
+    return sid if len(sid) >= SESSION_ID_MIN else f"{sid}-".ljust(SESSION_ID_MIN, "0")
+
+
+def new_run_secret() -> str:
+    """A fresh run secret, for a run that configured none."""
+    return secrets.token_hex(32)
+
+
+def signing_key(run_secret: str, exp_id: str, request_id: str) -> str:
+    """A request's signing key, derived from the run secret rather than stored: an engine with
+    the same secret verifies results of requests an earlier engine submitted. The secret
+    itself never leaves the engine."""
+    message = f"{exp_id}/{request_id}".encode()
+    return hmac.new(run_secret.encode(), message, hashlib.sha256).hexdigest()
 
 
 def split_payload(payload: dict[str, Any]) -> tuple[dict[str, Any], RolloutControl]:
@@ -343,7 +401,8 @@ def _path(where: _Where) -> str:
 
 _STEP_WIDTH = 8
 _KEY_RE = re.compile(
-    r"^(?:(?P<prefix>.+)/)?(?P<exp_id>[A-Za-z0-9._-]+)/(?P<step>\d{8,})/(?P<request_id>[A-Za-z0-9._-]+)\.json$"
+    rf"^(?:(?P<prefix>.+)/)?(?P<exp_id>{_ID_CHARS})/(?P<step>\d{{{_STEP_WIDTH},}})"
+    rf"/(?P<request_id>{_ID_CHARS})\.json$"
 )
 
 
@@ -357,10 +416,20 @@ class ResultKey(_Model):
     request_id: str
 
 
+def normal_prefix(prefix: str) -> str:
+    """The result prefix as keys hold it: no leading or trailing slash (`/rollouts/` ->
+    `rollouts`; `/` -> none)."""
+    return prefix.strip("/")
+
+
+def listing_prefix(prefix: str) -> str:
+    """What to list every result under: `rollouts/` for prefix `rollouts`, the root for none."""
+    return f"{normal_prefix(prefix)}/" if normal_prefix(prefix) else ""
+
+
 def result_key(prefix: str, exp_id: str, step: int, request_id: str) -> str:
     """`{prefix}/{exp_id}/{step:08d}/{request_id}.json`"""
-    head = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
-    return f"{head}{exp_id}/{step:0{_STEP_WIDTH}d}/{request_id}.json"
+    return f"{listing_prefix(prefix)}{exp_id}/{step:0{_STEP_WIDTH}d}/{request_id}.json"
 
 
 def parse_result_key(key: str) -> ResultKey:

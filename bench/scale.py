@@ -141,7 +141,7 @@ def _emit(event: str, **fields: Any) -> None:
 async def engine_child(spec: dict[str, Any]) -> None:
     """Runs in the engine's own process: one `RolloutEngine`, every request submitted at once;
     reports progress and the figures as JSON lines on stdout."""
-    from agentcore_rollout import EngineConfig, RolloutEngine, RolloutOutcome, RolloutRequest
+    from agentcore_rollout import EngineConfig, RolloutEngine, RolloutRequest, RolloutStart
     from agentcore_rollout._process import exit_with_parent
 
     exit_with_parent()
@@ -166,7 +166,7 @@ async def engine_child(spec: dict[str, Any]) -> None:
     ]
     started = 0
 
-    def on_start(_: RolloutOutcome) -> None:
+    def on_start(_: RolloutStart) -> None:
         nonlocal started
         started += 1
 

@@ -12,8 +12,9 @@ import pytest
 
 from agentcore_rollout import SessionCallError
 from agentcore_rollout._dispatcher import (
+    LiveSession,
     RequestDispatcher,
-    StartAttempts,
+    Started,
     SubmitFailed,
     retry_budget,
 )
@@ -51,16 +52,18 @@ def _cfg(**kw) -> EngineConfig:
 async def _start(
     d: RequestDispatcher,
     sid: str = "s" * 40,
-    attempts: StartAttempts | None = None,
+    sessions: list[LiveSession] | None = None,
     *,
     timeout: float = 10.0,
     start_by: float = math.inf,
-) -> StartAttempts:
-    attempts = attempts if attempts is not None else StartAttempts()
-    await d.start(
-        sid, lambda _: b"{}", timeout=timeout, cap=math.inf, start_by=start_by, attempts=attempts
-    )
-    return attempts
+) -> Started:
+    """Start one session in its own live slot; `sessions` gets the slot's LiveSession."""
+    async with d.live_session(sid, start_by) as session:
+        if sessions is not None:
+            sessions.append(session)
+        return await session.start(
+            lambda _: b"{}", timeout=timeout, cutoff=math.inf, start_by=start_by
+        )
 
 
 def _outage(code: str = "EndpointConnectionError") -> SessionCallError:
@@ -117,14 +120,11 @@ async def test_live_slots_bounded_and_released_on_error():
     holders = Gauge()
 
     async def one(i: int) -> None:
-        await d.take_live_slot(math.inf)
-        try:
+        async with d.live_session(f"s{i:040d}", math.inf):
             with holders:
                 await asyncio.sleep(0.01)
             if i % 2:
                 raise RuntimeError("boom")
-        finally:
-            d.release_live_slot()
 
     results = await asyncio.gather(*(one(i) for i in range(12)), return_exceptions=True)
     assert holders.peak == 3 and d.live.peak == 3 and d.live.value == 0
@@ -160,11 +160,13 @@ async def test_retries_exhausted_and_not_started_in_time():
     with pytest.raises(SubmitFailed, match="gave up after 3 attempts: InternalServerException"):
         await _start(d)
     d = RequestDispatcher(FakeRuntime(start_time=0.2), _cfg(start_rate=1000.0, max_live_sessions=1))
-    await d.take_live_slot(math.inf)  # the only slot is taken
-    with pytest.raises(SubmitFailed, match=r"not started in time: .* live-session slot"):
-        await d.take_live_slot(time.time() + 0.05)
-    assert d.live.value == 1
-    await d.stop_and_release("s" * 40)
+    async with d.live_session("s" * 40, math.inf) as held:  # the only slot is taken
+        held.adopt()
+        with pytest.raises(SubmitFailed, match=r"not started in time: .* live-session slot"):
+            async with d.live_session("t" * 40, time.time() + 0.05):
+                pass
+        assert d.live.value == 1
+    await d.aclose()  # the held session's stop, behind
     assert d.live.value == 0 and d.stats()["stops"] == 1
 
 
@@ -182,10 +184,10 @@ async def test_a_runtime_that_stays_down_fails_queued_starts_at_once():
     runtime = FakeRuntime(errors=[_outage()] * 1000)
     d = RequestDispatcher(runtime, cfg)
     budget = retry_budget(cfg)  # 1.86 s: each request alone could retry this long
-    records = [StartAttempts() for _ in range(30)]
+    records: list[LiveSession] = []
     began = time.monotonic()
     results = await asyncio.gather(
-        *(_start(d, f"s{i:040d}", records[i]) for i in range(30)), return_exceptions=True
+        *(_start(d, f"s{i:040d}", records) for i in range(30)), return_exceptions=True
     )
     took = time.monotonic() - began
     assert all(isinstance(r, SubmitFailed) for r in results)
@@ -209,20 +211,22 @@ async def test_a_probe_finds_the_runtime_back():
     assert d.stats()["runtime_down"] is True
     runtime.errors.clear()
     await asyncio.sleep(cfg.backoff_max)  # one probe per backoff_max while down
-    record = await _start(d)
-    assert record.sent_at is not None and d.stats()["runtime_down"] is False
+    started = await _start(d)
+    assert started.sent_at is not None and d.stats()["runtime_down"] is False
 
 
 async def test_maybe_started_follows_what_the_attempts_did():
     refused = SessionCallError("ThrottlingException", "slow", retryable=True, maybe_started=False)
     cut_off = SessionCallError("ReadTimeoutError", "no answer", retryable=False, outage=True)
     d = RequestDispatcher(FakeRuntime(errors=[refused, cut_off]), _cfg(start_rate=1000.0))
-    record = StartAttempts()
+    record: list[LiveSession] = []
     with pytest.raises(SubmitFailed, match="ReadTimeoutError"):
-        await _start(d, attempts=record)
-    assert record.maybe_started and record.sent_at is None
+        await _start(d, sessions=record)
+    await d.aclose()
+    assert record[0].maybe_started and d.stats()["stops"] == 1  # so it was stopped
     d = RequestDispatcher(FakeRuntime(errors=[refused]), _cfg(start_rate=1000.0, max_retries=0))
-    record = StartAttempts()
+    record = []
     with pytest.raises(SubmitFailed):
-        await _start(d, attempts=record)
-    assert not record.maybe_started
+        await _start(d, sessions=record)
+    await d.aclose()
+    assert not record[0].maybe_started and d.stats()["stops"] == 0

@@ -26,6 +26,7 @@ TRAINER_API = {
     "RolloutHandle",
     "RolloutOutcome",
     "RolloutRequest",
+    "RolloutStart",
     "SandboxRuntime",
     "SessionCallError",
     "StaleResult",
@@ -56,9 +57,11 @@ def test_the_package_exports_the_trainer_api_and_nothing_else():
 def test_engine_exposes_no_internals():
     public = {n for n in vars(agentcore_rollout.RolloutEngine) if not n.startswith("_")}
     assert public == {
+        "aclose",
         "resume",
         "rollout",
         "set_step",
+        "start",
         "stats",
         "step",
         "stream",

@@ -99,9 +99,10 @@ async def test_resume_collects_a_result_already_in_s3_without_invoking(moto, cha
     async with RolloutEngine(cfg) as first:
         journaled = []
         done = await first.submit(request, on_start=journaled.append)
-    assert done.outcome == "ok" and journaled == [done]
+    assert done.outcome == "ok" and [s.request for s in journaled] == [request]
+    assert journaled[0].deadline == done.deadline and journaled[0].started_at == done.started_at
     async with RolloutEngine(cfg) as second:  # same exp_id and run_secret
-        again = await second.resume(request, step=0, running_until=done.deadline)
+        again = await second.resume(request, step=0, deadline=journaled[0].deadline)
     assert again.outcome == "ok" and again.reward == expected_reward(request.payload)
     assert again.started_at is None  # collected, not run
     assert emu.counts["invoke"] == 1

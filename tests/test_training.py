@@ -4,6 +4,7 @@ hand-made outcomes, and `GroupRollout` through the real wire (emulator, S3, SQS)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -148,8 +149,7 @@ def test_samples_keep_masks_and_captured_logprobs_aligned():
 def test_failures_and_ok_outcomes_without_a_trace_never_become_rows():
     with pytest.raises(ValueError, match="ended timeout: a failure never becomes"):
         outcome_samples(_outcome(outcome=Outcome.TIMEOUT, reward=None), 1.0)
-    no_trace = _outcome()
-    no_trace.trace = None
+    no_trace = dataclasses.replace(_outcome(), trace=None)
     with pytest.raises(ValueError, match="without a token trace"):
         outcome_samples(no_trace, 1.0)
     broken = _trace([1], [([], [2, 3], [-0.1, -0.2])])

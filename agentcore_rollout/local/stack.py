@@ -23,7 +23,8 @@ from collections.abc import Awaitable
 from typing import Any
 
 from .._process import ServiceProcess
-from ..config import EngineConfig, GatewayConfig, LLMConfig, LocalConfig
+from ..config import EngineConfig, GatewayConfig, LocalConfig
+from ..contract import LLMSettings
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
 
 LOCAL_REGION = "us-east-1"
@@ -175,7 +176,7 @@ class LocalStack:
                 max_context=self.config.max_context,
             )
         elif base.llm is None:
-            fill["llm"] = LLMConfig(base_url=f"{self.policy_url}/v1", model="tiny-char-policy")
+            fill["llm"] = LLMSettings(base_url=f"{self.policy_url}/v1", model="tiny-char-policy")
         return EngineConfig.model_validate(base.model_dump() | fill | overrides)
 
     def env_lines(self) -> list[str]:
