@@ -162,7 +162,7 @@ class EngineService:
 
     async def close(self) -> None:
         if self._engine is not None:
-            await self._engine.__aexit__(None, None, None)
+            await self._engine.aclose()
             self._engine = None
         if self._gateway is not None:
             await self._gateway.stop()
@@ -175,7 +175,7 @@ class EngineService:
                 if hosted is not None:
                     config = config.model_copy(update={"gateway": await self._host(hosted)})
                 engine = RolloutEngine(config)
-                await engine.__aenter__()
+                await engine.start()
                 self._engine = engine
         return self._engine
 
