@@ -119,8 +119,9 @@ class _Group:
 class EngineService:
     """One `RolloutEngine` shared by every agent loop of a run, and the group gate."""
 
-    def __init__(self, config_path: str) -> None:
+    def __init__(self, config_path: str, hosted: HostedGateway | None = None) -> None:
         self._config_path = config_path
+        self._hosted = hosted
         self._engine: RolloutEngine | None = None
         self._gateway: Any = None
         self._starting = asyncio.Lock()
@@ -133,7 +134,6 @@ class EngineService:
         group_size: int,
         min_group_ok: int,
         timeout: float | None,
-        hosted: HostedGateway | None = None,
     ) -> tuple[RolloutOutcome, bool]:
         """Run one member; return its outcome and whether its group has `min_group_ok` ok
         members (known once all `group_size` members ended)."""
@@ -144,7 +144,7 @@ class EngineService:
         verdict = group.verdict
         outcome: RolloutOutcome | None = None
         try:
-            engine = await self._started(hosted)
+            engine = await self._started()
             if step > engine.step:
                 engine.set_step(step)
             outcome = await engine.submit(request, step=step, timeout=timeout)
@@ -168,12 +168,12 @@ class EngineService:
             await self._gateway.stop()
             self._gateway = None
 
-    async def _started(self, hosted: HostedGateway | None) -> RolloutEngine:
+    async def _started(self) -> RolloutEngine:
         async with self._starting:
             if self._engine is None:
                 config = load_config(self._config_path).engine
-                if hosted is not None:
-                    config = config.model_copy(update={"gateway": await self._host(hosted)})
+                if self._hosted is not None:
+                    config = config.model_copy(update={"gateway": await self._host(self._hosted)})
                 engine = RolloutEngine(config)
                 await engine.start()
                 self._engine = engine
@@ -210,9 +210,11 @@ async def close_services() -> None:
         await _local_services.popitem()[1].close()
 
 
-async def _call_service(settings: AgentCoreSettings, *args: Any) -> tuple[RolloutOutcome, bool]:
-    """The run's shared engine: a named Ray actor under Ray, else one per process."""
-    path = settings.config_path
+async def _call_service(
+    path: str, hosted: HostedGateway | None, *args: Any
+) -> tuple[RolloutOutcome, bool]:
+    """The run's shared engine: a named Ray actor under Ray, else one per process; the call
+    that creates it gives it `hosted`."""
     import ray
 
     if ray.is_initialized():
@@ -221,10 +223,10 @@ async def _call_service(settings: AgentCoreSettings, *args: Any) -> tuple[Rollou
                 ray.remote(EngineService)
                 # num_cpus=0: it waits on the network, and must not take a CPU veRL planned for
                 .options(name=SERVICE_NAME, get_if_exists=True, max_concurrency=10_000, num_cpus=0)
-                .remote(path)
+                .remote(path, hosted)
             )
         return await _actors[path].rollout.remote(*args)
-    service = _local_services.setdefault(path, EngineService(path))
+    service = _local_services.setdefault(path, EngineService(path, hosted))
     return await service.rollout(*args)
 
 
@@ -233,7 +235,16 @@ class AgentCoreAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.settings = AgentCoreSettings.from_rollout_config(self.rollout_config)
+        self.settings = s = AgentCoreSettings.from_rollout_config(self.rollout_config)
+        self._hosted: HostedGateway | None = None
+        if (gateway := s.gateway) is not None:
+            self._hosted = HostedGateway(
+                self.server_manager,  # the service is given it once, by the loop that creates it
+                gateway.get("renderer") or str(self.config.actor_rollout_ref.model.path),
+                host=gateway.get("host") or "127.0.0.1",
+                port=int(gateway.get("port") or 0),
+                public_url=gateway.get("public_url"),
+            )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         s = self.settings
@@ -247,7 +258,13 @@ class AgentCoreAgentLoop(AgentLoopBase):
         )
         step = int(_jsonable(kwargs.get("global_steps", 0)) or 0)
         outcome, group_ok = await _call_service(
-            s, request, step, int(self.rollout_config.n), s.min_group_ok, s.timeout, self._hosted()
+            s.config_path,
+            self._hosted,
+            request,
+            step,
+            int(self.rollout_config.n),
+            s.min_group_ok,
+            s.timeout,
         )
         if not group_ok:
             raise GroupFailed(
@@ -259,19 +276,6 @@ class AgentCoreAgentLoop(AgentLoopBase):
             max_prompt_length=int(self.rollout_config.prompt_length),
             max_response_length=int(self.rollout_config.response_length),
             on_failure=s.on_failure,
-        )
-
-    def _hosted(self) -> HostedGateway | None:
-        gateway = self.settings.gateway
-        if gateway is None:
-            return None
-        renderer = gateway.get("renderer") or str(self.config.actor_rollout_ref.model.path)
-        return HostedGateway(
-            self.server_manager,
-            renderer,
-            host=gateway.get("host") or "127.0.0.1",
-            port=int(gateway.get("port") or 0),
-            public_url=gateway.get("public_url"),
         )
 
 
