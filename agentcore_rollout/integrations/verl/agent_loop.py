@@ -11,9 +11,9 @@ so no worker receives, releases and so churns another's notifications. Under Ray
 named actor that the first loop creates; outside Ray (tests, a single process) it is an object
 of the process.
 
-The group policy `min_group_ok` (default 2): each member waits until every member of its
-group has ended; if fewer than `min_group_ok` ended ok, every member raises, so no group of
-one trains on its raw reward (veRL gives a one-member GRPO group advantage = reward).
+The group policy (`training.GroupPolicy`, `min_group_ok` default 2): each member waits until
+every member of its group has ended; if fewer than `min_group_ok` ended ok, every member raises,
+so no group of one trains on its raw reward (veRL gives a one-member GRPO advantage = reward).
 
 Settings come from `actor_rollout_ref.rollout.custom.agentcore` (set it with Hydra's `+`
 prefix): `config` (the engine's YAML; default `$AGENTCORE_ROLLOUT_CONFIG`), `payload_key`
@@ -33,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
-from ... import Outcome, RolloutEngine, RolloutOutcome, RolloutRequest, load_config
+from ... import RolloutEngine, RolloutOutcome, RolloutRequest, load_config
 from ...config import GatewayConfig
+from ...training import Group, GroupPolicy
 from .convert import OnFailure, agent_loop_outputs
 
 SERVICE_NAME = "agentcore_rollout_engine"
@@ -107,53 +108,41 @@ class HostedGateway:
     public_url: str | None = None
 
 
-@dataclass
-class _Group:
-    size: int
-    ended: list[RolloutOutcome | None] = field(default_factory=list)
-    verdict: asyncio.Future[bool] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-
-
 class EngineService:
     """One `RolloutEngine` shared by every agent loop of a run, and the group gate."""
 
-    def __init__(self, config_path: str) -> None:
+    def __init__(self, config_path: str, hosted: HostedGateway | None = None) -> None:
         self._config_path = config_path
+        self._hosted = hosted
         self._engine: RolloutEngine | None = None
         self._gateway: Any = None
         self._starting = asyncio.Lock()
-        self._groups: dict[tuple[str, int], _Group] = {}
+        # (input_id, step) -> its members ended so far (None: not even submitted), its verdict
+        self._groups: dict[tuple[str, int], tuple[list[RolloutOutcome | None], asyncio.Future]] = {}
 
     async def rollout(
-        self,
-        request: RolloutRequest,
-        step: int,
-        group_size: int,
-        min_group_ok: int,
-        timeout: float | None,
-        hosted: HostedGateway | None = None,
+        self, request: RolloutRequest, step: int, policy: GroupPolicy, timeout: float | None
     ) -> tuple[RolloutOutcome, bool]:
-        """Run one member; return its outcome and whether its group has `min_group_ok` ok
-        members (known once all `group_size` members ended)."""
+        """Run one member; return its outcome and whether its group has `policy.min_ok` ok
+        members (known once all `policy.size` members ended)."""
         key = (request.input_id, step)
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = _Group(group_size)
-        verdict = group.verdict
+        if key not in self._groups:
+            self._groups[key] = ([], asyncio.get_running_loop().create_future())
+        ended, verdict = self._groups[key]
         outcome: RolloutOutcome | None = None
         try:
-            engine = await self._started(hosted)
+            engine = await self._started()
             if step > engine.step:
                 engine.set_step(step)
             outcome = await engine.submit(request, step=step, timeout=timeout)
         finally:  # a member that could not even be submitted still counts, as not ok
-            group.ended.append(outcome)
-            if len(group.ended) >= group.size:
-                ok = sum(o is not None and o.outcome is Outcome.OK for o in group.ended)
-                verdict.set_result(ok >= min_group_ok)
+            ended.append(outcome)
+            if len(ended) >= policy.size:
                 del self._groups[key]
+                try:
+                    verdict.set_result(_enough_ok([o for o in ended if o is not None], policy))
+                except ValueError as e:  # an ok member without a reward: fail, hang no member
+                    verdict.set_exception(GroupFailed(str(e)))
         return outcome, await asyncio.shield(verdict)
 
     def stats(self) -> dict[str, Any]:
@@ -162,20 +151,20 @@ class EngineService:
 
     async def close(self) -> None:
         if self._engine is not None:
-            await self._engine.__aexit__(None, None, None)
+            await self._engine.aclose()
             self._engine = None
         if self._gateway is not None:
             await self._gateway.stop()
             self._gateway = None
 
-    async def _started(self, hosted: HostedGateway | None) -> RolloutEngine:
+    async def _started(self) -> RolloutEngine:
         async with self._starting:
             if self._engine is None:
                 config = load_config(self._config_path).engine
-                if hosted is not None:
-                    config = config.model_copy(update={"gateway": await self._host(hosted)})
+                if self._hosted is not None:
+                    config = config.model_copy(update={"gateway": await self._host(self._hosted)})
                 engine = RolloutEngine(config)
-                await engine.__aenter__()
+                await engine.start()
                 self._engine = engine
         return self._engine
 
@@ -198,6 +187,12 @@ class EngineService:
         )
 
 
+def _enough_ok(members: list[RolloutOutcome], policy: GroupPolicy) -> bool:
+    """`policy.min_ok` kept (ok) members, not the group's status: a stale member must not hide
+    too few ok, and veRL trains an all-equal group too."""
+    return bool(members) and len(Group.judge(members, policy).kept) >= policy.min_ok
+
+
 _local_services: dict[str, EngineService] = {}
 _actors: dict[str, Any] = {}  # config path -> the engine actor's handle, under Ray
 
@@ -210,9 +205,11 @@ async def close_services() -> None:
         await _local_services.popitem()[1].close()
 
 
-async def _call_service(settings: AgentCoreSettings, *args: Any) -> tuple[RolloutOutcome, bool]:
-    """The run's shared engine: a named Ray actor under Ray, else one per process."""
-    path = settings.config_path
+async def _call_service(
+    path: str, hosted: HostedGateway | None, *args: Any
+) -> tuple[RolloutOutcome, bool]:
+    """The run's shared engine: a named Ray actor under Ray, else one per process; the call
+    that creates it gives it `hosted`."""
     import ray
 
     if ray.is_initialized():
@@ -221,10 +218,10 @@ async def _call_service(settings: AgentCoreSettings, *args: Any) -> tuple[Rollou
                 ray.remote(EngineService)
                 # num_cpus=0: it waits on the network, and must not take a CPU veRL planned for
                 .options(name=SERVICE_NAME, get_if_exists=True, max_concurrency=10_000, num_cpus=0)
-                .remote(path)
+                .remote(path, hosted)
             )
         return await _actors[path].rollout.remote(*args)
-    service = _local_services.setdefault(path, EngineService(path))
+    service = _local_services.setdefault(path, EngineService(path, hosted))
     return await service.rollout(*args)
 
 
@@ -233,7 +230,17 @@ class AgentCoreAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.settings = AgentCoreSettings.from_rollout_config(self.rollout_config)
+        self.settings = s = AgentCoreSettings.from_rollout_config(self.rollout_config)
+        self._policy = GroupPolicy(n=int(self.rollout_config.n), min_ok=s.min_group_ok)
+        self._hosted: HostedGateway | None = None
+        if (gateway := s.gateway) is not None:
+            self._hosted = HostedGateway(
+                self.server_manager,  # the service is given it once, by the loop that creates it
+                gateway.get("renderer") or str(self.config.actor_rollout_ref.model.path),
+                host=gateway.get("host") or "127.0.0.1",
+                port=int(gateway.get("port") or 0),
+                public_url=gateway.get("public_url"),
+            )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         s = self.settings
@@ -247,31 +254,18 @@ class AgentCoreAgentLoop(AgentLoopBase):
         )
         step = int(_jsonable(kwargs.get("global_steps", 0)) or 0)
         outcome, group_ok = await _call_service(
-            s, request, step, int(self.rollout_config.n), s.min_group_ok, s.timeout, self._hosted()
+            s.config_path, self._hosted, request, step, self._policy, s.timeout
         )
         if not group_ok:
             raise GroupFailed(
                 f"group {request.input_id} (step {step}): fewer than min_group_ok="
-                f"{s.min_group_ok} of its {self.rollout_config.n} members ended ok"
+                f"{self._policy.min_ok} of its {self._policy.n} members ended ok"
             )
         return agent_loop_outputs(
             outcome,
             max_prompt_length=int(self.rollout_config.prompt_length),
             max_response_length=int(self.rollout_config.response_length),
             on_failure=s.on_failure,
-        )
-
-    def _hosted(self) -> HostedGateway | None:
-        gateway = self.settings.gateway
-        if gateway is None:
-            return None
-        renderer = gateway.get("renderer") or str(self.config.actor_rollout_ref.model.path)
-        return HostedGateway(
-            self.server_manager,
-            renderer,
-            host=gateway.get("host") or "127.0.0.1",
-            port=int(gateway.get("port") or 0),
-            public_url=gateway.get("public_url"),
         )
 
 
