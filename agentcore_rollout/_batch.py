@@ -104,7 +104,7 @@ class RolloutOutcome:
 class StaleResult:
     """A result that arrived after its request had ended (timed out, cancelled, or of an older
     step). Kept apart, never mixed into a batch; `result` only with
-    `engine.keep_stale_results`."""
+    `engine.results.keep_stale_results`."""
 
     request_id: str
     step: int

@@ -95,12 +95,14 @@ class RolloutBuffer:
         self._ended: dict[int, dict[str, str | None]] = {}
         self._stale: dict[int, list[StaleResult]] = {}
         self._step = 0
-        self._window = max(config.retain_steps, config.max_staleness + 1)
-        self._downloads = asyncio.Semaphore(config.download_concurrency)
+        self._window = max(config.results.retain_steps, config.limits.max_staleness + 1)
+        self._downloads = asyncio.Semaphore(config.results.download_concurrency)
         self._pollers: list[asyncio.Task[None]] = []
-        self._deletes = _Batched(sqs.delete_message_batch, config.queue_url, config.delete_window)
+        self._deletes = _Batched(
+            sqs.delete_message_batch, config.queue_url, config.results.delete_window
+        )
         self._releases = _Batched(
-            sqs.change_message_visibility_batch, config.queue_url, config.delete_window
+            sqs.change_message_visibility_batch, config.queue_url, config.results.delete_window
         )
         self._counts: Counter[str] = Counter()
         self._invalid: Counter[str] = Counter()
@@ -110,7 +112,7 @@ class RolloutBuffer:
     async def start(self) -> None:
         self._pollers = [
             asyncio.create_task(self._poll(), name=f"rollout-buffer-poller-{i}")
-            for i in range(self._cfg.pollers)
+            for i in range(self._cfg.results.pollers)
         ]
 
     async def close(self) -> None:
@@ -181,8 +183,8 @@ class RolloutBuffer:
         deadline plus grace, deliver a `timeout`."""
         w = self._waiters[request_id]
         try:
-            lookup_at = deadline - self._cfg.reconcile_before
-            give_up_at = deadline + self._cfg.result_grace
+            lookup_at = deadline - self._cfg.limits.reconcile_before
+            give_up_at = deadline + self._cfg.limits.result_grace
             for until in (lookup_at, give_up_at):
                 if not await self._wait_until(w.future, until):
                     await self._lookup(w)
@@ -255,8 +257,8 @@ class RolloutBuffer:
                     resp = await self._sqs.receive_message(
                         QueueUrl=self._cfg.queue_url,
                         MaxNumberOfMessages=10,
-                        WaitTimeSeconds=self._cfg.wait_time,
-                        VisibilityTimeout=self._cfg.visibility_timeout,
+                        WaitTimeSeconds=self._cfg.results.wait_time,
+                        VisibilityTimeout=self._cfg.results.visibility_timeout,
                     )
                     failures = 0
                 except Exception as e:  # the poller must outlive any one bad call
@@ -268,10 +270,10 @@ class RolloutBuffer:
                 messages = resp.get("Messages", [])
                 self._counts["messages"] += len(messages)
                 in_hand.create_task(self._process(messages, batches.release))
-                if 0 < len(messages) < 10 and self._cfg.receive_gather:
+                if 0 < len(messages) < 10 and self._cfg.results.receive_gather:
                     # More are coming but not enough to fill a batch: let them gather, so
                     # the next call brings several (an empty long poll has waited already).
-                    await asyncio.sleep(self._cfg.receive_gather)
+                    await asyncio.sleep(self._cfg.results.receive_gather)
 
     async def _process(self, messages: list[dict[str, Any]], done: Callable[[], None]) -> None:
         """Handle one received batch, settling each message as soon as it is handled (so a
@@ -296,7 +298,7 @@ class RolloutBuffer:
             self._releases.add(
                 {
                     "ReceiptHandle": message["ReceiptHandle"],
-                    "VisibilityTimeout": self._cfg.foreign_visibility,
+                    "VisibilityTimeout": self._cfg.results.foreign_visibility,
                 }
             )
 
@@ -375,7 +377,7 @@ class RolloutBuffer:
                 request_id=key.request_id,
                 step=key.step,
                 reward=result.scalar_reward(),
-                result=result if self._cfg.keep_stale_results else None,
+                result=result if self._cfg.results.keep_stale_results else None,
             )
         )
         return True
@@ -400,7 +402,7 @@ class RolloutBuffer:
                 step,
                 request_id,
                 sig_key,
-                self._cfg.max_result_bytes,
+                self._cfg.results.max_result_bytes,
             )
             if len(body) > _CHECK_IN_THREAD_BYTES:  # ~10 ms a MB: keep the loop handing off
                 result = await asyncio.to_thread(_checked_result, *check)
@@ -423,7 +425,7 @@ class RolloutBuffer:
                 raise _Transient(str(e)) from None
             except (BotoCoreError, OSError) as e:
                 raise _Transient(str(e)) from None
-            size, limit = resp.get("ContentLength") or 0, self._cfg.max_result_bytes
+            size, limit = resp.get("ContentLength") or 0, self._cfg.results.max_result_bytes
             async with resp["Body"] as stream:
                 if size > limit:  # refuse before reading it into memory
                     raise ContractError(

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from ._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from ._sandbox import SandboxRuntime, SessionCallError
-from .config import DEFAULT_STOP_RATE, EngineConfig
+from .config import DEFAULT_STOP_RATE, DispatchConfig, EngineConfig
 
 log = logging.getLogger("agentcore_rollout.dispatcher")
 
@@ -129,19 +129,21 @@ class _Outage:
 
 
 class RequestDispatcher:
+    """Starts and stops the sandbox sessions of rollouts within `engine.dispatch`'s bounds."""
+
     def __init__(
         self, runtime: SandboxRuntime, config: EngineConfig, *, rng: random.Random | None = None
     ) -> None:
         self._runtime = runtime
-        self._cfg = config
+        self._cfg = cfg = config.dispatch
         self._rng = rng or random.Random()
-        self._starts = AdaptiveRate(_bucket(config.start_rate))
-        stops = config.stop_rate or max(config.start_rate, DEFAULT_STOP_RATE)
+        self._starts = AdaptiveRate(_bucket(cfg.start_rate))
+        stops = cfg.stop_rate or max(cfg.start_rate, DEFAULT_STOP_RATE)
         self._stops = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
         self._stopping: set[asyncio.Task[None]] = set()
-        self._starting_slots = asyncio.Semaphore(config.max_starting)
-        self._live_slots = asyncio.Semaphore(config.max_live_sessions)
-        self._outage = _Outage(retry_budget(config), config.backoff_max)
+        self._starting_slots = asyncio.Semaphore(cfg.max_starting)
+        self._live_slots = asyncio.Semaphore(cfg.max_live_sessions)
+        self._outage = _Outage(retry_budget(cfg), cfg.backoff_max)
         self.starting = Gauge()
         self.live = Gauge()
         self.invokes = self.stops = self.throttles = 0
@@ -343,7 +345,7 @@ class RequestDispatcher:
         raise SubmitFailed(f"not started in time: still waiting for {what}{last}")
 
 
-def retry_budget(config: EngineConfig) -> float:
+def retry_budget(config: DispatchConfig) -> float:
     """The longest back-off one request can spend retrying: the sum of the capped delays."""
     return sum(
         min(config.backoff_max, config.backoff_base * 2**k) for k in range(config.max_retries)

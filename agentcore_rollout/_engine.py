@@ -195,12 +195,12 @@ class RolloutEngine:
             raise ValueError(f"step {step} is behind the engine's step {self._step}")
         self._step = step
         self._buffer.advance(step)
-        oldest = step - self.config.max_staleness
+        oldest = step - self.config.limits.max_staleness
         for task, job in list(self._requests.items()):
             if job.step < oldest and not task.done():
                 job.stale = (
                     f"step {job.step} is {step - job.step} behind the current step "
-                    f"{step} (engine.max_staleness={self.config.max_staleness})"
+                    f"{step} (engine.limits.max_staleness={self.config.limits.max_staleness})"
                 )
                 task.cancel()
 
@@ -265,11 +265,11 @@ class RolloutEngine:
     ) -> RolloutHandle:
         check_request(request.request_id, request.input_id, request.sample_index, request.payload)
         step = self._step if step is None else step
-        oldest = max(0, self._step - self.config.max_staleness)
+        oldest = max(0, self._step - self.config.limits.max_staleness)
         if not oldest <= step <= self._step:
             raise ValueError(
-                f"step {step}: must be the engine's step {self._step} or, with "
-                f"engine.max_staleness={self.config.max_staleness}, one no older than {oldest}"
+                f"step {step}: must be the engine's step {self._step} or, with engine.limits."
+                f"max_staleness={self.config.limits.max_staleness}, one no older than {oldest}"
             )
         job = self._job(request, step, timeout, cutoff, on_start, resumed)
         task = asyncio.create_task(self._run(job))
@@ -290,14 +290,16 @@ class RolloutEngine:
         cfg, submitted = self.config, time.time()
         cutoff = math.inf if cutoff is None else cutoff
         sig_key = signing_key(self._run_secret, cfg.exp_id, request.request_id)
-        queued_until = submitted + cfg.queue_timeout if cfg.queue_timeout else math.inf
+        queued_until = (
+            submitted + cfg.limits.queue_timeout if cfg.limits.queue_timeout else math.inf
+        )
         return _Job(
             request=request,
             step=step,
             session_id=session_id(cfg.exp_id, step, request.request_id),
             sig_key=sig_key,
             result_key=self._buffer.expect(request.request_id, step=step, sig_key=sig_key),
-            timeout=cfg.rollout_timeout if timeout is None else timeout,
+            timeout=cfg.limits.rollout_timeout if timeout is None else timeout,
             cutoff=cutoff,
             start_by=min(cutoff, queued_until),
             submitted_at=submitted,
@@ -484,12 +486,12 @@ class RolloutEngine:
             result=ResultTarget(
                 bucket=cfg.bucket,
                 key=job.result_key,
-                queue_url=cfg.queue_url if cfg.notify_directly else None,
+                queue_url=cfg.queue_url if cfg.results.notify_directly else None,
             ),
             llm=llm,
             deadline=deadline,
             sig_key=job.sig_key,
-            max_result_bytes=cfg.max_result_bytes,
+            max_result_bytes=cfg.results.max_result_bytes,
         )
         return json.dumps(
             {**request.payload, CONTROL_KEY: control.model_dump(mode="json")}

@@ -112,23 +112,10 @@ class GatewayConfig(_Section):
     max_turns: int | None = Field(default=None, ge=1)
 
 
-class EngineConfig(_Section):
-    """Everything the engine needs to dispatch rollouts and collect their results."""
+class DispatchConfig(_Section):
+    """How sessions are started and stopped, within AgentCore's quotas (InvokeAgentRuntime per
+    second, new sessions per minute per endpoint, active sessions per account)."""
 
-    exp_id: str = Field(default="default", pattern=ID_PATTERN, max_length=ID_MAX)
-    region: str = "us-east-1"
-    # Where results go and which runtime runs the agents. Required on AWS; the embedded
-    # local stack fills them in.
-    bucket: _BucketName | None = None
-    prefix: str = "rollouts"
-    queue_url: str | None = None
-    runtime_arn: _RuntimeArn | None = None
-    qualifier: str = "DEFAULT"
-    endpoints: Endpoints = Field(default_factory=Endpoints)
-    llm: LLMSettings | None = None  # the policy endpoint agents call (the gateway, deployed)
-    gateway: GatewayConfig | None = None
-
-    # Flow control (AgentCore quotas: InvokeAgentRuntime TPS, new sessions per minute).
     start_rate: float = Field(default=5.0, gt=0, description="new sessions per second")
     session_start_time: float = Field(default=2.0, gt=0, description="seconds a start may take")
     max_live_sessions: int = Field(default=64, ge=1)
@@ -144,7 +131,15 @@ class EngineConfig(_Section):
     backoff_base: float = Field(default=0.2, gt=0)
     backoff_max: float = Field(default=20.0, gt=0)
 
-    # Deadlines.
+    @property
+    def max_starting(self) -> int:
+        """Little's law: starts in flight = start rate x time a start takes."""
+        return max(1, math.ceil(self.start_rate * self.session_start_time))
+
+
+class LimitsConfig(_Section):
+    """How long a request may wait, run and fall behind."""
+
     queue_timeout: float | None = Field(
         default=None,
         gt=0,
@@ -154,8 +149,17 @@ class EngineConfig(_Section):
     rollout_timeout: float = Field(default=600.0, gt=0, description="seconds from session start")
     result_grace: float = Field(default=30.0, ge=0, description="wait past deadline for a write")
     reconcile_before: float = Field(default=5.0, ge=0, description="S3 lookup this long before")
+    max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="steps a request may fall behind the current one and still end ok; older "
+        "requests still running end `stale` at `set_step`",
+    )
 
-    # Results.
+
+class ResultsConfig(_Section):
+    """How results come back: SQS polling, S3 downloads, and what is remembered."""
+
     pollers: int = Field(default=1, ge=1)
     wait_time: int = Field(default=20, ge=0, le=20)
     visibility_timeout: int = Field(default=60, ge=0, le=43200)
@@ -179,25 +183,12 @@ class EngineConfig(_Section):
     retain_steps: int = Field(
         default=1, ge=0, description="older steps whose ended requests are remembered"
     )
-    max_staleness: int = Field(
-        default=0,
-        ge=0,
-        description="steps a request may fall behind the current one and still end ok; older "
-        "requests still running end `stale` at `set_step`",
-    )
     keep_stale_results: bool = Field(
         default=False, description="keep whole late results, not just id, step and reward"
     )
-    max_pool_connections: int = Field(default=64, ge=1)
-    run_secret: str | None = Field(
-        default=None,
-        min_length=16,
-        repr=False,
-        description="derives each request's signing key; set it to resume a run after a restart",
-    )
 
     @model_validator(mode="after")
-    def _deletes_within_visibility(self) -> EngineConfig:
+    def _deletes_within_visibility(self) -> ResultsConfig:
         if self.visibility_timeout and self.delete_window >= self.visibility_timeout:
             raise ValueError(
                 f"delete_window ({self.delete_window}s) must be shorter than visibility_timeout "
@@ -205,17 +196,58 @@ class EngineConfig(_Section):
             )
         return self
 
+
+_SECTIONS = {"dispatch": DispatchConfig, "limits": LimitsConfig, "results": ResultsConfig}
+
+
+class EngineConfig(_Section):
+    """Everything the engine needs to dispatch rollouts and collect their results."""
+
+    exp_id: str = Field(default="default", pattern=ID_PATTERN, max_length=ID_MAX)
+    region: str = "us-east-1"
+    # Where results go and which runtime runs the agents. Required on AWS; the embedded
+    # local stack fills them in.
+    bucket: _BucketName | None = None
+    prefix: str = "rollouts"
+    queue_url: str | None = None
+    runtime_arn: _RuntimeArn | None = None
+    qualifier: str = "DEFAULT"
+    endpoints: Endpoints = Field(default_factory=Endpoints)
+    max_pool_connections: int = Field(default=64, ge=1, description="per AWS client")
+    llm: LLMSettings | None = None  # the policy endpoint agents call (the gateway, deployed)
+    gateway: GatewayConfig | None = None
+    dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    results: ResultsConfig = Field(default_factory=ResultsConfig)
+    run_secret: str | None = Field(
+        default=None,
+        min_length=16,
+        repr=False,
+        description="derives each request's signing key; set it to resume a run after a restart",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """A key of a section written at the top (as before sections existed): one line that
+        names where it lives now."""
+        if isinstance(data, dict):
+            for key in data:
+                for name, section in _SECTIONS.items():
+                    if key in section.model_fields:
+                        raise PydanticCustomError(
+                            "moved",
+                            "{key} moved: write engine.{name}.{key}",
+                            {"key": key, "name": name},
+                        )
+        return data
+
     def require_targets(self) -> None:
         """Raise ConfigError naming the first of bucket/queue_url/runtime_arn left unset."""
         for name in ("bucket", "queue_url", "runtime_arn"):
             if not getattr(self, name):
                 env = f"{ENV_PREFIX}{name.upper()}"
                 raise ConfigError(f"config: engine.{name} is not set (in the config or {env})")
-
-    @property
-    def max_starting(self) -> int:
-        """Little's law: starts in flight = start rate x time a start takes."""
-        return max(1, math.ceil(self.start_rate * self.session_start_time))
 
 
 class LocalConfig(_Section):
@@ -251,7 +283,9 @@ class RunConfig(_Section):
     n: int = Field(default=4, ge=1, description="samples per prompt (a GRPO group)")
     out: str = "out"
     step: int = Field(default=0, ge=0)
-    timeout: float | None = Field(default=None, gt=0, description="default: engine.rollout_timeout")
+    timeout: float | None = Field(
+        default=None, gt=0, description="default: engine.limits.rollout_timeout"
+    )
     min_ok_fraction: float = Field(
         default=0.5, ge=0, le=1, description="below it, the run exits 3 (outputs still written)"
     )
@@ -330,7 +364,7 @@ def _read_env_file(path: Path) -> dict[str, str | None]:
 
 
 def _env_overrides(env: Mapping[str, str | None]) -> list[tuple[str, Any]]:
-    """`AGENTCORE_ROLLOUT_START_RATE=5` -> `engine.start_rate`; `__` nests
+    """`AGENTCORE_ROLLOUT_DISPATCH__START_RATE=5` -> `engine.dispatch.start_rate`; `__` nests
     (`AGENTCORE_ROLLOUT_ENDPOINTS__S3`). `AWS_REGION` sets the region. An empty variable is
     unset, so the blanks left in a copy of agentcore.env.example mean the defaults."""
     out: list[tuple[str, Any]] = []
@@ -345,8 +379,8 @@ def _env_overrides(env: Mapping[str, str | None]) -> list[tuple[str, Any]]:
 
 
 def _split_override(text: str) -> tuple[str, Any]:
-    """`engine.start_rate=5`. Scalars stay strings (pydantic converts them by field type, so
-    `exp_id=0001` keeps its zeros); `[...]` and `{...}` are read as YAML."""
+    """`engine.dispatch.start_rate=5`. Scalars stay strings (pydantic converts them by field
+    type, so `exp_id=0001` keeps its zeros); `[...]` and `{...}` are read as YAML."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"config: override {text!r} is not of the form key.path=value")

@@ -20,6 +20,8 @@ from agentcore_rollout.local.moto import (
 )
 from agentcore_rollout.local.runtime import EmulatorConfig, RuntimeEmulator
 
+from .factories import flat_config
+
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
 RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123"
@@ -112,5 +114,4 @@ def engine_config(
         "backoff_base": 0.05,
         "backoff_max": 0.5,
     }
-    base.update(overrides)
-    return EngineConfig.model_validate(base)
+    return flat_config(**(base | overrides))

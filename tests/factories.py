@@ -1,15 +1,32 @@
-"""Result objects for tests that play the agent's part by hand, and ended outcomes (with
-their token traces) for tests of what trainers do with them."""
+"""Result objects for tests that play the agent's part by hand, ended outcomes (with their
+token traces) for tests of what trainers do with them, and engine configs written flat."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from agentcore_rollout import Outcome, RolloutOutcome, RolloutRequest
+from agentcore_rollout import EngineConfig, Outcome, RolloutOutcome, RolloutRequest
 from agentcore_rollout.contract import RolloutResult, Timings, encode_result, sign_result
 
 SIG_KEY = "k" * 32
+_SECTIONS = ("dispatch", "limits", "results")
+
+
+def flat_config(**fields: Any) -> EngineConfig:
+    """An EngineConfig from its fields written flat (`start_rate=50`), each put in its section
+    (`dispatch.start_rate`), as tests name the one or two fields they are about."""
+    nested: dict[str, Any] = {}
+    for name, value in fields.items():
+        home = next(
+            (s for s in _SECTIONS if name in EngineConfig.model_fields[s].annotation.model_fields),
+            None,
+        )
+        if home is None:
+            nested[name] = value
+        else:
+            nested.setdefault(home, {})[name] = value
+    return EngineConfig.model_validate(nested)
 
 
 def make_result(**fields: Any) -> RolloutResult:

@@ -31,9 +31,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import agentcore_rollout.gateway as gateway
-from agentcore_rollout.config import EngineConfig, LocalConfig
+from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.stack import LocalStack
+
+from .factories import flat_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
@@ -363,7 +365,7 @@ async def test_a_core_only_install_rolls_out_a_batch(
     )
     async with LocalStack(local) as stack:
         config = stack.engine_config(
-            EngineConfig(exp_id="bare", start_rate=50.0, rollout_timeout=60.0, wait_time=1)
+            flat_config(exp_id="bare", start_rate=50.0, rollout_timeout=60.0, wait_time=1)
         )
         assert (config.gateway is not None) == with_gateway and (config.llm is None) == with_gateway
         spec = {

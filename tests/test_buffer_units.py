@@ -11,11 +11,10 @@ import time
 
 from agentcore_rollout import _buffer
 from agentcore_rollout._buffer import RolloutBuffer, _Batched
-from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.contract import Outcome, result_key
 
 from .factories import SIG_KEY as KEY
-from .factories import make_result, signed_body
+from .factories import flat_config, make_result, signed_body
 
 
 class FakeBody:
@@ -74,7 +73,7 @@ def _event(key: str) -> str:
 
 
 async def test_a_bug_on_one_message_and_a_failed_receive_do_not_stop_the_loop():
-    cfg = EngineConfig(
+    cfg = flat_config(
         bucket="bkt",
         queue_url="q",
         runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
@@ -117,7 +116,7 @@ async def test_a_failed_delete_is_counted_and_no_task_error_goes_unretrieved():
     loop = asyncio.get_running_loop()
     unhandled: list[dict] = []
     loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
-    cfg = EngineConfig(
+    cfg = flat_config(
         bucket="bkt",
         queue_url="q",
         runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
@@ -175,7 +174,7 @@ async def test_large_objects_are_checked_off_the_event_loop_and_still_refused_wh
         return check(*args)
 
     monkeypatch.setattr(_buffer, "_checked_result", recorded)
-    cfg = EngineConfig(
+    cfg = flat_config(
         bucket="bkt",
         queue_url="q",
         runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",

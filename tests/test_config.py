@@ -19,7 +19,8 @@ engine:
   bucket: my-bucket
   queue_url: https://sqs.us-east-1.amazonaws.com/123/q
   runtime_arn: arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123
-  start_rate: 4
+  dispatch:
+    start_rate: 4
 """
 
 
@@ -32,7 +33,9 @@ def cfg_file(tmp_path):
 
 def test_layers_in_order(cfg_file, tmp_path):
     env_file = tmp_path / "agentcore.env"
-    env_file.write_text("AGENTCORE_ROLLOUT_START_RATE=7\nAGENTCORE_ROLLOUT_PREFIX=from-file\n")
+    env_file.write_text(
+        "AGENTCORE_ROLLOUT_DISPATCH__START_RATE=7\nAGENTCORE_ROLLOUT_PREFIX=from-file\n"
+    )
     environ = {
         "AGENTCORE_ROLLOUT_PREFIX": "from-env",
         "AGENTCORE_ROLLOUT_ENDPOINTS__S3": "http://127.0.0.1:1",
@@ -42,33 +45,62 @@ def test_layers_in_order(cfg_file, tmp_path):
         cfg_file,
         env_file=env_file,
         environ=environ,
-        overrides=["engine.session_start_time=3", "engine.exp_id=0002"],
+        overrides=["engine.dispatch.session_start_time=3", "engine.exp_id=0002"],
     ).engine
-    assert cfg.start_rate == 7.0  # env file over YAML
+    assert cfg.dispatch.start_rate == 7.0  # env file over YAML
     assert cfg.prefix == "from-env"  # process environment over env file
     assert cfg.endpoints.s3 == "http://127.0.0.1:1"
     assert cfg.region == "us-west-2"
     assert cfg.exp_id == "0002"  # overrides last; leading zeros kept
-    assert cfg.max_starting == 21  # ceil(7 * 3)
+    assert cfg.dispatch.max_starting == 21  # ceil(7 * 3)
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({"overrides": ["engine.start_rate=4"]}, "write engine.dispatch.start_rate"),
+        (
+            {"environ": {"AGENTCORE_ROLLOUT_MAX_STALENESS": "1"}},
+            "write engine.limits.max_staleness",
+        ),
+        ({"overrides": ["engine.wait_time=1"]}, "write engine.results.wait_time"),
+    ],
+)
+def test_a_key_of_a_section_written_at_the_top_names_its_new_place(source, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        load_config(None, env_file=None, **({"environ": {}} | source))
+    assert "\n" not in str(raised.value)
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["engine.start_rate=-1"], "config: engine.start_rate: Input should be greater than 0"),
+        (
+            ["engine.dispatch.start_rate=-1"],
+            "config: engine.dispatch.start_rate: Input should be greater than 0",
+        ),
         (["engine.nonsense=1"], "config: engine.nonsense: Extra inputs are not permitted"),
         (["engine.bucket"], "not of the form key.path=value"),
-        (["engine.start_rate.x=1"], "engine.start_rate is not a section"),
+        (["engine.dispatch.start_rate.x=1"], "engine.dispatch.start_rate is not a section"),
         (
-            ["engine.max_live_sessions=lots"],
-            "engine.max_live_sessions: Input should be a valid integer",
+            ["engine.dispatch.max_live_sessions=lots"],
+            "engine.dispatch.max_live_sessions: Input should be a valid integer",
         ),
-        (["engine.start_rate=inf"], "engine.start_rate: Input should be a finite number"),
-        (["engine.rollout_timeout=nan"], "engine.rollout_timeout: Input should be a finite number"),
+        (
+            ["engine.dispatch.start_rate=inf"],
+            "engine.dispatch.start_rate: Input should be a finite number",
+        ),
+        (
+            ["engine.limits.rollout_timeout=nan"],
+            "engine.limits.rollout_timeout: Input should be a finite number",
+        ),
         (["run.min_ok_fraction=-inf"], "run.min_ok_fraction: Input should be a finite number"),
         (["local.cold_start=Infinity"], "local.cold_start: Input should be a finite number"),
         (["run.min_ok_fraction=1.5"], "run.min_ok_fraction: Input should be less than or equal"),
-        (["engine.queue_timeout=0"], "engine.queue_timeout: Input should be greater than 0"),
+        (
+            ["engine.limits.queue_timeout=0"],
+            "engine.limits.queue_timeout: Input should be greater than 0",
+        ),
         (["engine.run_secret=short"], "engine.run_secret: String should have at least 16"),
         *(
             ([f"{key}={name}"], f"{key}: not a valid S3 bucket name")
@@ -120,16 +152,16 @@ def test_well_formed_names_and_new_keys_are_accepted(cfg_file):
             "engine.bucket=my.bucket-1",
             f"local.bucket={'b' * 63}",
             f"local.queue={'Q_-9' * 20}",
-            "engine.queue_timeout=30",
+            "engine.limits.queue_timeout=30",
             "run.min_ok_fraction=1",
         ],
     )
     assert cfg.engine.bucket == "my.bucket-1" and cfg.local.queue == "Q_-9" * 20
-    assert cfg.engine.queue_timeout == 30.0 and cfg.run.min_ok_fraction == 1.0
+    assert cfg.engine.limits.queue_timeout == 30.0 and cfg.run.min_ok_fraction == 1.0
     assert cfg.engine.run_secret == secret  # from AGENTCORE_ROLLOUT_RUN_SECRET
     assert secret not in repr(cfg) and secret not in str(cfg.engine)  # never printed
     defaults = load_config(None, env_file=None, environ={})
-    assert defaults.engine.queue_timeout is None and defaults.engine.run_secret is None
+    assert defaults.engine.limits.queue_timeout is None and defaults.engine.run_secret is None
     assert defaults.run.min_ok_fraction == 0.5
     for arn in (
         RUNTIME_ARN,
@@ -145,14 +177,14 @@ def test_well_formed_names_and_new_keys_are_accepted(cfg_file):
 
 def test_bad_files_are_one_line_errors(tmp_path):
     nan = tmp_path / "nan.yaml"
-    nan.write_text("engine:\n  session_start_time: .nan\n")
+    nan.write_text("engine:\n  dispatch:\n    session_start_time: .nan\n")
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes(b"engine:\n  exp_id: caf\xe9\n")
     env_file = tmp_path / "latin1.env"
     env_file.write_bytes(b"AGENTCORE_ROLLOUT_EXP_ID=caf\xe9\n")
     for path, env, message in [
         (tmp_path, None, f"config: cannot read {tmp_path}: Is a directory"),
-        (nan, None, "config: engine.session_start_time: Input should be a finite number"),
+        (nan, None, "config: engine.dispatch.session_start_time: Input should be a finite number"),
         (latin1, None, f"config: {latin1} is not UTF-8 text (byte 21)"),
         (None, env_file, f"config: {env_file} is not UTF-8 text (byte 28)"),
     ]:

@@ -217,7 +217,7 @@ async def test_result_of_an_older_step_is_kept_apart(moto, channel, emulator):
         assert engine.take_stale() == []  # taken once
     _assert_rest_ok(batch1, set())
     assert [(r.request_id, r.step, r.reward) for r in stale] == [(straggler.request_id, 0, 0.25)]
-    assert stale[0].result is None  # only the whole result with engine.keep_stale_results
+    assert stale[0].result is None  # only the whole result with engine.results.keep_stale_results
     assert all(o.step == 1 for o in batch1.outcomes)
 
 

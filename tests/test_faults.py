@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from agentcore_rollout import (
-    EngineConfig,
     Outcome,
     RolloutEngine,
     RolloutOutcome,
@@ -36,6 +35,7 @@ from agentcore_rollout.local.stack import LocalStack
 
 from .agents.basic import expected_reward
 from .conftest import RUNTIME_ARN, agent_env, engine_config
+from .factories import flat_config
 
 ROOT = Path(__file__).resolve().parent.parent
 MATH_ROWS = [
@@ -93,19 +93,19 @@ def _one_each(outcomes: list[RolloutOutcome], requests: list[RolloutRequest]) ->
 
 async def test_runtime_killed_fails_the_rest_fast_with_the_cause(moto, channel):
     emulator = await _emulator_process(moto)
-    cfg = EngineConfig.model_validate(
-        engine_config(moto, channel, emulator).model_dump()
-        | {
-            "start_rate": 4.0,
-            "rollout_timeout": 3.0,
-            "result_grace": 0.5,
-            "reconcile_before": 0.5,
-            "max_retries": 8,
-            "backoff_base": 0.05,
-            "backoff_max": 0.5,
-        }
+    cfg = engine_config(
+        moto,
+        channel,
+        emulator,
+        start_rate=4.0,
+        rollout_timeout=3.0,
+        result_grace=0.5,
+        reconcile_before=0.5,
+        max_retries=8,
+        backoff_base=0.05,
+        backoff_max=0.5,
     )
-    budget = retry_budget(cfg)  # 2.75 s: what one request may spend retrying
+    budget = retry_budget(cfg.dispatch)  # 2.75 s: what one request may spend retrying
     requests = _requests(40, sleep=0.2)
 
     async def kill() -> None:
@@ -225,7 +225,7 @@ def _math_requests(n: int) -> list[RolloutRequest]:
 @pytest.mark.parametrize("math_stack", [1], indirect=True)
 async def test_gateway_killed_no_ok_without_its_trace(math_stack):
     cfg = math_stack.engine_config(
-        EngineConfig(exp_id="gw-kill", start_rate=6.0, rollout_timeout=20.0, result_grace=1.0)
+        flat_config(exp_id="gw-kill", start_rate=6.0, rollout_timeout=20.0, result_grace=1.0)
     )
     requests = _math_requests(3)
     gateway_pid = math_stack.gateway.pid
@@ -241,13 +241,14 @@ async def test_gateway_killed_no_ok_without_its_trace(math_stack):
     lost = [o for o in outcomes if o.outcome is not Outcome.OK]
     assert lost, "the kill changed nothing"
     assert all(o.reward is None for o in lost)
-    assert all(o.latency < cfg.rollout_timeout + cfg.result_grace + 10 for o in outcomes)
+    limits = cfg.limits
+    assert all(o.latency < limits.rollout_timeout + limits.result_grace + 10 for o in outcomes)
 
 
 @pytest.mark.parametrize("math_stack", [2], indirect=True)
 async def test_policy_worker_killed_every_request_ends_and_ok_keeps_its_trace(math_stack):
     cfg = math_stack.engine_config(
-        EngineConfig(exp_id="worker-kill", start_rate=6.0, rollout_timeout=20.0, result_grace=1.0)
+        flat_config(exp_id="worker-kill", start_rate=6.0, rollout_timeout=20.0, result_grace=1.0)
     )
     requests = _math_requests(3)
     worker_pid = math_stack.workers[0].pid
@@ -260,7 +261,8 @@ async def test_policy_worker_killed_every_request_ends_and_ok_keeps_its_trace(ma
     _one_each(outcomes, requests)
     ok = [o for o in outcomes if o.outcome is Outcome.OK]
     assert len(ok) >= 2 and all(o.trace is not None and o.trace["samples"] for o in ok)
-    assert all(o.latency < cfg.rollout_timeout + cfg.result_grace + 10 for o in outcomes)
+    limits = cfg.limits
+    assert all(o.latency < limits.rollout_timeout + limits.result_grace + 10 for o in outcomes)
 
 
 async def test_two_engines_on_one_queue_with_different_exp_ids(moto, channel, emulator):

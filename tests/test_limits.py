@@ -21,6 +21,8 @@ from agentcore_rollout._dispatcher import (
 from agentcore_rollout._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
 from agentcore_rollout.config import EngineConfig
 
+from .factories import flat_config
+
 
 class FakeRuntime:
     def __init__(self, start_time: float = 0.0, errors: list[SessionCallError] | None = None):
@@ -46,7 +48,7 @@ ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc12
 
 def _cfg(**kw) -> EngineConfig:
     base = dict(bucket="bkt", queue_url="q", runtime_arn=ARN, backoff_base=0.01, backoff_max=0.05)
-    return EngineConfig(**(base | kw))
+    return flat_config(**(base | kw))
 
 
 async def _start(
@@ -183,7 +185,7 @@ async def test_a_runtime_that_stays_down_fails_queued_starts_at_once():
     cfg = _cfg(start_rate=5.0, max_retries=20, backoff_base=0.02, backoff_max=0.1)
     runtime = FakeRuntime(errors=[_outage()] * 1000)
     d = RequestDispatcher(runtime, cfg)
-    budget = retry_budget(cfg)  # 1.86 s: each request alone could retry this long
+    budget = retry_budget(cfg.dispatch)  # 1.86 s: each request alone could retry this long
     records: list[LiveSession] = []
     began = time.monotonic()
     results = await asyncio.gather(
@@ -210,7 +212,7 @@ async def test_a_probe_finds_the_runtime_back():
             break
     assert d.stats()["runtime_down"] is True
     runtime.errors.clear()
-    await asyncio.sleep(cfg.backoff_max)  # one probe per backoff_max while down
+    await asyncio.sleep(cfg.dispatch.backoff_max)  # one probe per backoff_max while down
     started = await _start(d)
     assert started.sent_at is not None and d.stats()["runtime_down"] is False
 

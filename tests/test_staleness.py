@@ -1,6 +1,6 @@
-"""Requests of several steps in flight at once, bounded by `engine.max_staleness`, through the
-real wire: a request may end ok while the current step is at most `max_staleness` past its
-own; `set_step` ends older ones still running `stale` and stops their sessions."""
+"""Requests of several steps in flight at once, bounded by `engine.limits.max_staleness`,
+through the real wire: a request may end ok while the current step is at most `max_staleness`
+past its own; `set_step` ends older ones still running `stale` and stops their sessions."""
 
 from __future__ import annotations
 

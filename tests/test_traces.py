@@ -9,9 +9,11 @@ from __future__ import annotations
 import aiohttp
 
 from agentcore_rollout import RolloutEngine, RolloutRequest
-from agentcore_rollout.config import EngineConfig, LocalConfig
+from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.local.policy import CharRenderer, CharTokenizer
 from agentcore_rollout.local.stack import LocalStack
+
+from .factories import flat_config
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:
@@ -45,7 +47,7 @@ async def test_example_agent_traces_equal_what_the_workers_sampled():
     ]
     async with LocalStack(local) as stack:
         cfg = stack.engine_config(
-            EngineConfig(exp_id="traces", start_rate=50.0, rollout_timeout=60.0)
+            flat_config(exp_id="traces", start_rate=50.0, rollout_timeout=60.0)
         )
         async with RolloutEngine(cfg) as engine:
             batch = await engine.rollout(requests)

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-from agentcore_rollout.config import EngineConfig, LocalConfig
+from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.integrations.verl.agent_loop import (
     SERVICE_NAME,
     AgentCoreAgentLoop,
@@ -26,6 +26,7 @@ from agentcore_rollout.integrations.verl.agent_loop import (
 from agentcore_rollout.integrations.verl.convert import ConversionError
 from agentcore_rollout.local.stack import LocalStack
 
+from .factories import flat_config
 from .gateway_support import TOKENIZER_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +79,7 @@ async def test_agent_loop_rows_failures_and_min_group_ok_through_the_wire(tmp_pa
     )
     question = {"question": "What is 2 + 5?"}
     async with LocalStack(local) as stack:
-        engine = stack.engine_config(EngineConfig(exp_id="verl", start_rate=50.0, wait_time=1))
+        engine = stack.engine_config(flat_config(exp_id="verl", start_rate=50.0, wait_time=1))
         engine_yaml = tmp_path / "engine.yaml"
         engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
         loop = _agent_loop(engine_yaml, n=3, min_group_ok=2)
@@ -127,7 +128,7 @@ async def test_agent_loops_of_two_workers_share_one_engine_actor_under_ray(tmp_p
         queue="verl-ray",
     )
     async with LocalStack(local) as stack:
-        engine = stack.engine_config(EngineConfig(exp_id="ray", start_rate=50.0, wait_time=1))
+        engine = stack.engine_config(flat_config(exp_id="ray", start_rate=50.0, wait_time=1))
         engine_yaml = tmp_path / "engine.yaml"
         engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -31,10 +31,11 @@ import yaml
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 from verl.utils import tensordict_utils as tu
 
-from agentcore_rollout.config import EngineConfig, LocalConfig
+from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.integrations.verl.switch import trainer_config
 from agentcore_rollout.local.stack import LocalStack
 
+from .factories import flat_config
 from .gateway_support import TOKENIZER_DIR
 from .verl_support import PolicyServerManager
 
@@ -93,7 +94,7 @@ async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(tmp_path, monk
         "two-failed": {**question, "fail": [0, 1]},
     }
     async with LocalStack(local) as stack:
-        engine = stack.engine_config(EngineConfig(exp_id="verl-e2e", start_rate=50.0, wait_time=1))
+        engine = stack.engine_config(flat_config(exp_id="verl-e2e", start_rate=50.0, wait_time=1))
         engine_yaml = tmp_path / "engine.yaml"
         engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
         config = _trainer_config(tmp_path, engine_yaml, hosted)

@@ -6,9 +6,9 @@ For each sampled token t of a sample with advantage A, the objective is PPO's cl
 
 averaged over every sampled token of the batch ("token-mean"). `logp_behaviour` is what the
 gateway captured when the token was sampled, so a sample drawn by older weights (a rollout that
-ran while the trainer moved on, with `engine.max_staleness` >= 1) is weighed by its importance
-ratio, and one whose ratio left the clip range in the direction the advantage pushes stops
-contributing. For on-policy samples r_t is exactly 1: recomputing their log-probs must give
+ran while the trainer moved on, with `engine.limits.max_staleness` >= 1) is weighed by its
+importance ratio, and one whose ratio left the clip range in the direction the advantage pushes
+stops contributing. For on-policy samples r_t is exactly 1: recomputing their log-probs must give
 back the captured ones, which `UpdateStats.logprob_max_abs_diff` reports.
 
 Log-probs are recomputed per run of sampled tokens (one assistant turn), conditioned on the

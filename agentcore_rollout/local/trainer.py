@@ -7,7 +7,7 @@ on the trainer's copy of the policy, saves it, pushes it to every policy worker
 (`/update_weights_from_disk` with the next step as its weight version), and moves the engine
 to the next step.
 
-With `engine.max_staleness` 0 a step rolls out its batch only once the previous update is
+With `engine.limits.max_staleness` 0 a step rolls out its batch only once the previous update is
 pushed: every sample is on-policy. With 1 or more the pipeline stays full: each group that
 resolves is replaced at once, so rollouts of the next step run while this step's update is
 computed and pushed, and a step trains on groups up to `max_staleness` steps old, weighed by
@@ -63,7 +63,7 @@ async def train(
         policy.load(config.local.policy_params)
     group_policy = GroupPolicy(tc.n, tc.extra, tc.min_ok)
     per_step = tc.groups_per_step or len(prompts)
-    staleness = config.engine.max_staleness
+    staleness = config.engine.limits.max_staleness
     (out / "weights").mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     async with AsyncExitStack() as stack:

@@ -226,7 +226,7 @@ class GroupRollout:
                 members,
                 self._policy,
                 current_step=self._engine.step,
-                max_staleness=self._engine.config.max_staleness,
+                max_staleness=self._engine.config.limits.max_staleness,
             )
         )
 

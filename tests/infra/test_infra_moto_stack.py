@@ -30,10 +30,9 @@ from moto.server import ThreadedMotoServer
 
 from agentcore_rollout._aws import AwsClients
 from agentcore_rollout._buffer import RolloutBuffer
-from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.contract import Outcome, result_key
 from infra.cdk import app
-from tests.factories import SIG_KEY, make_result, signed_body
+from tests.factories import SIG_KEY, flat_config, make_result, signed_body
 
 from .cfn import Resolver, one_resource, resources_of_type
 
@@ -375,7 +374,7 @@ async def test_the_engines_buffer_gets_results_under_the_prefix_only(applied: De
     s3, sqs = applied.client("s3"), applied.client("sqs")
     bucket, url = applied.outputs["BucketName"], applied.outputs["QueueUrl"]
     _receive_all(sqs, url, wait=0)
-    cfg = EngineConfig(
+    cfg = flat_config(
         exp_id="exp1",
         bucket=bucket,
         prefix=PREFIX,

@@ -295,9 +295,9 @@ def test_env_file_from_stack_outputs_keeps_other_lines(stack: Any, tmp_path: Pat
     assert lines[:3] == [
         "# my settings",
         f"AGENTCORE_ROLLOUT_BUCKET={outputs['BucketName']}",
-        "AGENTCORE_ROLLOUT_START_RATE=5",
+        "AGENTCORE_ROLLOUT_DISPATCH__START_RATE=5",
     ]
-    assert dotenv_values(path) == {**env, "AGENTCORE_ROLLOUT_START_RATE": "5"}
+    assert dotenv_values(path) == {**env, "AGENTCORE_ROLLOUT_DISPATCH__START_RATE": "5"}
 
 
 @pytest.mark.filterwarnings("ignore:Tried to parse")
