@@ -1,0 +1,84 @@
+"""Each fact has one home: AgentCore's published defaults in `_agentcore`, the wire (signing
+keys, the run secret, the result prefix) in `contract`, and a rollout's deadline under one
+name. And the engine's core stays small enough to read: no function of `_engine.py` or
+`_dispatcher.py` over 40 lines, the package no larger than it was (11.5k lines) before the
+layout was redrawn.
+
+Read as text, so a second definition anywhere in the package fails here, with where it is."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "agentcore_rollout"
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def _hits(pattern: str, *, allowed: set[str], paths: list[Path] = SOURCES) -> list[str]:
+    found = []
+    for path in paths:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in allowed:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(pattern, line):
+                found.append(f"{rel}:{number}: {line.strip()}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("what", "pattern", "home"),
+    [
+        # idle timeout 900 s, max lifetime 28,800 s: named next to idle/lifetime anywhere else
+        (
+            "AgentCore's session defaults",
+            r"(?i)(idle|lifetime).*\b(900|28_?800|8 \* 3600)\b",
+            "agentcore_rollout/_agentcore.py",
+        ),
+        ("the signing-key derivation", r"hmac\.new\(", "agentcore_rollout/contract.py"),
+        ("the random run secret", r"token_hex\(", "agentcore_rollout/contract.py"),
+        (
+            "the result prefix's normal form",
+            r"\.strip\(['\"]/['\"]\)",
+            "agentcore_rollout/contract.py",
+        ),
+        (
+            "the session-id padding",
+            r"SESSION_ID_MIN|\b3[23]\b.*session",
+            "agentcore_rollout/contract.py",
+        ),
+    ],
+)
+def test_one_definition(what: str, pattern: str, home: str) -> None:
+    extra = [ROOT / "infra" / "cdk" / "parameters.py"] if "AgentCore" in what else []
+    assert _hits(pattern, allowed={home}, paths=SOURCES + extra) == [], f"{what} outside {home}"
+
+
+def test_one_name_for_the_deadline() -> None:
+    """The instant a rollout must end by is `deadline` from the contract to the journal to
+    `resume`; the cap a caller sets is `cutoff`."""
+    tests = sorted((ROOT / "tests").rglob("*.py"))
+    stale_names = r"running_until|StartAttempts|\bcap=|attempts\.deadline"
+    assert _hits(stale_names, allowed={"tests/test_one_home.py"}, paths=SOURCES + tests) == []
+
+
+def test_the_engine_reads_in_short_functions() -> None:
+    long = []
+    for name in ("_engine.py", "_dispatcher.py"):
+        tree = ast.parse((PACKAGE / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if lines > 40:
+                    long.append(f"{name}:{node.lineno} {node.name} is {lines} lines")
+    assert long == []
+
+
+def test_the_package_did_not_grow() -> None:
+    lines = sum(len(path.read_text().splitlines()) for path in SOURCES)
+    assert lines <= 11_500, f"the package holds {lines} lines of Python"
