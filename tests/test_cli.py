@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from agentcore_rollout import cli
 from agentcore_rollout.cli import main
+from agentcore_rollout.cli import run as cli_run
+from agentcore_rollout.cli.dataset import read_dataset
+from agentcore_rollout.cli.errors import UsageError
 from agentcore_rollout.config import load_config
 from examples.math_agent.app import grade, reward_for
 
@@ -274,7 +276,7 @@ def test_default_config_is_configs_local_yaml_in_the_repository_only(
         seen.append((config, len(requests)))
         raise RuntimeError("the test stops here")
 
-    monkeypatch.setattr(cli, "run", recording_run)
+    monkeypatch.setattr(cli_run, "roll_out", recording_run)
     env_file = tmp_path / "empty.env"
     env_file.write_text("")
     argv = ["run", "--data", str(dataset), "--env-file", str(env_file), "--out", str(tmp_path)]
@@ -304,11 +306,11 @@ def test_dataset_ids_name_groups(tmp_path):
     data = tmp_path / "ids.jsonl"
     rows = ['{"id": "g"}', '{"id": 7}', '{"id": null}', "{}", '{"id": ""}', '{"q": "a\u2028b"}']
     data.write_text("\ufeff" + "\n".join(rows) + "\n\n")  # a BOM, a U+2028 in a string
-    ids = [input_id for input_id, _ in cli.read_dataset(data)]
+    ids = [input_id for input_id, _ in read_dataset(data)]
     assert ids == ["g", "7", "line-3", "line-4", "line-5", "line-6"]
     data.write_text('{"id": [1]}\n')
-    with pytest.raises(cli.UsageError, match=r"ids.jsonl:1: id must be a string or a number"):
-        cli.read_dataset(data)
+    with pytest.raises(UsageError, match=r"ids.jsonl:1: id must be a string or a number"):
+        read_dataset(data)
 
 
 @pytest.mark.parametrize(
@@ -326,7 +328,7 @@ def test_dataset_ids_name_groups(tmp_path):
 )
 def test_exit_code(ok, requests, min_ok_fraction, interrupted, code):
     summary = {"requests": requests, "outcomes": {"ok": ok}, "interrupted": interrupted}
-    assert cli.exit_code(summary, min_ok_fraction) == code
+    assert cli_run.exit_code(summary, min_ok_fraction) == code
 
 
 def test_a_run_with_too_few_ok_exits_3_and_still_writes_its_outputs(tmp_path):

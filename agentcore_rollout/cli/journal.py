@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ._batch import RolloutOutcome, RolloutRequest
+from .. import RolloutOutcome, RolloutRequest
 
 JOURNAL, SECRET = "journal.jsonl", "run_secret"
 
