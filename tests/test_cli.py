@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from agentcore_rollout import EngineStats
 from agentcore_rollout.cli import main
 from agentcore_rollout.cli import run as cli_run
 from agentcore_rollout.cli.dataset import read_dataset
 from agentcore_rollout.cli.errors import UsageError
+from agentcore_rollout.cli.summary import RunSummary
 from agentcore_rollout.config import load_config
 from examples.math_agent.app import grade, reward_for
 
@@ -327,7 +329,9 @@ def test_dataset_ids_name_groups(tmp_path):
     ],
 )
 def test_exit_code(ok, requests, min_ok_fraction, interrupted, code):
-    summary = {"requests": requests, "outcomes": {"ok": ok}, "interrupted": interrupted}
+    summary = RunSummary(
+        requests, {"ok": ok}, None, {}, {}, 0.0, 0.0, {}, 0.0, EngineStats(), interrupted
+    )
     assert cli_run.exit_code(summary, min_ok_fraction) == code
 
 

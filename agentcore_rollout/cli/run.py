@@ -1,5 +1,6 @@
 """The `run` command: roll out a dataset (or take over a crashed run with `--resume OUT`),
-write each outcome to rollouts.jsonl as it arrives, then summary.json, and pick the exit code.
+write each outcome to rollouts.jsonl as it arrives and summary.json once at the end, and pick
+the exit code.
 
 Everything the user's input can get wrong is checked before the local stack starts."""
 
@@ -11,14 +12,13 @@ import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
-from .. import Config, Outcome, RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome
+from .. import Config, RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome
 from .dataset import build_requests, read_dataset
 from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, UsageError
 from .journal import JOURNAL, Journal, Journaled, ended, read_journal, run_secret
 from .signals import run_async
-from .summary import SUMMARY, summarize
+from .summary import SUMMARY, RunSummary
 from .views import ProgressBar, console, print_summary
 
 ROLLOUTS = "rollouts.jsonl"
@@ -31,29 +31,27 @@ def run_command(config: Config, resume: str | None) -> int:
         requests = build_requests(read_dataset(Path(config.run.data)), config.run.n)
         prepare_out(out, fresh=True)
         jobs = [Journaled(r, config.run.step) for r in requests]
-        previous: list[dict[str, Any]] = []
+        ended_before: list[str] = []
     else:
         out = Path(resume)
         prepare_out(out, fresh=False)
-        jobs, previous = _left_open(out)
+        jobs, ended_before = _left_open(out)
     secret = run_secret(out, config.engine.run_secret, resume=resume is not None)
     config = config.model_copy(
         update={"engine": config.engine.model_copy(update={"run_secret": secret})}
     )
     summary = run_async(
         lambda stop: roll_out(config, jobs, out, resumed=resume is not None, interrupted=stop)
-    )
-    if previous:
-        _count_in(summary, previous, out)
+    ).counting_in(ended_before)
+    (out / SUMMARY).write_text(summary.to_json())
     print_summary(summary)
     console.print(f"wrote {out / ROLLOUTS} and {out / SUMMARY}")
     code = exit_code(summary, config.run.min_ok_fraction)
     if code == EXIT_INTERRUPTED:
         console.print("[yellow]interrupted: unfinished requests were cancelled")
     elif code == EXIT_TOO_FEW_OK:
-        ok = summary["outcomes"][str(Outcome.OK)]
         print(
-            f"error: {ok} of {summary['requests']} requests ended ok, fewer than "
+            f"error: {summary.ok} of {summary.requests} requests ended ok, fewer than "
             f"run.min_ok_fraction={config.run.min_ok_fraction}",
             file=sys.stderr,
         )
@@ -81,10 +79,9 @@ async def roll_out(
     *,
     resumed: bool = False,
     interrupted: asyncio.Event,
-) -> dict:
-    """Roll out `jobs` (fresh requests, or what a resumed run left open); journal them, write
-    rollouts.jsonl as outcomes arrive and summary.json last (into `out`, which `prepare_out`
-    made)."""
+) -> RunSummary:
+    """Roll out `jobs` (fresh requests, or what a resumed run left open); journal them and
+    write rollouts.jsonl as outcomes arrive (into `out`, which `prepare_out` made)."""
     async with AsyncExitStack() as stack:
         engine_config = config.engine
         if config.stack == "local":
@@ -98,18 +95,16 @@ async def roll_out(
         outcomes = await _submit_and_collect(engine, jobs, config, out, resumed, interrupted)
         wall_time = time.monotonic() - began
         stats = engine.stats().since(before)
-        summary = summarize(RolloutBatch(engine.step, outcomes, stats, wall_time))
-    summary["interrupted"] = interrupted.is_set()
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+        batch = RolloutBatch(engine.step, outcomes, stats, wall_time)
+    return RunSummary.of(batch, interrupted=interrupted.is_set())
 
 
-def exit_code(summary: dict, min_ok_fraction: float) -> int:
+def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
     """130 if interrupted; else 3 if fewer than `min_ok_fraction` of the requests ended `ok`,
     so a script or CI job notices a run that produced little or nothing; else 0."""
-    if summary["interrupted"]:
+    if summary.interrupted:
         return EXIT_INTERRUPTED
-    ok_fraction = summary["outcomes"][str(Outcome.OK)] / summary["requests"]
+    ok_fraction = summary.ok / summary.requests
     return 0 if ok_fraction >= min_ok_fraction else EXIT_TOO_FEW_OK
 
 
@@ -167,17 +162,10 @@ async def _cancel_on(event: asyncio.Event, handles: list[RolloutHandle]) -> None
         h.cancel()
 
 
-def _left_open(out: Path) -> tuple[list[Journaled], list[dict[str, Any]]]:
-    """The journaled requests that have no line in rollouts.jsonl yet, and the lines there."""
+def _left_open(out: Path) -> tuple[list[Journaled], list[str]]:
+    """The journaled requests that have no line in rollouts.jsonl yet, and the outcomes of
+    those that have one (the summary counts the whole run)."""
     lines = ended(out / ROLLOUTS)
     done = {line["request_id"] for line in lines}
-    return [j for j in read_journal(out) if j.request.request_id not in done], lines
-
-
-def _count_in(summary: dict, previous: list[dict[str, Any]], out: Path) -> None:
-    """A resumed run's summary counts the whole run: what ended before the crash too."""
-    summary["resumed_after"] = len(previous)
-    summary["requests"] += len(previous)
-    for line in previous:
-        summary["outcomes"][line["outcome"]] += 1
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    left = [j for j in read_journal(out) if j.request.request_id not in done]
+    return left, [line["outcome"] for line in lines]
