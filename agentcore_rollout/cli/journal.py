@@ -32,7 +32,7 @@ class Journaled:
 
     request: RolloutRequest
     step: int
-    running_until: float | None = None
+    deadline: float | None = None  # the one given to its agent (epoch s); None: not started
     gateway_session_id: str | None = None
 
 
@@ -98,7 +98,7 @@ def read_journal(out: Path) -> list[Journaled]:
             )
             entries[rid] = Journaled(request, event["step"])
         elif rid in entries:
-            entries[rid].running_until = event["deadline"]
+            entries[rid].deadline = event["deadline"]
             entries[rid].gateway_session_id = event["gateway_session_id"]
     if not entries:
         raise JournalError(f"--resume {out}: {JOURNAL} lists no requests")

@@ -124,7 +124,7 @@ async def _submit_and_collect(
             engine.resume(
                 j.request,
                 step=j.step,
-                running_until=j.running_until,
+                running_until=j.deadline,  # the engine's name for it today
                 gateway_session_id=j.gateway_session_id,
                 timeout=config.run.timeout,
                 on_start=journal.started,
