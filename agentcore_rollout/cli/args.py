@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import Config, ConfigError, load_config
+from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 from .errors import EXIT_ERROR, UsageError
+from .infra import READY_TIMEOUT_S, infra_command
 from .journal import JournalError
 from .local_up import local_up
 from .run import run_command
@@ -28,8 +30,6 @@ def main(argv: list[str] | None = None) -> int:
             return _verl(argv[1:])
         args = _parse(argv)
         if args.command in ("deploy", "destroy", "infra"):
-            from .infra import infra_command  # lazily: boto3
-
             return infra_command(args)
         config = _load(args)
         if args.command == "run":
@@ -125,11 +125,13 @@ def _infra_args(sub: Any) -> None:
     deploy.add_argument("--network", choices=["PUBLIC", "VPC"], default="PUBLIC")
     deploy.add_argument("--subnet", action="append", default=[], help="VPC subnet (repeat)")
     deploy.add_argument("--security-group", action="append", default=[], help="VPC SG (repeat)")
-    deploy.add_argument("--idle-timeout", type=int, default=900, help="seconds")
-    deploy.add_argument("--max-lifetime", type=int, default=28_800, help="seconds")
+    deploy.add_argument("--idle-timeout", type=int, default=IDLE_TIMEOUT_S, help="seconds")
+    deploy.add_argument("--max-lifetime", type=int, default=MAX_LIFETIME_S, help="seconds")
     deploy.add_argument("--env", action="append", default=[], help="KEY=VALUE for the agent")
     deploy.add_argument("--gateway-url", help="the policy gateway's /v1 URL agents call")
-    deploy.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for READY")
+    deploy.add_argument(
+        "--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for READY"
+    )
     destroy = sub.add_parser("destroy", help="delete the AgentCore runtime")
     destroy.add_argument("--name", required=True)
     destroy.add_argument("--missing-ok", action="store_true", help="no runtime is not an error")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import ConfigError
+from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 from .views import console
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ SUBNET_RE = re.compile(r"subnet-[0-9a-zA-Z]{8,17}")
 SECURITY_GROUP_RE = re.compile(r"sg-[0-9a-zA-Z]{8,17}")
 LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1_209_600
 MAX_ENV_VARS = 50
+READY_TIMEOUT_S = 900.0  # how long `deploy` waits for READY (not a session's idle timeout)
 
 # agentcore.env keys (read by agentcore_rollout.config) and the stack outputs they come from.
 ENV_BUCKET = "AGENTCORE_ROLLOUT_BUCKET"
@@ -79,8 +81,8 @@ class RuntimeSpec:
     network_mode: NetworkMode = "PUBLIC"
     subnets: tuple[str, ...] = ()
     security_groups: tuple[str, ...] = ()
-    idle_timeout_s: int = 900
-    max_lifetime_s: int = 28_800
+    idle_timeout_s: int = IDLE_TIMEOUT_S
+    max_lifetime_s: int = MAX_LIFETIME_S
     environment: Mapping[str, str] = field(default_factory=dict)
     gateway_url: str | None = None
     description: str = "agentcore-rollout agent runtime"
@@ -241,7 +243,7 @@ def wait_until_ready(
     runtime_id: str,
     name: str,
     *,
-    timeout_s: float = 900.0,
+    timeout_s: float = READY_TIMEOUT_S,
     poll_s: float = 5.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
@@ -289,7 +291,7 @@ def deploy_runtime(
     iam_client: Any = None,
     region: str | None = None,
     check_role: bool = True,
-    timeout_s: float = 900.0,
+    timeout_s: float = READY_TIMEOUT_S,
     poll_s: float = 5.0,
 ) -> RuntimeInfo:
     """Create the runtime, or update it if one with this name differs; wait until READY.
