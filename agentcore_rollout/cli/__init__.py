@@ -19,11 +19,8 @@ interrupted, after writing every request's outcome (the unfinished ones as `canc
 a usage, config, dataset or output-directory error, which is one line on stderr and is found
 before anything starts.
 
-One module per concept: `args` (the command line, the config it loads, which command runs),
-`dataset`, `run` (the `run` command), `summary`, `journal` (what `run --resume` reads),
-`views` (what `run` shows), `train` and `train_view`, `local_up`, `infra` (`deploy`, `destroy`,
-`infra env`), `signals` (Ctrl-C), `errors`. They use the package's public API only, so the CLI
-is a user of the engine like any trainer.
+One module per concept, `args` first (docs/ARCHITECTURE.md lists them); they use the public
+API only, so the CLI is a user of the engine like any trainer.
 """
 
 from .args import main

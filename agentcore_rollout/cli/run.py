@@ -19,7 +19,7 @@ from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, UsageError
 from .journal import JOURNAL, Journal, Journaled, ended, read_journal, run_secret
 from .signals import run_async
 from .summary import SUMMARY, RunSummary
-from .views import ProgressBar, console, print_summary
+from .views import console, print_summary, progress_bar
 
 ROLLOUTS = "rollouts.jsonl"
 
@@ -143,7 +143,7 @@ async def _collect(
     stop_all = asyncio.create_task(_cancel_on(interrupted, handles))
     by_id: dict[str, RolloutOutcome] = {}
     try:
-        with ProgressBar(len(handles)) as update, path.open("a") as sink:
+        with progress_bar(len(handles)) as update, path.open("a") as sink:
             for next_done in asyncio.as_completed(handles):
                 outcome = await next_done
                 by_id[outcome.request.request_id] = outcome

@@ -3,7 +3,8 @@ bar while requests run, and the summary tables at the end."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -15,37 +16,30 @@ from .summary import RunSummary
 console = Console(stderr=True)  # stdout is for what scripts read (`local up`, `deploy`)
 
 
-class ProgressBar:
-    """A rich progress bar: submitted / running / done / failed."""
+@contextmanager
+def progress_bar(total: int) -> Iterator[Callable[[RolloutOutcome, int], None]]:
+    """A rich progress bar: submitted / running / done / failed; yields its update."""
+    bar = Progress(
+        TextColumn("[bold]rollouts"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    task = bar.add_task("rollouts", total=total, status="")
+    done = failed = 0
 
-    def __init__(self, total: int) -> None:
-        self._total = total
-        self._bar = Progress(
-            TextColumn("[bold]rollouts"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        )
-        self._task = self._bar.add_task("rollouts", total=total, status="")
-        self._done = self._failed = 0
+    def update(finished: RolloutOutcome, running: int) -> None:
+        nonlocal done, failed
+        done += 1
+        failed += finished.outcome is not Outcome.OK
+        status = f"submitted {total}  running {running}  done {done}  failed {failed}"
+        bar.update(task, completed=done, status=status)
 
-    def __enter__(self) -> Callable[[RolloutOutcome, int], None]:
-        self._bar.start()
-        return self._update
-
-    def __exit__(self, *exc: object) -> None:
-        self._bar.stop()
-
-    def _update(self, finished: RolloutOutcome, running: int) -> None:
-        self._done += 1
-        self._failed += finished.outcome is not Outcome.OK
-        status = (
-            f"submitted {self._total}  running {running}  done {self._done}  failed {self._failed}"
-        )
-        self._bar.update(self._task, completed=self._done, status=status)
+    with bar:
+        yield update
 
 
 def print_summary(summary: RunSummary) -> None:
