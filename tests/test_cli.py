@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from agentcore_rollout import cli
+from agentcore_rollout import EngineStats
 from agentcore_rollout.cli import main
+from agentcore_rollout.cli import run as cli_run
+from agentcore_rollout.cli.dataset import read_dataset
+from agentcore_rollout.cli.errors import UsageError
+from agentcore_rollout.cli.summary import RunSummary
 from agentcore_rollout.config import load_config
 from examples.math_agent.app import grade, reward_for
 
@@ -67,7 +71,14 @@ def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
     proc = _cli(
-        "run", "--data", str(data), "--n", "3", "--out", str(out), "engine.max_live_sessions=3"
+        "run",
+        "--data",
+        str(data),
+        "--n",
+        "3",
+        "--out",
+        str(out),
+        "engine.dispatch.max_live_sessions=3",
     )
     _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-3000:]
@@ -109,7 +120,7 @@ def test_a_signal_cancels_cleanly_and_leaves_nothing_behind(tmp_path, sig):
         "--out",
         str(out),
         "local.app=tests.agents.basic:app",
-        "engine.max_live_sessions=6",
+        "engine.dispatch.max_live_sessions=6",
     )
     sink = out / "rollouts.jsonl"
     give_up = time.monotonic() + 120
@@ -134,7 +145,10 @@ def test_a_signal_cancels_cleanly_and_leaves_nothing_behind(tmp_path, sig):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["engine.start_rate=0"], "config: engine.start_rate: Input should be greater than 0"),
+        (
+            ["engine.dispatch.start_rate=0"],
+            "config: engine.dispatch.start_rate: Input should be greater than 0",
+        ),
         (["engine.bogus=1"], "config: engine.bogus: Extra inputs are not permitted"),
         (["stack=aws"], "config: engine.bucket is not set"),
         (
@@ -189,8 +203,14 @@ CARELESS = {
     "config is a directory": (["--config", "{tmp}"], "config: cannot read {tmp}: Is a directory"),
     "out is a file": (["--out", "{a_file}"], "run.out: {a_file} exists and is not a directory"),
     "out under a file": (["--out", "{a_file}/x"], "cannot write {a_file}/x: Not a directory"),
-    "inf": (["engine.start_rate=inf"], "engine.start_rate: Input should be a finite number"),
-    "nan": (["engine.rollout_timeout=nan"], "engine.rollout_timeout: Input should be a finite"),
+    "inf": (
+        ["engine.dispatch.start_rate=inf"],
+        "engine.dispatch.start_rate: Input should be a finite number",
+    ),
+    "nan": (
+        ["engine.limits.rollout_timeout=nan"],
+        "engine.limits.rollout_timeout: Input should be a finite",
+    ),
     "bucket": (["local.bucket=hx"], "config: local.bucket: not a valid S3 bucket name"),
     "queue": (["local.queue=a.b"], "config: local.queue: not a valid SQS queue name"),
     "runtime arn": (["engine.runtime_arn=arn:aws:x"], "engine.runtime_arn: not an AgentCore"),
@@ -230,7 +250,7 @@ def test_careless_input_is_one_line_and_starts_nothing(
         (["stack=aws"], "train: trains the local toy policy, so it needs stack: local"),
         (["train.min_ok=9"], "train: GroupPolicy: min_ok must be in [1, n=8], got 9"),
         (["--steps", "0"], "config: train.steps: Input should be greater than or equal to 1"),
-        (["--max-staleness", "-1"], "config: engine.max_staleness: Input should be greater"),
+        (["--max-staleness", "-1"], "config: engine.limits.max_staleness: Input should be greater"),
         (["--data", "{tmp}/none.jsonl"], "data: cannot read {tmp}/none.jsonl"),
         (["--out", "{a_file}"], "train.out: cannot write {a_file}"),
     ],
@@ -274,7 +294,7 @@ def test_default_config_is_configs_local_yaml_in_the_repository_only(
         seen.append((config, len(requests)))
         raise RuntimeError("the test stops here")
 
-    monkeypatch.setattr(cli, "run", recording_run)
+    monkeypatch.setattr(cli_run, "roll_out", recording_run)
     env_file = tmp_path / "empty.env"
     env_file.write_text("")
     argv = ["run", "--data", str(dataset), "--env-file", str(env_file), "--out", str(tmp_path)]
@@ -304,11 +324,11 @@ def test_dataset_ids_name_groups(tmp_path):
     data = tmp_path / "ids.jsonl"
     rows = ['{"id": "g"}', '{"id": 7}', '{"id": null}', "{}", '{"id": ""}', '{"q": "a\u2028b"}']
     data.write_text("\ufeff" + "\n".join(rows) + "\n\n")  # a BOM, a U+2028 in a string
-    ids = [input_id for input_id, _ in cli.read_dataset(data)]
+    ids = [input_id for input_id, _ in read_dataset(data)]
     assert ids == ["g", "7", "line-3", "line-4", "line-5", "line-6"]
     data.write_text('{"id": [1]}\n')
-    with pytest.raises(cli.UsageError, match=r"ids.jsonl:1: id must be a string or a number"):
-        cli.read_dataset(data)
+    with pytest.raises(UsageError, match=r"ids.jsonl:1: id must be a string or a number"):
+        read_dataset(data)
 
 
 @pytest.mark.parametrize(
@@ -325,8 +345,10 @@ def test_dataset_ids_name_groups(tmp_path):
     ],
 )
 def test_exit_code(ok, requests, min_ok_fraction, interrupted, code):
-    summary = {"requests": requests, "outcomes": {"ok": ok}, "interrupted": interrupted}
-    assert cli.exit_code(summary, min_ok_fraction) == code
+    summary = RunSummary(
+        requests, {"ok": ok}, None, {}, {}, 0.0, 0.0, {}, 0.0, EngineStats(), interrupted
+    )
+    assert cli_run.exit_code(summary, min_ok_fraction) == code
 
 
 def test_a_run_with_too_few_ok_exits_3_and_still_writes_its_outputs(tmp_path):

@@ -45,8 +45,9 @@ async def test_sigkilled_run_resumes_without_running_an_agent_twice(
     rows = [{"a": i, "b": 1, "sleep": 0.1 if i < 4 else 4.0} for i in range(10)]
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    engine = engine_config(moto, channel, emu).model_dump(mode="json")
-    engine |= {"exp_id": "resume", "start_rate": 2.0, "rollout_timeout": 30.0}
+    engine = engine_config(
+        moto, channel, emu, exp_id="resume", start_rate=2.0, rollout_timeout=30.0
+    ).model_dump(mode="json")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"stack": "aws", "engine": engine}))
     out = tmp_path / "out"

@@ -22,13 +22,14 @@ import pytest
 
 from agentcore_rollout import Outcome, RolloutEngine
 from agentcore_rollout.cli import main
-from agentcore_rollout.config import EngineConfig, LocalConfig
+from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.local.grpo import grpo_update
 from agentcore_rollout.local.policy import TinyPolicy
 from agentcore_rollout.local.stack import LocalStack
 from agentcore_rollout.local.trainer import METRICS, _push
 from agentcore_rollout.training import GroupPolicy, GroupRollout, GroupStatus, group_samples
 
+from .factories import flat_config
 from .test_cli import _alive, _cli, _descendants
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ async def test_one_step_old_groups_train_off_policy_two_steps_old_go_stale(tmp_p
     question = {"question": "What is 3 + 4?"}
     async with LocalStack(local) as stack, aiohttp.ClientSession() as http:
         cfg = stack.engine_config(
-            EngineConfig(exp_id="stream", start_rate=50.0, rollout_timeout=120.0, max_staleness=1)
+            flat_config(exp_id="stream", start_rate=50.0, rollout_timeout=120.0, max_staleness=1)
         )
         worker = stack.workers[0].url
         async with (

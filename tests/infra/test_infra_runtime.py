@@ -1,4 +1,4 @@
-"""agentcore_rollout._infra against moto's AgentCore control plane and CloudFormation (in-process).
+"""agentcore_rollout.cli.infra against moto's AgentCore control plane and CloudFormation in-process.
 
 moto quirks handled here: an updated runtime stays UPDATING forever (AgentCore moves it to
 READY), and its ARN gains a ``:version`` suffix that real runtime ARNs do not have.
@@ -19,7 +19,7 @@ from moto import mock_aws
 from moto.bedrockagentcorecontrol.models import AgentRuntime
 from moto.moto_api import state_manager
 
-from agentcore_rollout._infra import (
+from agentcore_rollout.cli.infra import (
     ENV_GATEWAY_URL,
     InfraError,
     RuntimeSpec,

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ._batch import RolloutOutcome, RolloutRequest
+from .. import RolloutRequest, RolloutStart
+from ..contract import new_run_secret
 
 JOURNAL, SECRET = "journal.jsonl", "run_secret"
 
@@ -32,7 +32,7 @@ class Journaled:
 
     request: RolloutRequest
     step: int
-    running_until: float | None = None
+    deadline: float | None = None  # the one given to its agent (epoch s); None: not started
     gateway_session_id: str | None = None
 
 
@@ -64,13 +64,13 @@ class Journal:
                 }
             )
 
-    def started(self, outcome: RolloutOutcome) -> None:
+    def started(self, start: RolloutStart) -> None:
         self._write(
             {
                 "kind": "started",
-                "request_id": outcome.request.request_id,
-                "deadline": outcome.deadline,
-                "gateway_session_id": outcome.gateway_session_id,
+                "request_id": start.request.request_id,
+                "deadline": start.deadline,
+                "gateway_session_id": start.gateway_session_id,
             }
         )
 
@@ -98,7 +98,7 @@ def read_journal(out: Path) -> list[Journaled]:
             )
             entries[rid] = Journaled(request, event["step"])
         elif rid in entries:
-            entries[rid].running_until = event["deadline"]
+            entries[rid].deadline = event["deadline"]
             entries[rid].gateway_session_id = event["gateway_session_id"]
     if not entries:
         raise JournalError(f"--resume {out}: {JOURNAL} lists no requests")
@@ -129,7 +129,7 @@ def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:
             raise JournalError(
                 f"--resume {out}: no {SECRET} there and engine.run_secret is not set"
             ) from None
-    secret = secrets.token_hex(32)
+    secret = new_run_secret()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .contract import Outcome
-from .training import Group, GroupStatus
+from .. import Outcome
+from ..training import Group, GroupStatus
 
 CURVE = "reward_curve.png"
 

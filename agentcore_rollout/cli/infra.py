@@ -1,4 +1,5 @@
-"""Deploy and remove the AgentCore Runtime; turn a CloudFormation stack into ``agentcore.env``.
+"""`deploy`, `destroy` and `infra env`: deploy and remove the AgentCore Runtime; turn a
+CloudFormation stack into ``agentcore.env``.
 
 Control plane only: boto3 ``bedrock-agentcore-control`` (create/update/get/delete agent runtime)
 and CloudFormation ``describe_stacks``. The data plane (invoke, stop sessions) is the dispatcher's.
@@ -10,6 +11,7 @@ Every failure is an `InfraError` with a one-line message a CLI can print as is.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
@@ -20,6 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from .. import ConfigError
+from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+from .views import console
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,7 @@ SUBNET_RE = re.compile(r"subnet-[0-9a-zA-Z]{8,17}")
 SECURITY_GROUP_RE = re.compile(r"sg-[0-9a-zA-Z]{8,17}")
 LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1_209_600
 MAX_ENV_VARS = 50
+READY_TIMEOUT_S = 900.0  # how long `deploy` waits for READY (not a session's idle timeout)
 
 # agentcore.env keys (read by agentcore_rollout.config) and the stack outputs they come from.
 ENV_BUCKET = "AGENTCORE_ROLLOUT_BUCKET"
@@ -74,8 +81,8 @@ class RuntimeSpec:
     network_mode: NetworkMode = "PUBLIC"
     subnets: tuple[str, ...] = ()
     security_groups: tuple[str, ...] = ()
-    idle_timeout_s: int = 900
-    max_lifetime_s: int = 28_800
+    idle_timeout_s: int = IDLE_TIMEOUT_S
+    max_lifetime_s: int = MAX_LIFETIME_S
     environment: Mapping[str, str] = field(default_factory=dict)
     gateway_url: str | None = None
     description: str = "agentcore-rollout agent runtime"
@@ -236,7 +243,7 @@ def wait_until_ready(
     runtime_id: str,
     name: str,
     *,
-    timeout_s: float = 900.0,
+    timeout_s: float = READY_TIMEOUT_S,
     poll_s: float = 5.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
@@ -284,7 +291,7 @@ def deploy_runtime(
     iam_client: Any = None,
     region: str | None = None,
     check_role: bool = True,
-    timeout_s: float = 900.0,
+    timeout_s: float = READY_TIMEOUT_S,
     poll_s: float = 5.0,
 ) -> RuntimeInfo:
     """Create the runtime, or update it if one with this name differs; wait until READY.
@@ -440,3 +447,44 @@ def write_stack_env(
     )
     write_env_file(path, env)
     return env
+
+
+# ---------------------------------------------------------------------- the commands
+
+
+def infra_command(args: argparse.Namespace) -> int:
+    """deploy / destroy / infra env: one line of output each."""
+    if args.command == "infra":
+        client = aws_client("cloudformation", args.region, args.endpoint_url)
+        values = write_stack_env(args.stack, args.out, runtime_arn=args.runtime_arn, client=client)
+        console.print(f"wrote {len(values)} entries to {args.out}")
+        return 0
+    client = aws_client("bedrock-agentcore-control", args.region, args.endpoint_url)
+    if args.command == "destroy":
+        gone = destroy_runtime(args.name, client=client, missing_ok=args.missing_ok)
+        console.print(f"deleted runtime {args.name}" if gone else f"no runtime {args.name}")
+        return 0
+    spec = RuntimeSpec(
+        name=args.name,
+        container_uri=args.image,
+        role_arn=args.role,
+        network_mode=args.network,
+        subnets=tuple(args.subnet),
+        security_groups=tuple(args.security_group),
+        idle_timeout_s=args.idle_timeout,
+        max_lifetime_s=args.max_lifetime,
+        environment=dict(_key_value(item) for item in args.env),
+        gateway_url=args.gateway_url,
+    )
+    iam = aws_client("iam", args.region, args.endpoint_url)
+    with console.status(f"deploying runtime {args.name} (waiting for READY)"):
+        info = deploy_runtime(spec, client=client, iam_client=iam, timeout_s=args.timeout)
+    print(info.arn, flush=True)  # stdout: the one thing scripts want
+    return 0
+
+
+def _key_value(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--env {item!r} is not KEY=VALUE")
+    return key, value

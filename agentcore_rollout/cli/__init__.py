@@ -1,0 +1,28 @@
+"""`agentcore-rollout`: run rollouts, keep the local stack up, deploy the runtime.
+
+    agentcore-rollout run                     # the example dataset on the embedded local stack
+    agentcore-rollout run --config configs/aws.yaml --n 8 engine.dispatch.start_rate=5
+    agentcore-rollout train [--steps 20] [--max-staleness 1]   # GRPO on the local toy policy
+    agentcore-rollout verl [--config-path D --config-name N] [HYDRA OVERRIDES]  # veRL, agentcore
+    agentcore-rollout local up                # keep the stack running; prints its endpoints
+    agentcore-rollout deploy --name NAME --image URI --role ARN   # prints the runtime ARN
+    agentcore-rollout infra env --stack NAME  # agentcore.env from the stack's outputs
+
+Without --config (or $AGENTCORE_ROLLOUT_CONFIG), `run` and `local up` load configs/local.yaml
+and `train` configs/train.yaml from the current directory if it is there (the repository's
+root), else the built-in defaults that configs/engine.yaml lists. Dotted overrides
+(`engine.key=value`) may go anywhere.
+
+Exit codes: 0 when at least `run.min_ok_fraction` of the requests ended `ok`; 3 when fewer
+did (rollouts.jsonl and summary.json are still written, the summary still printed); 130 when
+interrupted, after writing every request's outcome (the unfinished ones as `cancelled`); 2 for
+a usage, config, dataset or output-directory error, which is one line on stderr and is found
+before anything starts.
+
+One module per concept, `args` first (docs/ARCHITECTURE.md lists them); they use the public
+API only, so the CLI is a user of the engine like any trainer.
+"""
+
+from .args import main
+
+__all__ = ["main"]

@@ -1,0 +1,183 @@
+"""The command line: the parser, the config it loads (YAML, env file, flags and dotted
+overrides), and `main`, which hands the parsed arguments to the command's module. Every error
+the user can cause ends here as one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .. import Config, ConfigError, load_config
+from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+from .errors import EXIT_ERROR, UsageError
+from .infra import READY_TIMEOUT_S, infra_command
+from .journal import JournalError
+from .local_up import local_up
+from .run import run_command
+from .signals import run_async
+
+DEFAULT_CONFIG = Path("configs/local.yaml")  # relative to the current directory
+TRAIN_CONFIG = Path("configs/train.yaml")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == ["verl"]:  # Hydra's command line, not ours: passed on as it is
+            return _verl(argv[1:])
+        args = _parse(argv)
+        if args.command in ("deploy", "destroy", "infra"):
+            return infra_command(args)
+        config = _load(args)
+        if args.command == "run":
+            return run_command(config, args.resume)
+        if args.command == "train":
+            from .train import train_command  # lazily: numpy, the local trainer
+
+            return train_command(config)
+        run_async(lambda stop: local_up(config, interrupted=stop))
+        return 0
+    except (ConfigError, UsageError, JournalError, RuntimeError) as e:  # InfraError: Runtime
+        print(f"error: {e}", file=sys.stderr)  # plain: one line, never wrapped
+        return EXIT_ERROR
+
+
+def _verl(hydra_args: list[str]) -> int:
+    """`verl`: the switch lives with the integration, which needs the [verl] extra."""
+    try:
+        from ..integrations.verl.switch import run
+    except ImportError as e:
+        raise UsageError(f"verl: install the [verl] extra ({e})") from None
+    return run(hydra_args)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises usage errors, so they are one line like every other error (not
+    the usage text and an exit from inside the parser)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Dotted overrides may go anywhere on the line. argparse gives a `nargs="*"` positional
+    only the words before the first option, and `parse_intermixed_args` refuses subcommands,
+    so the words it leaves over become overrides if they look like `key=value`."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    takes_overrides = hasattr(args, "overrides")
+    unknown = [a for a in extra if not takes_overrides or a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
+def _parser() -> argparse.ArgumentParser:
+    description = "`agentcore-rollout`: run rollouts, keep the local stack up, deploy the runtime."
+    parser = _Parser(prog="agentcore-rollout", description=description)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="roll out a dataset and write rollouts.jsonl + summary.json")
+    _config_args(run_p)
+    run_p.add_argument("--data", help="JSONL dataset, one payload per line")
+    run_p.add_argument("--n", type=int, help="samples per prompt (group size)")
+    run_p.add_argument("--out", help="output directory")
+    run_p.add_argument(
+        "--resume",
+        metavar="OUT",
+        help="take over the run that wrote OUT (after a crash): collect what its agents wrote, "
+        "wait for what still runs, start only what never started",
+    )
+    train_p = sub.add_parser(
+        "train", help="GRPO on the local toy policy through the whole pipeline; draws its curve"
+    )
+    _config_args(train_p)
+    train_p.add_argument("--data", help="JSONL dataset, one prompt per line")
+    train_p.add_argument("--steps", type=int, help="training steps")
+    train_p.add_argument("--out", help="output directory")
+    train_p.add_argument(
+        "--max-staleness",
+        type=int,
+        help="steps a group may lag the policy and still be trained (importance-weighted); "
+        "1 overlaps the next step's rollouts with this step's update",
+    )
+    sub.add_parser(  # main() hands its arguments to the switch before this parser sees them
+        "verl",
+        help="veRL's main_ppo with rollout.mode=agentcore translated into native settings "
+        "(the [verl] extra): verl [--config-path DIR --config-name NAME] [HYDRA OVERRIDES]",
+    )
+    local_p = sub.add_parser("local", help="the embedded local stack")
+    local_sub = local_p.add_subparsers(dest="local_command", required=True)
+    _config_args(local_sub.add_parser("up", help="start the stack and keep it running"))
+    _infra_args(sub)
+    return parser
+
+
+def _infra_args(sub: Any) -> None:
+    deploy = sub.add_parser("deploy", help="create or update the AgentCore runtime; print its ARN")
+    deploy.add_argument("--name", required=True, help="runtime name ([a-zA-Z][a-zA-Z0-9_]{0,47})")
+    deploy.add_argument("--image", required=True, help="container image URI in ECR (arm64)")
+    deploy.add_argument("--role", required=True, help="execution role ARN (stack output RoleArn)")
+    deploy.add_argument("--network", choices=["PUBLIC", "VPC"], default="PUBLIC")
+    deploy.add_argument("--subnet", action="append", default=[], help="VPC subnet (repeat)")
+    deploy.add_argument("--security-group", action="append", default=[], help="VPC SG (repeat)")
+    deploy.add_argument("--idle-timeout", type=int, default=IDLE_TIMEOUT_S, help="seconds")
+    deploy.add_argument("--max-lifetime", type=int, default=MAX_LIFETIME_S, help="seconds")
+    deploy.add_argument("--env", action="append", default=[], help="KEY=VALUE for the agent")
+    deploy.add_argument("--gateway-url", help="the policy gateway's /v1 URL agents call")
+    deploy.add_argument(
+        "--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for READY"
+    )
+    destroy = sub.add_parser("destroy", help="delete the AgentCore runtime")
+    destroy.add_argument("--name", required=True)
+    destroy.add_argument("--missing-ok", action="store_true", help="no runtime is not an error")
+    infra = sub.add_parser("infra", help="the provisioned AWS stack")
+    infra_sub = infra.add_subparsers(dest="infra_command", required=True)
+    env = infra_sub.add_parser("env", help="write agentcore.env from a stack's outputs")
+    env.add_argument("--stack", required=True, help="CloudFormation stack name")
+    env.add_argument("--out", default="agentcore.env")
+    env.add_argument("--runtime-arn", help="wins over the stack's RuntimeArn output")
+    for p in (deploy, destroy, env):
+        p.add_argument("--region", help="default: the usual AWS configuration chain")
+        p.add_argument("--endpoint-url", help="control-plane endpoint override (tests)")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        help=f"YAML config (default: $AGENTCORE_ROLLOUT_CONFIG, else {DEFAULT_CONFIG} if it "
+        "exists here, else the built-in defaults of configs/engine.yaml)",
+    )
+    p.add_argument("--env-file", help="dotenv file (default: agentcore.env, if it exists)")
+    p.add_argument(
+        "overrides", nargs="*", help="dotted overrides, anywhere, e.g. engine.dispatch.start_rate=5"
+    )
+
+
+def _load(args: argparse.Namespace) -> Config:
+    overrides = list(args.overrides)
+    section = "train" if args.command == "train" else "run"
+    for key in ("data", "n", "out", "steps"):
+        if getattr(args, key, None) is not None:
+            overrides.append(f"{section}.{key}={getattr(args, key)}")
+    if getattr(args, "max_staleness", None) is not None:
+        overrides.append(f"engine.limits.max_staleness={args.max_staleness}")
+    if args.env_file and not Path(args.env_file).is_file():  # only the default may be absent
+        raise UsageError(f"--env-file {args.env_file}: not a file")
+    env_file = args.env_file or "agentcore.env"
+    return load_config(_config_path(args), env_file=env_file, overrides=overrides)
+
+
+def _config_path(args: argparse.Namespace) -> str | None:
+    """--config, else $AGENTCORE_ROLLOUT_CONFIG, else configs/local.yaml when run from the
+    repository (as `make run` is), else None: the built-in defaults. An empty variable is
+    unset."""
+    chosen = args.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
+    if chosen:
+        return chosen
+    default = TRAIN_CONFIG if args.command == "train" else DEFAULT_CONFIG
+    return str(default) if default.is_file() else None

@@ -1,0 +1,79 @@
+"""What `run` shows on the terminal: the stderr console every command prints to, the progress
+bar while requests run, and the summary tables at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .. import Outcome, RolloutOutcome
+from .summary import RunSummary
+
+console = Console(stderr=True)  # stdout is for what scripts read (`local up`, `deploy`)
+
+
+@contextmanager
+def progress_bar(total: int) -> Iterator[Callable[[RolloutOutcome, int], None]]:
+    """A rich progress bar: submitted / running / done / failed; yields its update."""
+    bar = Progress(
+        TextColumn("[bold]rollouts"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    task = bar.add_task("rollouts", total=total, status="")
+    done = failed = 0
+
+    def update(finished: RolloutOutcome, running: int) -> None:
+        nonlocal done, failed
+        done += 1
+        failed += finished.outcome is not Outcome.OK
+        status = f"submitted {total}  running {running}  done {done}  failed {failed}"
+        bar.update(task, completed=done, status=status)
+
+    with bar:
+        yield update
+
+
+def print_summary(summary: RunSummary) -> None:
+    """Outcome counts, the run's figures, and the reward mean of the first 20 groups."""
+    table = Table(title=f"rollouts: {summary.requests} requests", title_justify="left")
+    table.add_column("outcome")
+    table.add_column("count", justify="right")
+    for name, count in summary.outcomes.items():
+        table.add_row(name, str(count))
+    console.print(table)
+    lat = summary.latency_s
+    figures = Table(show_header=False, title="figures", title_justify="left")
+    for name, value in [
+        ("reward mean", _fmt(summary.reward_mean)),
+        (
+            "latency p50 / p95 / p99 (s)",
+            " / ".join(_fmt(lat.get(k)) for k in ("p50", "p95", "p99")),
+        ),
+        ("throughput (rollouts/s)", _fmt(summary.throughput_per_s)),
+        ("API calls per rollout", _fmt(summary.api_calls_per_rollout)),
+        ("wall time (s)", _fmt(summary.wall_time_s)),
+    ]:
+        figures.add_row(name, value)
+    console.print(figures)
+    groups = Table(title="reward mean per group", title_justify="left")
+    for col in ("group", "n", "ok", "reward mean"):
+        groups.add_column(col, justify="left" if col == "group" else "right")
+    items = list(summary.groups.items())
+    for gid, g in items[:20]:
+        groups.add_row(gid, str(g.n), str(g.ok), _fmt(g.reward_mean))
+    if len(items) > 20:
+        groups.add_row(f"... {len(items) - 20} more in summary.json", "", "", "")
+    console.print(groups)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
