@@ -97,7 +97,7 @@ def test_cli_imports_only_the_public_api():
     imported = {name for name in imported if name != ".cli" and not name.startswith(".cli.")}
     # The local stack serves the CLI's own subcommands (`local up`, `run` on the embedded
     # stack), not the engine. `train` runs the local trainer (`.local.trainer`, `.training`).
-    allowed = {".", ".local.stack", ".local.trainer", ".training"}
+    allowed = {".", ".contract", ".local.stack", ".local.trainer", ".training"}
     allowed |= {".integrations.verl.switch"}  # `verl`: veRL's main_ppo, the switch translated
     allowed |= {"._agentcore"}  # `deploy`'s defaults: AgentCore's published ones, defined once
     assert imported <= allowed, imported
