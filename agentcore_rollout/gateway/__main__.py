@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import os
 
-from .._process import exit_with_parent, serve_until_signalled
+from ..serving.process import exit_with_parent, serve_until_signalled
 from .backends import Backend, OpenAIBackend, SGLangBackend
 from .render import Renderer, load_renderer
 from .server import DEFAULT_SESSION_TTL, Gateway

@@ -54,7 +54,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .._http import read_json_object, sse_response
+from ..serving.http import read_json_object, sse_response
 from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
 from .render import IncrementalRenderer, Parsed, Renderer

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .._process import ServiceProcess, exit_with_parent
+from ..serving.process import ServiceProcess, exit_with_parent
 
 LOCAL_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",

@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> None:
     environment. Prints the URL on one line once listening."""
     import argparse
 
-    from .._process import exit_with_parent, serve_until_signalled
+    from ..serving.process import exit_with_parent, serve_until_signalled
 
     def off(value: str) -> float | None:
         return None if value.lower() in ("none", "off", "0") else float(value)

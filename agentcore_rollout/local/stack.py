@@ -22,8 +22,8 @@ import secrets
 from collections.abc import Awaitable
 from typing import Any
 
-from .._process import ServiceProcess
 from ..config import EngineConfig, GatewayConfig, LLMConfig, LocalConfig
+from ..serving.process import ServiceProcess
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
 
 LOCAL_REGION = "us-east-1"

@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import logging
 
-from ..._process import exit_with_parent, serve_until_signalled
+from ...serving.process import exit_with_parent, serve_until_signalled
 from .model import TinyPolicy
 from .server import DEFAULT_CONTEXT_LENGTH, MODEL_NAME, PolicyServer
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from ..._http import read_json_object, sse_response
+from ...serving.http import read_json_object, sse_response
 from .model import Generation, TinyPolicy
 from .sampling import SamplingParams
 

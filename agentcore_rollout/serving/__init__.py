@@ -1,0 +1,3 @@
+"""What the project's servers share: JSON and SSE helpers (`http`), and child processes that
+print their URL and exit with their parent (`process`). Never imported by the core: it would
+load aiohttp's server side."""
