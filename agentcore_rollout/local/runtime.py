@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from .._limits import Gauge
+from ..serving.server import Server
 from .agents import Agent, InProcessAgent, ProcessAgent, SharedApp
 from .host import AppLoadError
 from .quotas import (
@@ -129,13 +130,13 @@ class _Session:
     """Invocations being answered: a session with one is not idle, whatever its ping says."""
 
 
-class RuntimeEmulator:
+class RuntimeEmulator(Server):
     """`async with RuntimeEmulator(EmulatorConfig(app="pkg.agent:app")) as emu: emu.url`"""
 
     def __init__(self, config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> None:
         config.validate()
+        super().__init__(host, port)
         self.config = config
-        self._host, self._port = host, port
         self.runtimes: dict[str, RuntimeArn] = {}
         for arn in config.runtime_arns or (DEFAULT_RUNTIME_ARN,):
             if (parsed := RuntimeArn.parse(arn)) is None:
@@ -154,11 +155,9 @@ class RuntimeEmulator:
             max_sessions=config.max_sessions,
             throttle_every=config.throttle_every,
         )
-        self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._shared: SharedApp | None = None
-        self.url = ""
 
     @property
     def sessions(self) -> dict[str, _Session]:
@@ -166,25 +165,20 @@ class RuntimeEmulator:
         here use one runtime)."""
         return {s.session_id: s for s in self._sessions.values()}
 
-    async def __aenter__(self) -> RuntimeEmulator:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
+    def app(self) -> web.Application:
         # The body is read by the handler, which answers an oversized one with the modelled
         # ValidationException instead of aiohttp's plain-text 413.
         app = web.Application(client_max_size=2**62, middlewares=[_as_the_service_answers])
         app.router.add_post(r"/runtimes/{arn:.+}/invocations", self._invoke)
         app.router.add_post(r"/runtimes/{arn:.+}/stopruntimesession", self._stop_session)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{self._host}:{port}"
+        app.on_startup.append(self._startup)
+        app.on_shutdown.append(self._shutdown)
+        return app
+
+    async def _startup(self, app: web.Application) -> None:
+        if self.config.mode == "in_process":
+            self._shared = SharedApp(self.config.app)
+            await asyncio.to_thread(self._shared.start)
         # No total timeout: the service's caps (sync_timeout, stream_timeout) are applied per
         # invocation; a connect that hangs is still bounded. No connection limit either: open
         # streams must not queue other sessions' invocations (only the quotas bound them).
@@ -193,12 +187,11 @@ class RuntimeEmulator:
             timeout=aiohttp.ClientTimeout(total=None, connect=10),
             auto_decompress=False,
         )
-        if self.config.mode == "in_process":
-            self._shared = SharedApp(self.config.app)
-            await asyncio.to_thread(self._shared.start)
         self._reaper = asyncio.create_task(self._reap())
 
-    async def stop(self) -> None:
+    async def _shutdown(self, app: web.Application) -> None:
+        """No longer listening, before the replies in flight are awaited: every agent is
+        stopped first, so no reply still waits on one."""
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -208,8 +201,6 @@ class RuntimeEmulator:
             await asyncio.to_thread(self._shared.stop)
         if self._http is not None:
             await self._http.close()
-        if self._runner is not None:  # after the agents: no reply still waits on one
-            await self._runner.cleanup()
 
     def agent_pids(self) -> list[int]:
         agents = [s.agent for s in self._sessions.values()]

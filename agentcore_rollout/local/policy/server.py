@@ -42,6 +42,7 @@ import numpy as np
 from aiohttp import web
 
 from ...serving.http import read_json_object, sse_response
+from ...serving.server import Server
 from .model import Generation, TinyPolicy
 from .sampling import SamplingParams
 
@@ -51,10 +52,9 @@ MAX_TOP_LOGPROBS = 20
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class PolicyServer:
+class PolicyServer(Server):
     """An aiohttp server around one TinyPolicy; `async with PolicyServer() as s: s.url`.
 
-    Binds 127.0.0.1 by default; port 0 picks a free port (read `.port` / `.url` after start).
     `seed` seeds the parameters (when no policy is given) and the server's sampling RNG; a
     request's own seed (`sampling_params.sampling_seed` / `seed`) makes that request reproducible
     on its own. With `record=True` every generation is kept (the last `record_limit`) for
@@ -74,9 +74,9 @@ class PolicyServer:
         model_name: str = MODEL_NAME,
         context_length: int = DEFAULT_CONTEXT_LENGTH,
     ) -> None:
+        super().__init__(host, port)
         self.policy = policy if policy is not None else TinyPolicy(seed)
         self.tokenizer = self.policy.tokenizer
-        self.host, self.port = host, port
         self.record = record
         self.model_name = model_name
         self.context_length = context_length
@@ -84,36 +84,10 @@ class PolicyServer:
         self._rng = np.random.default_rng(seed)
         self._samples: deque[dict[str, Any]] = deque(maxlen=record_limit)
         self._recorded = 0
-        self._runner: web.AppRunner | None = None
-
-    # -- lifecycle ----------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6 literal
-        return f"http://{host}:{self.port}"
 
     @property
     def worker_id(self) -> str:
         return self._worker_id or f"{self.host}:{self.port}"
-
-    async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        self.port = self._runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> PolicyServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     def app(self) -> web.Application:
         """The aiohttp application (exposed for embedding and for aiohttp's test client)."""
