@@ -78,13 +78,19 @@ __all__ = ["DEFAULT_RUNTIME_ARN", "SESSION_HEADER", "EmulatorConfig", "RuntimeEm
 
 @dataclass
 class EmulatorConfig:
+    """What the emulator runs; each field but `env` is also a flag of its `main`."""
+
     app: str = ""
     """`module:attr` of the app each session runs: any BedrockAgentCoreApp (RolloutApp
     included) or ASGI app serving `POST /invocations` and `GET /ping`."""
     mode: Literal["process", "in_process"] = "process"
-    runtime_arns: tuple[str, ...] = ()
+    runtime_arns: tuple[str, ...] = field(
+        default=(), metadata={"flag": "--runtime-arn", "help": "ARNs that exist"}
+    )
     """The runtimes that exist (empty: `DEFAULT_RUNTIME_ARN` alone); others are not found."""
-    qualifiers: tuple[str, ...] = (DEFAULT_QUALIFIER,)
+    qualifiers: tuple[str, ...] = field(
+        default=(DEFAULT_QUALIFIER,), metadata={"flag": "--qualifier", "help": "endpoint names"}
+    )
     """Endpoint names each runtime has; a request without one means DEFAULT."""
     command: tuple[str, ...] = ()
     """Instead of `app`: a command that serves the contract on `$PORT` (process mode)."""
@@ -103,7 +109,9 @@ class EmulatorConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for agent processes (endpoints, credentials)."""
     agent_ready_timeout: float = 60.0
-    log_dir: str | None = None
+    log_dir: str | None = field(
+        default=None, metadata={"help": "each agent process's output goes here"}
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -482,51 +490,21 @@ def main(argv: list[str] | None = None) -> None:
     environment. Prints the URL on one line once listening."""
     import argparse
 
+    from ..serving.flags import add_flags, from_flags
     from ..serving.process import exit_with_parent, serve_until_signalled
-
-    def off(value: str) -> float | None:
-        return None if value.lower() in ("none", "off", "0") else float(value)
 
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.runtime")
     parser.add_argument("app", nargs="?", default="", help="module:attribute of the agent app")
-    parser.add_argument("--command", default=None, help="instead of APP: serves on $PORT")
-    parser.add_argument("--mode", choices=["process", "in_process"], default="process")
-    parser.add_argument("--runtime-arn", action="append", default=[], help="ARNs that exist")
-    parser.add_argument("--qualifier", action="append", default=[], help="endpoint names")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--cold-start", type=float, default=0.0)
-    parser.add_argument("--invoke-tps", type=off, default=DEFAULT_INVOKE_TPS)
     parser.add_argument(
-        "--new-sessions-per-minute", type=off, default=DEFAULT_NEW_SESSIONS_PER_MINUTE
+        "--command", type=shlex.split, default=(), help="a command serving on $PORT"
     )
-    parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS)
-    parser.add_argument("--idle-timeout", type=float, default=900.0)
-    parser.add_argument("--max-lifetime", type=float, default=8 * 3600.0)
-    parser.add_argument("--sync-timeout", type=float, default=SYNC_TIMEOUT)
-    parser.add_argument("--stream-timeout", type=float, default=STREAM_TIMEOUT)
-    parser.add_argument("--log-dir", default=None, help="each agent process's output goes here")
+    add_flags(parser, RuntimeEmulator, help={"port": "0 picks a free port"})
+    add_flags(parser, EmulatorConfig, exclude={"app", "command", "env"})
     args = parser.parse_args(argv)
     exit_with_parent()
     logging.basicConfig(level=logging.WARNING)
     try:
-        config = EmulatorConfig(
-            app=args.app,
-            command=tuple(shlex.split(args.command)) if args.command else (),
-            mode=args.mode,
-            runtime_arns=tuple(args.runtime_arn),
-            qualifiers=tuple(args.qualifier) or (DEFAULT_QUALIFIER,),
-            cold_start=args.cold_start,
-            invoke_tps=args.invoke_tps,
-            new_sessions_per_minute=args.new_sessions_per_minute,
-            max_sessions=args.max_sessions,
-            idle_timeout=args.idle_timeout,
-            max_lifetime=args.max_lifetime,
-            sync_timeout=args.sync_timeout,
-            stream_timeout=args.stream_timeout,
-            log_dir=args.log_dir,
-        )
-        emulator = RuntimeEmulator(config, host=args.host, port=args.port)
+        emulator = from_flags(RuntimeEmulator, args, config=from_flags(EmulatorConfig, args))
     except ValueError as e:
         parser.error(str(e))
     try:
