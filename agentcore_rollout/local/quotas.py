@@ -17,11 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .._agentcore import ACTIVE_SESSIONS, INVOKE_TPS, NEW_SESSIONS_PER_MINUTE
 from .wire import ApiError
-
-DEFAULT_INVOKE_TPS = 200.0
-DEFAULT_NEW_SESSIONS_PER_MINUTE = 400.0
-DEFAULT_MAX_SESSIONS = 5000
 
 
 class WindowLimit:
@@ -53,9 +50,9 @@ class WindowLimit:
 class Quotas:
     """The limits of one emulator (one endpoint of one runtime, one account)."""
 
-    invoke_tps: float | None = DEFAULT_INVOKE_TPS
-    new_sessions_per_minute: float | None = DEFAULT_NEW_SESSIONS_PER_MINUTE
-    max_sessions: int = DEFAULT_MAX_SESSIONS
+    invoke_tps: float | None = INVOKE_TPS
+    new_sessions_per_minute: float | None = NEW_SESSIONS_PER_MINUTE
+    max_sessions: int = ACTIVE_SESSIONS
     throttle_every: int = 0
     """Fault injection: every k-th invocation answers 429 (0: never)."""
 

@@ -33,21 +33,24 @@ from typing import Literal
 import aiohttp
 from aiohttp import web
 
+from .._agentcore import (
+    ACTIVE_SESSIONS,
+    IDLE_TIMEOUT_S,
+    INVOKE_TPS,
+    MAX_LIFETIME_S,
+    MAX_PAYLOAD_BYTES,
+    NEW_SESSIONS_PER_MINUTE,
+    SYNC_TIMEOUT_S,
+)
 from .._limits import Gauge
 from ..serving.server import Server
 from .agents import Agent, InProcessAgent, ProcessAgent, SharedApp
 from .host import AppLoadError
-from .quotas import (
-    DEFAULT_INVOKE_TPS,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_NEW_SESSIONS_PER_MINUTE,
-    Quotas,
-)
+from .quotas import Quotas
 from .wire import (
     CONTAINER_REQUEST_ID_HEADER,
     CUSTOM_HEADER_PREFIX,
     DEFAULT_QUALIFIER,
-    MAX_PAYLOAD_BYTES,
     MCP_HEADERS,
     REQUEST_ID_HEADER,
     SESSION_HEADER,
@@ -67,8 +70,7 @@ from .wire import (
 log = logging.getLogger("agentcore_rollout.local.runtime")
 
 DEFAULT_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
-SYNC_TIMEOUT = 15 * 60.0  # the service's cap on a synchronous invocation
-STREAM_TIMEOUT = 60 * 60.0  # and on a streaming one
+STREAM_TIMEOUT = 60 * 60.0  # the service's cap on a streaming invocation
 _STREAM_TYPES = ("text/event-stream",)
 # Headers aiohttp would add on its own: the agent gets these only as the caller sent them.
 _NOT_ADDED = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
@@ -95,14 +97,14 @@ class EmulatorConfig:
     command: tuple[str, ...] = ()
     """Instead of `app`: a command that serves the contract on `$PORT` (process mode)."""
     cold_start: float = 0.0
-    invoke_tps: float | None = DEFAULT_INVOKE_TPS
+    invoke_tps: float | None = INVOKE_TPS
     """InvokeAgentRuntime calls per second, all counted (None: no limit)."""
-    new_sessions_per_minute: float | None = DEFAULT_NEW_SESSIONS_PER_MINUTE
-    max_sessions: int = DEFAULT_MAX_SESSIONS
+    new_sessions_per_minute: float | None = NEW_SESSIONS_PER_MINUTE
+    max_sessions: int = ACTIVE_SESSIONS
     """Active sessions quota."""
-    idle_timeout: float = 900.0
-    max_lifetime: float = 8 * 3600.0
-    sync_timeout: float = SYNC_TIMEOUT
+    idle_timeout: float = IDLE_TIMEOUT_S
+    max_lifetime: float = MAX_LIFETIME_S
+    sync_timeout: float = SYNC_TIMEOUT_S
     stream_timeout: float = STREAM_TIMEOUT
     throttle_every: int = 0
     """Fault injection: every k-th invocation answers 429 (0: never)."""
