@@ -25,9 +25,9 @@ from typing import Any
 from ..config import EngineConfig, GatewayConfig, LLMConfig, LocalConfig
 from ..serving.process import ServiceProcess
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
+from .runtime import DEFAULT_RUNTIME_ARN as LOCAL_RUNTIME_ARN  # the emulator's default
 
 LOCAL_REGION = "us-east-1"
-LOCAL_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
 CHAR_RENDERER = "agentcore_rollout.local.policy.render:CharRenderer"  # the gateway's --renderer
 
 
