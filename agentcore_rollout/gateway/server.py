@@ -49,12 +49,12 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from ..serving.http import read_json_object, sse_response
+from ..serving.http import Handler, boolean, read_json_object, sse_response
 from ..serving.server import Server
 from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_TTL = 6 * 3600.0
 MAX_BODY_BYTES = 64 * 1024 * 1024
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class GatewayHTTPError(Exception):
@@ -208,7 +207,8 @@ class Gateway(Server):
         body = await read_json_object(request, _fastjson.loads)
         tools = _tools(body.get("tools"))
         sampling = request_sampling(body, session.sampling)
-        stream, want_logprobs = _flag(body, "stream"), _flag(body, "logprobs")
+        stream = boolean(body.get("stream"), "stream")
+        want_logprobs = boolean(body.get("logprobs"), "logprobs")
         model = body["model"] if isinstance(body.get("model"), str) else self.model_name
         messages = body.get("messages")
         # Render before reserving a turn: a malformed request is a 400 and costs no turn.
@@ -394,13 +394,6 @@ class Gateway(Server):
 def _bearer(request: web.Request) -> str | None:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
-
-
-def _flag(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name)
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    raise ValueError(f"{name} must be a boolean")
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
