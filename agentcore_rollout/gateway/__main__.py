@@ -17,14 +17,13 @@ import asyncio
 import os
 
 from ..serving.flags import add_flags, from_flags
-from ..serving.process import exit_with_parent, serve_until_signalled
+from ..serving.process import serve_until_signalled
 from .backends import Backend, OpenAIBackend, SGLangBackend
 from .render import Renderer, load_renderer
 from .server import Gateway
 
 TOKEN_ENV = "AGENTCORE_GATEWAY_ADMIN_TOKEN"
 UPSTREAM_KEY_ENV = "AGENTCORE_GATEWAY_UPSTREAM_API_KEY"
-HELP = {"port": "0 picks a free port", "model_name": "the name /v1/models reports"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         "--renderer", help="a tokenizer directory or module:attribute (sglang: required)"
     )
     parser.add_argument("--upstream-model", help="openai backend: model name sent upstream")
-    add_flags(parser, Gateway, exclude={"renderer", "admin_token"}, help=HELP)
+    add_flags(parser, Gateway, exclude={"renderer", "admin_token"})
     args = parser.parse_args(argv)
     token = os.environ.get(TOKEN_ENV)
     if not token:
@@ -58,7 +57,6 @@ def main(argv: list[str] | None = None) -> None:
         gateway = from_flags(Gateway, args, backend=backend, renderer=renderer, admin_token=token)
     except ValueError as exc:
         parser.error(str(exc))
-    exit_with_parent()  # started by the local stack: never outlive it
     asyncio.run(serve_until_signalled(gateway))
 
 

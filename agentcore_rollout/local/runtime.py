@@ -26,7 +26,6 @@ import logging
 import shlex
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,6 +42,7 @@ from .._agentcore import (
     SYNC_TIMEOUT_S,
 )
 from .._limits import Gauge
+from ..serving.http import Handler
 from ..serving.server import Server
 from .agents import Agent, InProcessAgent, ProcessAgent, SharedApp
 from .host import AppLoadError
@@ -111,9 +111,7 @@ class EmulatorConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for agent processes (endpoints, credentials)."""
     agent_ready_timeout: float = 60.0
-    log_dir: str | None = field(
-        default=None, metadata={"help": "each agent process's output goes here"}
-    )
+    log_dir: str | None = field(default=None, metadata={"help": "where agents' output goes"})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -429,9 +427,7 @@ class RuntimeEmulator(Server):
 
 
 @web.middleware
-async def _as_the_service_answers(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+async def _as_the_service_answers(request: web.Request, handler: Handler) -> web.StreamResponse:
     """What no handler answers still gets a modelled error with a request id: an unknown
     path or method (UnknownOperationException, as AWS's REST front ends say) and a bug here
     (InternalServerException, never aiohttp's plain-text 500)."""
@@ -493,17 +489,16 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from ..serving.flags import add_flags, from_flags
-    from ..serving.process import exit_with_parent, serve_until_signalled
+    from ..serving.process import serve_until_signalled
 
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.runtime")
     parser.add_argument("app", nargs="?", default="", help="module:attribute of the agent app")
     parser.add_argument(
         "--command", type=shlex.split, default=(), help="a command serving on $PORT"
     )
-    add_flags(parser, RuntimeEmulator, help={"port": "0 picks a free port"})
+    add_flags(parser, RuntimeEmulator)
     add_flags(parser, EmulatorConfig, exclude={"app", "command", "env"})
     args = parser.parse_args(argv)
-    exit_with_parent()
     logging.basicConfig(level=logging.WARNING)
     try:
         emulator = from_flags(RuntimeEmulator, args, config=from_flags(EmulatorConfig, args))

@@ -96,8 +96,8 @@ class LocalStack:
             *("--cold-start", str(cfg.cold_start), "--max-sessions", str(cfg.max_sessions)),
             *("--idle-timeout", str(cfg.idle_timeout), "--max-lifetime", str(cfg.max_lifetime)),
             # The stack's own limits (None: off), not the emulator's defaults (the service's).
-            *("--invoke-tps", _rate(cfg.invoke_tps)),
-            *("--new-sessions-per-minute", _rate(cfg.new_sessions_per_minute)),
+            *("--invoke-tps", str(cfg.invoke_tps)),
+            *("--new-sessions-per-minute", str(cfg.new_sessions_per_minute)),
             *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
             env=self.agent_env(),  # agents inherit the emulator's environment
         )
@@ -202,11 +202,6 @@ class LocalStack:
                 else []
             ),
         ]
-
-
-def _rate(value: float | None) -> str:
-    """An emulator limit flag's value: None switches the limit off."""
-    return str(value) if value else "off"
 
 
 async def _together(*steps: Awaitable[object]) -> None:

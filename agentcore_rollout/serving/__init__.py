@@ -1,4 +1,2 @@
-"""What the project's servers share: the aiohttp base of the gateway, the policy server and the
-runtime emulator (`server`), their command-line flags read from their configs (`flags`), JSON and
-SSE helpers (`http`), and child processes that print their URL and exit with their parent
-(`process`). Never imported by the core: it would load aiohttp's server side."""
+"""The servers' helpers: their aiohttp base, flags from configs, JSON and SSE, child processes.
+Never imported by the core: it would load aiohttp's server side."""

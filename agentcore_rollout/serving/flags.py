@@ -1,9 +1,6 @@
-"""Command-line flags from a config's own fields, so a server's `__main__` declares none by hand.
-
-A config is a dataclass or a class: each of its parameters with a default is a `--kebab-name`
-flag, typed from its annotation. A flag not given stays out of the namespace, so the default
-has one home, the config's.
-"""
+"""Command-line flags from a config's own fields, so a server's `__main__` declares none by hand:
+each parameter with a default of a dataclass or a class is a `--kebab-name` flag typed from its
+annotation. A flag not given stays out of the namespace: the default lives only in the config."""
 
 from __future__ import annotations
 
@@ -12,11 +9,10 @@ import dataclasses
 import inspect
 import types
 import typing
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
-_OFF = ("none", "off")  # what switches an optional number off
 
 
 def add_flags(
@@ -24,23 +20,21 @@ def add_flags(
     config: Callable[..., Any],
     *,
     exclude: Collection[str] = (),
-    help: Mapping[str, str] | None = None,
 ) -> None:
-    """A flag per parameter of `config` with a default, but `exclude`; help from the field's
-    metadata (`help`, and `flag` for another name) or from `help`."""
-    init = config if dataclasses.is_dataclass(config) else config.__init__  # type: ignore[misc]
+    """A flag per parameter of `config` with a default, but `exclude`; a dataclass field's
+    metadata may give its `help` and another `flag` name."""
+    init = config if dataclasses.is_dataclass(config) else config.__init__
     hints = typing.get_type_hints(init)
     meta = {f.name: f.metadata for f in dataclasses.fields(config)} if init is config else {}
     for name, param in inspect.signature(config).parameters.items():
         if param.default is param.empty or name in exclude:
             continue
         info = meta.get(name, {})
-        text = info.get("help") or (help or {}).get(name, "")
         parser.add_argument(
             info.get("flag", f"--{name.replace('_', '-')}"),
             dest=name,
             default=argparse.SUPPRESS,
-            help=f"{text} (default: {param.default})".lstrip(),
+            help=f"{info.get('help', '')} (default: {param.default})".lstrip(),
             **_kind(hints[name]),
         )
 
@@ -61,9 +55,7 @@ def _kind(hint: Any) -> dict[str, Any]:
         return {"choices": args}
     if origin is tuple:  # tuple[str, ...]: the flag repeats
         return {"action": "append", "type": args[0]}
-    if origin is types.UnionType and type(None) in args:
+    if origin is types.UnionType and type(None) in args:  # `off` (or `none`) is None
         (inner,) = (a for a in args if a is not type(None))
-        if inner is str:
-            return {"type": str}
-        return {"type": lambda text: None if text.lower() in _OFF else inner(text)}
+        return {"type": lambda text: None if text.lower() in ("none", "off") else inner(text)}
     return {"type": hint}

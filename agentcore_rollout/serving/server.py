@@ -1,10 +1,7 @@
-"""`Server`: what the gateway, the policy server and the runtime emulator share.
-
-Each runs inside an event loop it does not own (the engine's, a test's, a child's), so it is an
-aiohttp `AppRunner` on a TCP site, never `web.run_app`. What a server does around its requests
-(a reaper, a client session, closing its backend) it hooks onto its app with aiohttp's own
-`on_startup`, `on_shutdown` and `cleanup_ctx`, which `start()` and `stop()` run in order.
-"""
+"""`Server`, what the gateway, the policy server and the runtime emulator share: each runs in
+an event loop it does not own (the engine's, a test's, a child's), so an aiohttp `AppRunner`, not
+`web.run_app`; what it does around its requests (a reaper, closing its backend) hangs on its app
+as aiohttp's `on_startup`, `on_shutdown` and `cleanup_ctx` hooks, which start and stop run."""
 
 from __future__ import annotations
 

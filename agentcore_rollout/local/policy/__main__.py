@@ -11,15 +11,8 @@ import asyncio
 import logging
 
 from ...serving.flags import add_flags, from_flags
-from ...serving.process import exit_with_parent, serve_until_signalled
+from ...serving.process import serve_until_signalled
 from .server import PolicyServer
-
-HELP = {
-    "port": "0 picks a free port",
-    "seed": "parameter and sampler seed",
-    "record": "keep samples for /debug/samples",
-    "worker_id": "recorded with each sample, host:port if unset",
-}
 
 
 class _NoHttp2Probes(logging.Filter):
@@ -33,9 +26,8 @@ class _NoHttp2Probes(logging.Filter):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.policy")
     parser.add_argument("--params", help=".npz written by TinyPolicy.save (default: from seed)")
-    add_flags(parser, PolicyServer, exclude={"policy"}, help=HELP)
+    add_flags(parser, PolicyServer, exclude={"policy"})
     args = parser.parse_args(argv)
-    exit_with_parent()
     logging.getLogger("aiohttp.server").addFilter(_NoHttp2Probes())
     server = from_flags(PolicyServer, args)  # its policy from the seed
     if args.params:
