@@ -15,10 +15,15 @@ from botocore.exceptions import (
 
 from ._sandbox import SessionCallError
 
-# AgentCore Runtime's published defaults (seconds): the one definition, for the config, the
+# AgentCore Runtime's published defaults and quotas: the one definition, for the config, the
 # emulator, the CLI's deploy and the infra parameters. Check your account's own.
 IDLE_TIMEOUT_S = 900  # idleRuntimeSessionTimeout: an idle session ends after it (60-28,800)
 MAX_LIFETIME_S = 28_800  # maxLifetime: any session ends after it, 8 h
+SYNC_TIMEOUT_S = 900  # a synchronous invocation's reply, 15 min
+MAX_PAYLOAD_BYTES = 100_000_000  # an invocation's payload, 100 MB
+INVOKE_TPS = 200  # InvokeAgentRuntime calls per second per agent, every call (was 25)
+NEW_SESSIONS_PER_MINUTE = 400  # per endpoint, container deployments (was 100; code: 25/s)
+ACTIVE_SESSIONS = 5_000  # per account, us-east-1 and us-west-2
 
 # AgentCore error types (x-amzn-ErrorType) -> (retryable, throttled)
 _AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {

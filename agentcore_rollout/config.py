@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 from .contract import DEFAULT_MAX_RESULT_BYTES, ID_MAX, ID_PATTERN, LLMSettings, first_error
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
@@ -265,8 +266,8 @@ class LocalConfig(_Section):
         default=None, gt=0, description="emulator's new-session rate (429 above it); None: none"
     )
     max_sessions: int = Field(default=1000, ge=1)
-    idle_timeout: float = Field(default=900.0, gt=0)
-    max_lifetime: float = Field(default=8 * 3600.0, gt=0)
+    idle_timeout: float = Field(default=IDLE_TIMEOUT_S, gt=0)
+    max_lifetime: float = Field(default=MAX_LIFETIME_S, gt=0)
     policy_seed: int = 0
     policy_params: str | None = None
     policy_workers: int = Field(default=2, ge=1, description="behind sglang-router when > 1")

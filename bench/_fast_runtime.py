@@ -36,7 +36,6 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentcore_rollout._process import exit_with_parent, serve_until_signalled  # noqa: E402
 from agentcore_rollout.agent import ResultWriter  # noqa: E402
 from agentcore_rollout.contract import (  # noqa: E402
     ContractError,
@@ -45,6 +44,7 @@ from agentcore_rollout.contract import (  # noqa: E402
     Timings,
     split_payload,
 )
+from agentcore_rollout.serving.process import exit_with_parent, serve_until_signalled  # noqa: E402
 
 SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
 log = logging.getLogger("bench.fast_runtime")

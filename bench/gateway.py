@@ -52,9 +52,9 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentcore_rollout._process import ServiceProcess  # noqa: E402
 from agentcore_rollout.gateway import GatewayAdmin, HFRenderer  # noqa: E402
 from agentcore_rollout.gateway.__main__ import TOKEN_ENV  # noqa: E402
+from agentcore_rollout.serving.process import ServiceProcess  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 8}
 MIN_TURNS = 256  # per arm and concurrency in part 3: enough for a p99 at 1 session too
@@ -190,7 +190,7 @@ def serve_instant() -> None:
     end-of-turn id, fixed log-probs, no parsing of the request."""
     from aiohttp import web
 
-    from agentcore_rollout._process import exit_with_parent
+    from agentcore_rollout.serving.process import exit_with_parent
 
     tokenizer = HFRenderer.from_pretrained(TOKENIZER_DIR).tokenizer
     ids = [*tokenizer.encode(REPLY, add_special_tokens=False), tokenizer.eos_token_id]

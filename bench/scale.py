@@ -142,7 +142,7 @@ async def engine_child(spec: dict[str, Any]) -> None:
     """Runs in the engine's own process: one `RolloutEngine`, every request submitted at once;
     reports progress and the figures as JSON lines on stdout."""
     from agentcore_rollout import EngineConfig, RolloutEngine, RolloutRequest, RolloutStart
-    from agentcore_rollout._process import exit_with_parent
+    from agentcore_rollout.serving.process import exit_with_parent
 
     exit_with_parent()
     n = spec["sessions"]

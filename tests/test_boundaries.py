@@ -40,7 +40,7 @@ from .factories import flat_config
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
 # top-level modules outside the core install
-NOT_CORE = {"_http", "_process"}
+NOT_CORE: set[str] = set()
 CORE = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in NOT_CORE)
 ADMIN_CLIENT = "agentcore_rollout.gateway.client"  # the one gateway module the core may import
 # What importing the admin client runs besides the core (for it, imports under TYPE_CHECKING
@@ -61,11 +61,12 @@ HEAVY = (
     "bedrock_agentcore",
 )
 MAY_IMPORT = {  # one-way
-    "gateway": set(),
-    "agent": set(),
+    "serving": set(),
+    "gateway": {"serving"},
+    "agent": {"serving"},
     "training": set(),
     "integrations": {"training", "gateway"},
-    "local": {"gateway", "agent", "training"},
+    "local": {"gateway", "agent", "training", "serving"},
     "cli": {"training", "local", "integrations"},
 }
 # Must not be loaded by `import agentcore_rollout, agentcore_rollout.gateway.client`.

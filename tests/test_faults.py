@@ -28,10 +28,10 @@ from agentcore_rollout import (
 from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
 from agentcore_rollout._dispatcher import retry_budget
-from agentcore_rollout._process import ServiceProcess
 from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.local.moto import MotoServer, provision_results_channel
 from agentcore_rollout.local.stack import LocalStack
+from agentcore_rollout.serving.process import ServiceProcess
 
 from .agents.basic import expected_reward
 from .conftest import RUNTIME_ARN, agent_env, engine_config

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import agentcore_rollout.local.stack as stack_module
-from agentcore_rollout._process import ServiceProcess
 from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.local.stack import LocalStack
+from agentcore_rollout.serving.process import ServiceProcess
 
 
 def on_the_loop() -> bool:

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, default=None, help="serve on this bound socket")
     args = parser.parse_args(argv)
     if args.fd is not None:  # started by the local emulator: do not outlive it
-        from .._process import exit_with_parent
+        from ..serving.process import exit_with_parent
 
         exit_with_parent()
     app = load_app(args.app)

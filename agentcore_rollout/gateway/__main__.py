@@ -16,10 +16,11 @@ import argparse
 import asyncio
 import os
 
-from .._process import exit_with_parent, serve_until_signalled
+from ..serving.flags import add_flags, from_flags
+from ..serving.process import serve_until_signalled
 from .backends import Backend, OpenAIBackend, SGLangBackend
 from .render import Renderer, load_renderer
-from .server import DEFAULT_SESSION_TTL, Gateway
+from .server import Gateway
 
 TOKEN_ENV = "AGENTCORE_GATEWAY_ADMIN_TOKEN"
 UPSTREAM_KEY_ENV = "AGENTCORE_GATEWAY_UPSTREAM_API_KEY"
@@ -27,16 +28,13 @@ UPSTREAM_KEY_ENV = "AGENTCORE_GATEWAY_UPSTREAM_API_KEY"
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.gateway")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--backend", choices=("sglang", "openai"), default="sglang")
     parser.add_argument("--backend-url", required=True, help="SGLang worker/router, or .../v1")
     parser.add_argument(
         "--renderer", help="a tokenizer directory or module:attribute (sglang: required)"
     )
-    parser.add_argument("--model-name", default="policy", help="the name /v1/models reports")
     parser.add_argument("--upstream-model", help="openai backend: model name sent upstream")
-    parser.add_argument("--session-ttl", type=float, default=DEFAULT_SESSION_TTL)
+    add_flags(parser, Gateway, exclude={"renderer", "admin_token"})
     args = parser.parse_args(argv)
     token = os.environ.get(TOKEN_ENV)
     if not token:
@@ -56,18 +54,9 @@ def main(argv: list[str] | None = None) -> None:
         upstream_key = os.environ.get(UPSTREAM_KEY_ENV)
         backend = OpenAIBackend(args.backend_url, api_key=upstream_key, model=args.upstream_model)
     try:
-        gateway = Gateway(
-            backend,
-            renderer,
-            admin_token=token,
-            host=args.host,
-            port=args.port,
-            model_name=args.model_name,
-            session_ttl=args.session_ttl,
-        )
+        gateway = from_flags(Gateway, args, backend=backend, renderer=renderer, admin_token=token)
     except ValueError as exc:
         parser.error(str(exc))
-    exit_with_parent()  # started by the local stack: never outlive it
     asyncio.run(serve_until_signalled(gateway))
 
 

@@ -49,12 +49,13 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from .._http import read_json_object, sse_response
+from ..serving.http import Handler, boolean, read_json_object, sse_response
+from ..serving.server import Server
 from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
 from .render import IncrementalRenderer, Parsed, Renderer
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_TTL = 6 * 3600.0
 MAX_BODY_BYTES = 64 * 1024 * 1024
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class GatewayHTTPError(Exception):
@@ -86,14 +86,13 @@ class GatewayHTTPError(Exception):
         self.headers = dict(headers or {})
 
 
-class Gateway:
+class Gateway(Server):
     """The token-capture gateway; `async with Gateway(backend, renderer) as gw: gw.url`.
 
     `backend` samples turns (the gateway closes it on stop); `renderer` turns messages into ids
     and is required when the backend captures tokens. `admin_token` protects the admin routes (a
-    random one is made if not given; read it from `.admin_token`). Binds 127.0.0.1 by default;
-    port 0 picks a free port (read `.port` / `.url` after start). Sessions idle for longer than
-    `session_ttl` seconds are dropped, so a crashed engine cannot leak them forever.
+    random one is made if not given; read it from `.admin_token`). Sessions idle for longer
+    than `session_ttl` seconds are dropped, so a crashed engine cannot leak them forever.
     """
 
     def __init__(
@@ -111,62 +110,25 @@ class Gateway:
             raise ValueError(f"the {backend.name} backend captures tokens and needs a renderer")
         if admin_token is not None and len(admin_token) < 16:
             raise ValueError("admin_token must be at least 16 characters")
+        super().__init__(host, port)
         self.backend = backend
         self.renderer = renderer
         self.admin_token = admin_token or secrets.token_urlsafe(32)
-        self.host, self.port = host, port
         self.model_name = model_name
         self.sessions = SessionStore(ttl=session_ttl)
         # An isinstance check against a Protocol is slow: decided once, not per turn.
         self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
-        self._runner: web.AppRunner | None = None
-        self._reaper: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"Gateway(url={self.url!r}, backend={self.backend.name!r}, admin_token='***')"
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)  # no request lines in logs
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        self.port = self._runner.addresses[0][1]
-        if self.sessions.ttl is not None:
-            self._reaper = asyncio.create_task(self._reap(self.sessions.ttl))
+        await super().start()
         log.info("gateway listening on %s (backend %s)", self.url, self.backend.name)
-
-    async def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-            self._reaper = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        self.sessions.close_all()
-        await self.backend.close()
-
-    async def __aenter__(self) -> Gateway:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def _reap(self, ttl: float) -> None:
-        while True:
-            await asyncio.sleep(min(max(ttl / 4, 0.05), 60.0))
-            for session_id in self.sessions.expire():
-                log.warning("session %s expired unfinished", session_id)
 
     def app(self) -> web.Application:
         """The aiohttp application (exposed for embedding)."""
@@ -182,7 +144,27 @@ class Gateway:
                 web.get("/admin/stats", self._stats),
             ]
         )
+        app.cleanup_ctx.append(self._lifespan)
         return app
+
+    async def _lifespan(self, app: web.Application) -> AsyncIterator[None]:
+        """While serving, sessions idle past the TTL are dropped; once the requests in flight
+        are answered, the rest are closed, and the backend too."""
+        ttl = self.sessions.ttl
+        reaper = asyncio.create_task(self._reap(ttl)) if ttl is not None else None
+        yield
+        if reaper is not None:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+        self.sessions.close_all()
+        await self.backend.close()
+
+    async def _reap(self, ttl: float) -> None:
+        while True:
+            await asyncio.sleep(min(max(ttl / 4, 0.05), 60.0))
+            for session_id in self.sessions.expire():
+                log.warning("session %s expired unfinished", session_id)
 
     # -- auth ---------------------------------------------------------------------------------
 
@@ -225,7 +207,8 @@ class Gateway:
         body = await read_json_object(request, _fastjson.loads)
         tools = _tools(body.get("tools"))
         sampling = request_sampling(body, session.sampling)
-        stream, want_logprobs = _flag(body, "stream"), _flag(body, "logprobs")
+        stream = boolean(body.get("stream"), "stream")
+        want_logprobs = boolean(body.get("logprobs"), "logprobs")
         model = body["model"] if isinstance(body.get("model"), str) else self.model_name
         messages = body.get("messages")
         # Render before reserving a turn: a malformed request is a 400 and costs no turn.
@@ -411,13 +394,6 @@ class Gateway:
 def _bearer(request: web.Request) -> str | None:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
-
-
-def _flag(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name)
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    raise ValueError(f"{name} must be a boolean")
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:

@@ -39,7 +39,7 @@ def load_asgi_app(spec: str) -> Any:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from .._process import exit_with_parent
+    from ..serving.process import exit_with_parent
 
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.host")
     parser.add_argument("app", help="module:attribute of an ASGI app (e.g. a BedrockAgentCoreApp)")

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .._process import ServiceProcess, exit_with_parent
+from ..serving.process import ServiceProcess, exit_with_parent
 
 LOCAL_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -22,12 +22,11 @@ LOCAL_CREDENTIALS = {
 }
 
 
-class MotoServer:
+class MotoServer(ServiceProcess):
     """`with MotoServer() as moto: moto.url` — a moto server process on 127.0.0.1."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._service = ServiceProcess("moto", "agentcore_rollout.local.moto", host, str(port))
-        self.url = ""
+        super().__init__("moto", "agentcore_rollout.local.moto", host, str(port))
 
     def __enter__(self) -> MotoServer:
         self.start()
@@ -35,16 +34,6 @@ class MotoServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def start(self) -> None:
-        self.url = self._service.start()
-
-    def stop(self) -> None:
-        self._service.stop()
-
-    @property
-    def pid(self) -> int | None:
-        return self._service.pid
 
     def client(self, service: str, region: str = "us-east-1") -> Any:
         """A boto3 client for this server (for provisioning and tests)."""

@@ -6,8 +6,8 @@ fails here as it would on AWS:
   opens a session or reuses one (429 ThrottlingException);
 - new sessions per minute per endpoint (429 ThrottlingException);
 - active sessions per account (402 ServiceQuotaExceededException).
-Defaults are the published quotas (container deployments, us-east-1/us-west-2); each can be
-changed or switched off (None) for tests.
+The emulator's defaults are the published quotas (`_agentcore`); each can be changed or
+switched off (None) for tests.
 """
 
 from __future__ import annotations
@@ -18,10 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .wire import ApiError
-
-DEFAULT_INVOKE_TPS = 200.0
-DEFAULT_NEW_SESSIONS_PER_MINUTE = 400.0
-DEFAULT_MAX_SESSIONS = 5000
 
 
 class WindowLimit:
@@ -53,9 +49,9 @@ class WindowLimit:
 class Quotas:
     """The limits of one emulator (one endpoint of one runtime, one account)."""
 
-    invoke_tps: float | None = DEFAULT_INVOKE_TPS
-    new_sessions_per_minute: float | None = DEFAULT_NEW_SESSIONS_PER_MINUTE
-    max_sessions: int = DEFAULT_MAX_SESSIONS
+    invoke_tps: float | None
+    new_sessions_per_minute: float | None
+    max_sessions: int
     throttle_every: int = 0
     """Fault injection: every k-th invocation answers 429 (0: never)."""
 

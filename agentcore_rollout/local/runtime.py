@@ -26,27 +26,31 @@ import logging
 import shlex
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import aiohttp
 from aiohttp import web
 
+from .._agentcore import (
+    ACTIVE_SESSIONS,
+    IDLE_TIMEOUT_S,
+    INVOKE_TPS,
+    MAX_LIFETIME_S,
+    MAX_PAYLOAD_BYTES,
+    NEW_SESSIONS_PER_MINUTE,
+    SYNC_TIMEOUT_S,
+)
 from .._limits import Gauge
+from ..serving.http import Handler
+from ..serving.server import Server
 from .agents import Agent, InProcessAgent, ProcessAgent, SharedApp
 from .host import AppLoadError
-from .quotas import (
-    DEFAULT_INVOKE_TPS,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_NEW_SESSIONS_PER_MINUTE,
-    Quotas,
-)
+from .quotas import Quotas
 from .wire import (
     CONTAINER_REQUEST_ID_HEADER,
     CUSTOM_HEADER_PREFIX,
     DEFAULT_QUALIFIER,
-    MAX_PAYLOAD_BYTES,
     MCP_HEADERS,
     REQUEST_ID_HEADER,
     SESSION_HEADER,
@@ -66,8 +70,7 @@ from .wire import (
 log = logging.getLogger("agentcore_rollout.local.runtime")
 
 DEFAULT_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
-SYNC_TIMEOUT = 15 * 60.0  # the service's cap on a synchronous invocation
-STREAM_TIMEOUT = 60 * 60.0  # and on a streaming one
+STREAM_TIMEOUT = 60 * 60.0  # the service's cap on a streaming invocation
 _STREAM_TYPES = ("text/event-stream",)
 # Headers aiohttp would add on its own: the agent gets these only as the caller sent them.
 _NOT_ADDED = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
@@ -77,32 +80,38 @@ __all__ = ["DEFAULT_RUNTIME_ARN", "SESSION_HEADER", "EmulatorConfig", "RuntimeEm
 
 @dataclass
 class EmulatorConfig:
+    """What the emulator runs; each field but `env` is also a flag of its `main`."""
+
     app: str = ""
     """`module:attr` of the app each session runs: any BedrockAgentCoreApp (RolloutApp
     included) or ASGI app serving `POST /invocations` and `GET /ping`."""
     mode: Literal["process", "in_process"] = "process"
-    runtime_arns: tuple[str, ...] = ()
+    runtime_arns: tuple[str, ...] = field(
+        default=(), metadata={"flag": "--runtime-arn", "help": "ARNs that exist"}
+    )
     """The runtimes that exist (empty: `DEFAULT_RUNTIME_ARN` alone); others are not found."""
-    qualifiers: tuple[str, ...] = (DEFAULT_QUALIFIER,)
+    qualifiers: tuple[str, ...] = field(
+        default=(DEFAULT_QUALIFIER,), metadata={"flag": "--qualifier", "help": "endpoint names"}
+    )
     """Endpoint names each runtime has; a request without one means DEFAULT."""
     command: tuple[str, ...] = ()
     """Instead of `app`: a command that serves the contract on `$PORT` (process mode)."""
     cold_start: float = 0.0
-    invoke_tps: float | None = DEFAULT_INVOKE_TPS
+    invoke_tps: float | None = INVOKE_TPS
     """InvokeAgentRuntime calls per second, all counted (None: no limit)."""
-    new_sessions_per_minute: float | None = DEFAULT_NEW_SESSIONS_PER_MINUTE
-    max_sessions: int = DEFAULT_MAX_SESSIONS
+    new_sessions_per_minute: float | None = NEW_SESSIONS_PER_MINUTE
+    max_sessions: int = ACTIVE_SESSIONS
     """Active sessions quota."""
-    idle_timeout: float = 900.0
-    max_lifetime: float = 8 * 3600.0
-    sync_timeout: float = SYNC_TIMEOUT
+    idle_timeout: float = IDLE_TIMEOUT_S
+    max_lifetime: float = MAX_LIFETIME_S
+    sync_timeout: float = SYNC_TIMEOUT_S
     stream_timeout: float = STREAM_TIMEOUT
     throttle_every: int = 0
     """Fault injection: every k-th invocation answers 429 (0: never)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for agent processes (endpoints, credentials)."""
     agent_ready_timeout: float = 60.0
-    log_dir: str | None = None
+    log_dir: str | None = field(default=None, metadata={"help": "where agents' output goes"})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -129,13 +138,13 @@ class _Session:
     """Invocations being answered: a session with one is not idle, whatever its ping says."""
 
 
-class RuntimeEmulator:
+class RuntimeEmulator(Server):
     """`async with RuntimeEmulator(EmulatorConfig(app="pkg.agent:app")) as emu: emu.url`"""
 
     def __init__(self, config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> None:
         config.validate()
+        super().__init__(host, port)
         self.config = config
-        self._host, self._port = host, port
         self.runtimes: dict[str, RuntimeArn] = {}
         for arn in config.runtime_arns or (DEFAULT_RUNTIME_ARN,):
             if (parsed := RuntimeArn.parse(arn)) is None:
@@ -154,11 +163,9 @@ class RuntimeEmulator:
             max_sessions=config.max_sessions,
             throttle_every=config.throttle_every,
         )
-        self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._shared: SharedApp | None = None
-        self.url = ""
 
     @property
     def sessions(self) -> dict[str, _Session]:
@@ -166,25 +173,20 @@ class RuntimeEmulator:
         here use one runtime)."""
         return {s.session_id: s for s in self._sessions.values()}
 
-    async def __aenter__(self) -> RuntimeEmulator:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
+    def app(self) -> web.Application:
         # The body is read by the handler, which answers an oversized one with the modelled
         # ValidationException instead of aiohttp's plain-text 413.
         app = web.Application(client_max_size=2**62, middlewares=[_as_the_service_answers])
         app.router.add_post(r"/runtimes/{arn:.+}/invocations", self._invoke)
         app.router.add_post(r"/runtimes/{arn:.+}/stopruntimesession", self._stop_session)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{self._host}:{port}"
+        app.on_startup.append(self._startup)
+        app.on_shutdown.append(self._shutdown)
+        return app
+
+    async def _startup(self, app: web.Application) -> None:
+        if self.config.mode == "in_process":
+            self._shared = SharedApp(self.config.app)
+            await asyncio.to_thread(self._shared.start)
         # No total timeout: the service's caps (sync_timeout, stream_timeout) are applied per
         # invocation; a connect that hangs is still bounded. No connection limit either: open
         # streams must not queue other sessions' invocations (only the quotas bound them).
@@ -193,12 +195,11 @@ class RuntimeEmulator:
             timeout=aiohttp.ClientTimeout(total=None, connect=10),
             auto_decompress=False,
         )
-        if self.config.mode == "in_process":
-            self._shared = SharedApp(self.config.app)
-            await asyncio.to_thread(self._shared.start)
         self._reaper = asyncio.create_task(self._reap())
 
-    async def stop(self) -> None:
+    async def _shutdown(self, app: web.Application) -> None:
+        """No longer listening, before the replies in flight are awaited: every agent is
+        stopped first, so no reply still waits on one."""
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -208,8 +209,6 @@ class RuntimeEmulator:
             await asyncio.to_thread(self._shared.stop)
         if self._http is not None:
             await self._http.close()
-        if self._runner is not None:  # after the agents: no reply still waits on one
-            await self._runner.cleanup()
 
     def agent_pids(self) -> list[int]:
         agents = [s.agent for s in self._sessions.values()]
@@ -428,9 +427,7 @@ class RuntimeEmulator:
 
 
 @web.middleware
-async def _as_the_service_answers(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+async def _as_the_service_answers(request: web.Request, handler: Handler) -> web.StreamResponse:
     """What no handler answers still gets a modelled error with a request id: an unknown
     path or method (UnknownOperationException, as AWS's REST front ends say) and a bug here
     (InternalServerException, never aiohttp's plain-text 500)."""
@@ -491,51 +488,20 @@ def main(argv: list[str] | None = None) -> None:
     environment. Prints the URL on one line once listening."""
     import argparse
 
-    from .._process import exit_with_parent, serve_until_signalled
-
-    def off(value: str) -> float | None:
-        return None if value.lower() in ("none", "off", "0") else float(value)
+    from ..serving.flags import add_flags, from_flags
+    from ..serving.process import serve_until_signalled
 
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.runtime")
     parser.add_argument("app", nargs="?", default="", help="module:attribute of the agent app")
-    parser.add_argument("--command", default=None, help="instead of APP: serves on $PORT")
-    parser.add_argument("--mode", choices=["process", "in_process"], default="process")
-    parser.add_argument("--runtime-arn", action="append", default=[], help="ARNs that exist")
-    parser.add_argument("--qualifier", action="append", default=[], help="endpoint names")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--cold-start", type=float, default=0.0)
-    parser.add_argument("--invoke-tps", type=off, default=DEFAULT_INVOKE_TPS)
     parser.add_argument(
-        "--new-sessions-per-minute", type=off, default=DEFAULT_NEW_SESSIONS_PER_MINUTE
+        "--command", type=shlex.split, default=(), help="a command serving on $PORT"
     )
-    parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS)
-    parser.add_argument("--idle-timeout", type=float, default=900.0)
-    parser.add_argument("--max-lifetime", type=float, default=8 * 3600.0)
-    parser.add_argument("--sync-timeout", type=float, default=SYNC_TIMEOUT)
-    parser.add_argument("--stream-timeout", type=float, default=STREAM_TIMEOUT)
-    parser.add_argument("--log-dir", default=None, help="each agent process's output goes here")
+    add_flags(parser, RuntimeEmulator)
+    add_flags(parser, EmulatorConfig, exclude={"app", "command", "env"})
     args = parser.parse_args(argv)
-    exit_with_parent()
     logging.basicConfig(level=logging.WARNING)
     try:
-        config = EmulatorConfig(
-            app=args.app,
-            command=tuple(shlex.split(args.command)) if args.command else (),
-            mode=args.mode,
-            runtime_arns=tuple(args.runtime_arn),
-            qualifiers=tuple(args.qualifier) or (DEFAULT_QUALIFIER,),
-            cold_start=args.cold_start,
-            invoke_tps=args.invoke_tps,
-            new_sessions_per_minute=args.new_sessions_per_minute,
-            max_sessions=args.max_sessions,
-            idle_timeout=args.idle_timeout,
-            max_lifetime=args.max_lifetime,
-            sync_timeout=args.sync_timeout,
-            stream_timeout=args.stream_timeout,
-            log_dir=args.log_dir,
-        )
-        emulator = RuntimeEmulator(config, host=args.host, port=args.port)
+        emulator = from_flags(RuntimeEmulator, args, config=from_flags(EmulatorConfig, args))
     except ValueError as e:
         parser.error(str(e))
     try:

@@ -22,13 +22,13 @@ import secrets
 from collections.abc import Awaitable
 from typing import Any
 
-from .._process import ServiceProcess
 from ..config import EngineConfig, GatewayConfig, LocalConfig
 from ..contract import LLMSettings
+from ..serving.process import ServiceProcess
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
+from .runtime import DEFAULT_RUNTIME_ARN as LOCAL_RUNTIME_ARN  # the emulator's default
 
 LOCAL_REGION = "us-east-1"
-LOCAL_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
 CHAR_RENDERER = "agentcore_rollout.local.policy.render:CharRenderer"  # the gateway's --renderer
 
 
@@ -97,8 +97,8 @@ class LocalStack:
             *("--cold-start", str(cfg.cold_start), "--max-sessions", str(cfg.max_sessions)),
             *("--idle-timeout", str(cfg.idle_timeout), "--max-lifetime", str(cfg.max_lifetime)),
             # The stack's own limits (None: off), not the emulator's defaults (the service's).
-            *("--invoke-tps", _rate(cfg.invoke_tps)),
-            *("--new-sessions-per-minute", _rate(cfg.new_sessions_per_minute)),
+            *("--invoke-tps", str(cfg.invoke_tps)),
+            *("--new-sessions-per-minute", str(cfg.new_sessions_per_minute)),
             *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
             env=self.agent_env(),  # agents inherit the emulator's environment
         )
@@ -203,11 +203,6 @@ class LocalStack:
                 else []
             ),
         ]
-
-
-def _rate(value: float | None) -> str:
-    """An emulator limit flag's value: None switches the limit off."""
-    return str(value) if value else "off"
 
 
 async def _together(*steps: Awaitable[object]) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import aws_cdk as cdk
 
+from agentcore_rollout._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+
 RUNTIME_NAME_PATTERN = "^[a-zA-Z][a-zA-Z0-9_]{0,47}$"
 RESULT_PREFIX_PATTERN = "^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$"
 REPOSITORY_NAME_PATTERN = "^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$"
@@ -31,8 +33,8 @@ class RolloutStackProps:
     network_mode: str = "PUBLIC"
     subnet_ids: tuple[str, ...] = ()
     security_group_ids: tuple[str, ...] = ()
-    idle_runtime_session_timeout: int = 900
-    max_lifetime: int = 28800
+    idle_runtime_session_timeout: int = IDLE_TIMEOUT_S
+    max_lifetime: int = MAX_LIFETIME_S
     gateway_url: str = ""
 
 

@@ -10,9 +10,9 @@ import argparse
 import asyncio
 import logging
 
-from ..._process import exit_with_parent, serve_until_signalled
-from .model import TinyPolicy
-from .server import DEFAULT_CONTEXT_LENGTH, MODEL_NAME, PolicyServer
+from ...serving.flags import add_flags, from_flags
+from ...serving.process import serve_until_signalled
+from .server import PolicyServer
 
 
 class _NoHttp2Probes(logging.Filter):
@@ -25,35 +25,16 @@ class _NoHttp2Probes(logging.Filter):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.policy")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--params", help=".npz written by TinyPolicy.save (default: from seed)")
-    parser.add_argument("--seed", type=int, default=0, help="parameter and sampler seed")
-    parser.add_argument("--record", action="store_true", help="keep samples for /debug/samples")
-    parser.add_argument("--record-limit", type=int, default=10_000)
-    parser.add_argument("--worker-id", help="recorded with each sample (default host:port)")
-    parser.add_argument("--model-name", default=MODEL_NAME)
-    parser.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
+    add_flags(parser, PolicyServer, exclude={"policy"})
     args = parser.parse_args(argv)
-    exit_with_parent()
     logging.getLogger("aiohttp.server").addFilter(_NoHttp2Probes())
-    policy = TinyPolicy(args.seed)
+    server = from_flags(PolicyServer, args)  # its policy from the seed
     if args.params:
         try:
-            policy.load(args.params)
+            server.policy.load(args.params)
         except ValueError as exc:
             parser.error(str(exc))
-    server = PolicyServer(
-        policy,
-        host=args.host,
-        port=args.port,
-        seed=args.seed,
-        record=args.record,
-        record_limit=args.record_limit,
-        worker_id=args.worker_id,
-        model_name=args.model_name,
-        context_length=args.context_length,
-    )
     asyncio.run(serve_until_signalled(server))
 
 

@@ -30,31 +30,29 @@ Every client error is a 400 (404/405/413 for routing and size) whose body is one
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from itertools import accumulate
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from ..._http import read_json_object, sse_response
+from ...serving.http import Handler, boolean, dumps, read_json_object, sse_response
+from ...serving.server import Server
 from .model import Generation, TinyPolicy
 from .sampling import SamplingParams
 
 MODEL_NAME = "tiny-char-policy"
 DEFAULT_CONTEXT_LENGTH = 32768
 MAX_TOP_LOGPROBS = 20
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class PolicyServer:
+class PolicyServer(Server):
     """An aiohttp server around one TinyPolicy; `async with PolicyServer() as s: s.url`.
 
-    Binds 127.0.0.1 by default; port 0 picks a free port (read `.port` / `.url` after start).
     `seed` seeds the parameters (when no policy is given) and the server's sampling RNG; a
     request's own seed (`sampling_params.sampling_seed` / `seed`) makes that request reproducible
     on its own. With `record=True` every generation is kept (the last `record_limit`) for
@@ -74,9 +72,9 @@ class PolicyServer:
         model_name: str = MODEL_NAME,
         context_length: int = DEFAULT_CONTEXT_LENGTH,
     ) -> None:
+        super().__init__(host, port)
         self.policy = policy if policy is not None else TinyPolicy(seed)
         self.tokenizer = self.policy.tokenizer
-        self.host, self.port = host, port
         self.record = record
         self.model_name = model_name
         self.context_length = context_length
@@ -84,36 +82,10 @@ class PolicyServer:
         self._rng = np.random.default_rng(seed)
         self._samples: deque[dict[str, Any]] = deque(maxlen=record_limit)
         self._recorded = 0
-        self._runner: web.AppRunner | None = None
-
-    # -- lifecycle ----------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6 literal
-        return f"http://{host}:{self.port}"
 
     @property
     def worker_id(self) -> str:
         return self._worker_id or f"{self.host}:{self.port}"
-
-    async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        self.port = self._runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> PolicyServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     def app(self) -> web.Application:
         """The aiohttp application (exposed for embedding and for aiohttp's test client)."""
@@ -198,11 +170,11 @@ class PolicyServer:
         every per-request field may then be a list with one entry per prompt."""
         body = await read_json_object(request)
         prompts, batch = self._generate_prompts(body)
-        with_text = _flag(body.get("return_text_in_logprobs"), "return_text_in_logprobs")
+        with_text = boolean(body.get("return_text_in_logprobs"), "return_text_in_logprobs")
         # Validate every prompt's arguments before generating any, so a bad batch has no effect.
         jobs = [self._generate_job(body, i, batch, prompt) for i, prompt in enumerate(prompts)]
         outputs = [self._generate_one(*job, with_text=with_text) for job in jobs]
-        if _flag(body.get("stream"), "stream"):
+        if boolean(body.get("stream"), "stream"):
             return await sse_response(request, iter(outputs))
         return _json(outputs if batch else outputs[0])
 
@@ -212,7 +184,7 @@ class PolicyServer:
         sp = SamplingParams.from_json(_pick(body.get("sampling_params"), i, batch))
         self._check_context(len(prompt), sp.max_new_tokens)
         rid = _rid(_pick(body.get("rid"), i, batch))
-        want_logprob = _flag(_pick(body.get("return_logprob"), i, batch), "return_logprob")
+        want_logprob = boolean(_pick(body.get("return_logprob"), i, batch), "return_logprob")
         top_n = _top_n(_pick(body.get("top_logprobs_num"), i, batch), "top_logprobs_num")
         return prompt, sp, rid, want_logprob, top_n if want_logprob else 0
 
@@ -278,10 +250,10 @@ class PolicyServer:
             raise ValueError("messages must be a non-empty list")
         prompt = self.tokenizer.apply_chat_template(messages)
         sp = self._openai_sampling(body, len(prompt))
-        want_logprobs = _flag(body.get("logprobs"), "logprobs")
+        want_logprobs = boolean(body.get("logprobs"), "logprobs")
         top_n = _top_n(body.get("top_logprobs"), "top_logprobs") if want_logprobs else 0
-        stream = _flag(body.get("stream"), "stream")
-        with_ids = _flag(body.get("return_token_ids"), "return_token_ids")
+        stream = boolean(body.get("stream"), "stream")
+        with_ids = boolean(body.get("return_token_ids"), "return_token_ids")
         rid = _rid(body.get("rid"))
         gen = self._run(prompt, sp, top_n, rid, "/v1/chat/completions")
         logprobs = self._openai_logprobs(gen) if want_logprobs else None
@@ -342,7 +314,7 @@ class PolicyServer:
         """POST /v1/completions (non-streaming); `logprobs: n` gives the legacy logprobs object."""
         body = await read_json_object(request)
         prompt = self._completion_prompt(body.get("prompt"))
-        if _flag(body.get("stream"), "stream") or _flag(body.get("echo"), "echo"):
+        if boolean(body.get("stream"), "stream") or boolean(body.get("echo"), "echo"):
             raise ValueError("stream and echo are not supported on /v1/completions")
         sp = self._openai_sampling(body, len(prompt))
         n_logprobs = body.get("logprobs")
@@ -497,11 +469,7 @@ class PolicyServer:
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status, dumps=_dumps)
-
-
-def _dumps(data: Any) -> str:
-    return json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return web.json_response(data, status=status, dumps=dumps)
 
 
 def _error_body(status: int, message: str) -> dict[str, Any]:
@@ -531,12 +499,6 @@ def _pick(value: Any, index: int, batch: bool) -> Any:
             raise ValueError("a per-request list field has fewer entries than there are prompts")
         return value[index]
     return value
-
-
-def _flag(value: Any, name: str) -> bool:
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    raise ValueError(f"{name} must be a boolean")
 
 
 def _top_n(value: Any, name: str) -> int:

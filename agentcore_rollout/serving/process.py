@@ -82,7 +82,8 @@ def exit_with_parent() -> None:
 
 async def serve_until_signalled(server: Any) -> None:
     """In a child: run an `async with` server, print its URL (the line `ServiceProcess`
-    waits for), and stop cleanly on SIGINT or SIGTERM."""
+    waits for), and stop cleanly on SIGINT or SIGTERM, or exit with the parent."""
+    exit_with_parent()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

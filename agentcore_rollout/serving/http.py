@@ -1,13 +1,15 @@
 """Request and response helpers shared by the project's aiohttp servers (the policy server
-and the gateway): the same JSON-object bodies and the same OpenAI-style SSE streams."""
+and the gateway): the same JSON-object bodies, flags and OpenAI-style SSE streams."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]  # what a middleware wraps
 
 
 async def read_json_object(
@@ -24,6 +26,18 @@ async def read_json_object(
     return body
 
 
+def boolean(value: Any, name: str) -> bool:
+    """A boolean request field (absent: false); anything else is a ValueError (a 400)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise ValueError(f"{name} must be a boolean")
+
+
+def dumps(data: Any) -> str:
+    """Compact JSON; NaN and infinities are refused (they are not JSON)."""
+    return json.dumps(data, separators=(",", ":"), allow_nan=False)
+
+
 async def sse_response(
     request: web.Request, events: Iterable[dict[str, Any]]
 ) -> web.StreamResponse:
@@ -33,8 +47,7 @@ async def sse_response(
     )
     await response.prepare(request)
     for event in events:
-        data = json.dumps(event, separators=(",", ":"), allow_nan=False)
-        await response.write(f"data: {data}\n\n".encode())
+        await response.write(f"data: {dumps(event)}\n\n".encode())
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response

@@ -1,0 +1,54 @@
+"""`Server`, what the gateway, the policy server and the runtime emulator share: each runs in
+an event loop it does not own (the engine's, a test's, a child's), so an aiohttp `AppRunner`, not
+`web.run_app`; what it does around its requests (a reaper, closing its backend) hangs on its app
+as aiohttp's `on_startup`, `on_shutdown` and `cleanup_ctx` hooks, which start and stop run."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from aiohttp import web
+
+
+class Server:
+    """An aiohttp app on `host:port`; `async with server: server.url`.
+
+    Binds 127.0.0.1 by default; port 0 picks a free port (read `.port` / `.url` after start).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host, self.port = host, port
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        """The aiohttp application: routes, middlewares, lifecycle hooks."""
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Run the app's startup hooks, then listen."""
+        self._runner = web.AppRunner(self.app(), access_log=None)  # no request lines in logs
+        try:
+            await self._runner.setup()
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except BaseException:
+            await self.stop()  # a port in use must not leave the startup hooks' work running
+            raise
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Stop listening, run the shutdown hooks, await the requests in flight, clean up."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
