@@ -24,6 +24,7 @@ MAX_PAYLOAD_BYTES = 100_000_000  # an invocation's payload, 100 MB
 INVOKE_TPS = 200  # InvokeAgentRuntime calls per second per agent, every call (was 25)
 NEW_SESSIONS_PER_MINUTE = 400  # per endpoint, container deployments (was 100; code: 25/s)
 ACTIVE_SESSIONS = 5_000  # per account, us-east-1 and us-west-2
+LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1_209_600  # what the API and CloudFormation accept
 
 # AgentCore error types (x-amzn-ErrorType) -> (retryable, throttled)
 _AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {

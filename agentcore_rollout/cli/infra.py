@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import ConfigError
-from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+from .._agentcore import IDLE_TIMEOUT_S, LIFECYCLE_MAX_S, LIFECYCLE_MIN_S, MAX_LIFETIME_S
 from .views import console
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ CONTAINER_URI_RE = re.compile(
 )
 SUBNET_RE = re.compile(r"subnet-[0-9a-zA-Z]{8,17}")
 SECURITY_GROUP_RE = re.compile(r"sg-[0-9a-zA-Z]{8,17}")
-LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1_209_600
 MAX_ENV_VARS = 50
 READY_TIMEOUT_S = 900.0  # how long `deploy` waits for READY (not a session's idle timeout)
 

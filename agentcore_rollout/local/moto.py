@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract import listing_prefix
 from ..serving.process import ServiceProcess, exit_with_parent
 
 LOCAL_CREDENTIALS = {
@@ -100,7 +101,7 @@ def provision_results_channel(
                     "Filter": {  # as infra/ sets it: result objects under the prefix
                         "Key": {
                             "FilterRules": [
-                                {"Name": "prefix", "Value": f"{prefix.strip('/')}/"},
+                                {"Name": "prefix", "Value": listing_prefix(prefix)},
                                 {"Name": "suffix", "Value": ".json"},
                             ]
                         }

@@ -10,13 +10,16 @@ from dataclasses import dataclass
 
 import aws_cdk as cdk
 
-from agentcore_rollout._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+from agentcore_rollout._agentcore import (
+    IDLE_TIMEOUT_S,
+    LIFECYCLE_MAX_S,
+    LIFECYCLE_MIN_S,
+    MAX_LIFETIME_S,
+)
 
 RUNTIME_NAME_PATTERN = "^[a-zA-Z][a-zA-Z0-9_]{0,47}$"
 RESULT_PREFIX_PATTERN = "^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$"
 REPOSITORY_NAME_PATTERN = "^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$"
-# Session lifecycle bounds of the AgentCore API and the CloudFormation schema (seconds).
-LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1209600
 
 
 @dataclass(frozen=True)
