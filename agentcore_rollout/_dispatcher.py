@@ -24,7 +24,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -53,35 +53,15 @@ class Started:
     """The rollout's deadline written into that invocation (unix seconds)."""
 
 
+@dataclass
 class LiveSession:
     """One live-session slot and the session it holds (see `RequestDispatcher.live_session`)."""
 
-    def __init__(self, dispatcher: RequestDispatcher, session_id: str) -> None:
-        self._dispatcher = dispatcher
-        self.session_id = session_id
-        self.maybe_started = False
-        """Some attempt may have created the session (sent, and not clearly refused), so
-        leaving stops it."""
-
-    async def start(
-        self,
-        payload_for: Callable[[float], bytes],
-        *,
-        timeout: float,
-        cutoff: float,
-        start_by: float,
-    ) -> Started:
-        """Invoke the runtime in this new session, retrying what is retryable.
-
-        Each attempt's payload carries its own deadline, `min(now + timeout, cutoff)`, taken
-        once the start-rate token is ours: time queued to start never eats into the rollout's
-        timeout. Giving up (retries spent, runtime down, `start_by` passed) raises
-        SubmitFailed."""
-        return await self._dispatcher._start(self, payload_for, timeout, cutoff, start_by)
-
-    def adopt(self) -> None:
-        """Hold a session an earlier engine started (resuming): it is stopped on leaving."""
-        self.maybe_started = True
+    session_id: str
+    start_by: float  # unix seconds: started by then, or SubmitFailed
+    maybe_started: bool = False
+    """Some attempt may have created the session (sent, and not clearly refused), or it is an
+    earlier engine's, still running: leaving the slot stops it."""
 
 
 class _Outage:
@@ -177,12 +157,14 @@ class RequestDispatcher:
         caller's outcome never waits for it and `max_live_sessions` bounds every session
         alive, stopping ones included."""
         await self._take_live_slot(start_by)
-        session = LiveSession(self, session_id)
+        session = LiveSession(session_id, start_by)
         try:
             yield session
         finally:
-            if session.maybe_started:
-                self._owned(self._stop_and_release(session_id))
+            if session.maybe_started:  # a task held until it ends, never collected mid-stop
+                stopping = asyncio.create_task(self._stop_and_release(session_id))
+                self._stopping.add(stopping)
+                stopping.add_done_callback(self._stopping.discard)
             else:
                 self._release_live_slot()
 
@@ -214,26 +196,26 @@ class RequestDispatcher:
         finally:
             self._release_live_slot()
 
-    def _owned(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run `work` as a task held until it ends (never garbage-collected mid-run)."""
-        task = asyncio.create_task(work)
-        self._stopping.add(task)
-        task.add_done_callback(self._stopping.discard)
-
-    async def _start(
+    async def start(
         self,
         session: LiveSession,
         payload_for: Callable[[float], bytes],
+        *,
         timeout: float,
         cutoff: float,
-        start_by: float,
     ) -> Started:
+        """Invoke the runtime in the slot's new session, retrying what is retryable.
+
+        Each attempt's payload carries its own deadline, `min(now + timeout, cutoff)`, taken
+        once the start-rate token is ours: time queued to start never eats into the rollout's
+        timeout. Giving up (retries spent, runtime down, `start_by` passed) raises
+        SubmitFailed."""
         error: SessionCallError | None = None
         for attempt in range(self._cfg.max_retries + 1):
             if not self._outage.may_try():
                 raise self._outage.refusal()
             try:
-                return await self._attempt(session, payload_for, timeout, cutoff, start_by, error)
+                return await self._attempt(session, payload_for, timeout, cutoff, error)
             except SessionCallError as e:
                 error = e
             self._count_failed_start(error)
@@ -244,7 +226,7 @@ class RequestDispatcher:
             self.retries[error.code] += 1
             delay = backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
             log.debug("retrying session_id=%s in %.2fs after %s", session.session_id, delay, error)
-            await self._until(asyncio.sleep(delay), start_by, "a retry", error)
+            await self._until(asyncio.sleep(delay), session.start_by, "a retry", error)
         raise SubmitFailed(f"gave up after {self._cfg.max_retries + 1} attempts: {error}")
 
     async def _attempt(
@@ -253,18 +235,19 @@ class RequestDispatcher:
         payload_for: Callable[[float], bytes],
         timeout: float,
         cutoff: float,
-        start_by: float,
         error: SessionCallError | None,
     ) -> Started:
         """One invocation, once a start slot and a start-rate token are ours."""
         if self._starting_slots.locked():  # only a wait needs the race (tasks cost ~20 us)
-            await self._until(self._starting_slots.acquire(), start_by, "a start slot", error)
+            wait = self._starting_slots.acquire()
+            await self._until(wait, session.start_by, "a start slot", error)
         else:
             await self._starting_slots.acquire()
         try:
             with self.starting:
                 if not self._starts.bucket.take_if_free():
-                    await self._until(self._starts.acquire(), start_by, "the start rate", error)
+                    wait = self._starts.acquire()
+                    await self._until(wait, session.start_by, "the start rate", error)
                 sent = time.time()
                 deadline = min(sent + timeout, cutoff)
                 self.invokes += 1

@@ -374,7 +374,7 @@ class RolloutEngine:
             return found
         async with self._dispatcher.live_session(job.session_id, job.start_by) as session:
             if resumed is not None and (resumed.deadline or 0) > time.time():
-                session.adopt()  # still running: wait for it
+                session.maybe_started = True  # the earlier engine's, still running: wait
                 job.deadline, job.gateway_session_id = resumed.deadline, resumed.gateway_session_id
             else:
                 await self._start(job, session)
@@ -385,11 +385,11 @@ class RolloutEngine:
         """Open the rollout's gateway session, then start its sandbox session."""
         gateway_session = await self._open_gateway_session(job.request)
         job.gateway_session_id = getattr(gateway_session, "session_id", None)
-        started = await session.start(
+        started = await self._dispatcher.start(
+            session,
             lambda deadline: self._payload(job, deadline, gateway_session),
             timeout=job.timeout,
             cutoff=job.cutoff,
-            start_by=job.start_by,
         )
         job.started_at, job.deadline = started.sent_at, started.deadline
         if job.on_start is not None:

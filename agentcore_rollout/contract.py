@@ -131,11 +131,8 @@ def check_request(request_id: Any, input_id: Any, sample_index: Any, payload: An
     the engine's `submit` and `resume` before anything is taken, and by the agent to the
     control block it receives. `payload` (the user's, before the engine adds its block) is
     checked when given."""
-    if not isinstance(request_id, str) or len(request_id) > ID_MAX:
-        request_id_ok = False
-    else:
-        request_id_ok = re.match(ID_PATTERN, request_id) is not None
-    if not request_id_ok:
+    id_like = isinstance(request_id, str) and len(request_id) <= ID_MAX
+    if not id_like or not re.match(ID_PATTERN, request_id):
         raise ContractError(
             f"request_id {request_id!r}: 1-{ID_MAX} characters of letters, digits, '.', '_', '-'"
         )

@@ -63,9 +63,7 @@ async def _start(
     async with d.live_session(sid, start_by) as session:
         if sessions is not None:
             sessions.append(session)
-        return await session.start(
-            lambda _: b"{}", timeout=timeout, cutoff=math.inf, start_by=start_by
-        )
+        return await d.start(session, lambda _: b"{}", timeout=timeout, cutoff=math.inf)
 
 
 def _outage(code: str = "EndpointConnectionError") -> SessionCallError:
@@ -163,7 +161,7 @@ async def test_retries_exhausted_and_not_started_in_time():
         await _start(d)
     d = RequestDispatcher(FakeRuntime(start_time=0.2), _cfg(start_rate=1000.0, max_live_sessions=1))
     async with d.live_session("s" * 40, math.inf) as held:  # the only slot is taken
-        held.adopt()
+        held.maybe_started = True
         with pytest.raises(SubmitFailed, match=r"not started in time: .* live-session slot"):
             async with d.live_session("t" * 40, time.time() + 0.05):
                 pass
