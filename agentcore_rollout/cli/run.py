@@ -17,9 +17,8 @@ from .. import Config, RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcom
 from .dataset import build_requests, read_dataset
 from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, UsageError
 from .journal import JOURNAL, Journal, Journaled, ended, read_journal, run_secret
-from .signals import run_async
 from .summary import SUMMARY, RunSummary
-from .views import console, print_summary, progress_bar
+from .views import console, print_summary, progress_bar, run_async
 
 ROLLOUTS = "rollouts.jsonl"
 
