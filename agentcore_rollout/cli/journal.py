@@ -1,5 +1,5 @@
-"""The CLI's request journal: what a run submitted and started, so `run --resume OUT` can take
-over after the process died, without running an agent twice.
+"""The run journal: what a run submitted and started, so `run --resume OUT` can take over after
+the process died, without running an agent twice.
 
 `OUT/journal.jsonl` holds one `request` line per request (written before any is submitted)
 and one `started` line per session started (its deadline and gateway session). Ended requests
@@ -19,7 +19,7 @@ from typing import IO, Any
 from .. import RolloutRequest, RolloutStart
 from ..contract import new_run_secret
 
-JOURNAL, SECRET = "journal.jsonl", "run_secret"
+JOURNAL, ROLLOUTS, SECRET = "journal.jsonl", "rollouts.jsonl", "run_secret"
 
 
 class JournalError(ValueError):
@@ -37,19 +37,10 @@ class Journaled:
 
 
 class Journal:
-    """Appends to `OUT/journal.jsonl`; one line per event, flushed as written."""
+    """Appends events to the open journal.jsonl `sink`, one line each, flushed as written."""
 
-    def __init__(self, out: Path) -> None:
-        self._path = out / JOURNAL
-        self._sink: IO[str] | None = None
-
-    def __enter__(self) -> Journal:
-        self._sink = self._path.open("a")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._sink is not None:
-            self._sink.close()
+    def __init__(self, sink: IO[str]) -> None:
+        self._sink = sink
 
     def submitted(self, requests: list[RolloutRequest], step: int) -> None:
         for r in requests:
@@ -75,13 +66,27 @@ class Journal:
         )
 
     def _write(self, line: dict[str, Any]) -> None:
-        assert self._sink is not None, "use the journal in a with block"
         self._sink.write(json.dumps(line) + "\n")
         self._sink.flush()
 
 
-def read_journal(out: Path) -> list[Journaled]:
-    """The journaled requests, in submission order, with what is known of their start."""
+def left_open(out: Path) -> tuple[list[Journaled], list[str]]:
+    """The journaled requests that have no line in rollouts.jsonl yet, in submission order and
+    with what is known of their start; and the outcomes of those that have one (the summary
+    counts the whole run). A torn last line of rollouts.jsonl (the process died writing it) is
+    cut off, so appending goes on from a clean line."""
+    rollouts = out / ROLLOUTS
+    lines = rollouts.read_text().split("\n") if rollouts.is_file() else []
+    kept = _complete(lines)
+    if len(kept) != len([line for line in lines if line.strip()]):
+        rollouts.write_text("".join(f"{line}\n" for line in kept))
+    ended = [json.loads(line) for line in kept]
+    done = {line["request_id"] for line in ended}
+    left = [j for j in _read_journal(out) if j.request.request_id not in done]
+    return left, [line["outcome"] for line in ended]
+
+
+def _read_journal(out: Path) -> list[Journaled]:
     try:
         lines = (out / JOURNAL).read_text().split("\n")
     except FileNotFoundError:
@@ -103,18 +108,6 @@ def read_journal(out: Path) -> list[Journaled]:
     if not entries:
         raise JournalError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())
-
-
-def ended(rollouts: Path) -> list[dict[str, Any]]:
-    """The complete lines of rollouts.jsonl, one per ended request; a torn last line (the
-    process died while writing it) is cut off, so appending goes on from a clean line."""
-    if not rollouts.is_file():
-        return []
-    lines = rollouts.read_text().split("\n")
-    kept = _complete(lines)
-    if len(kept) != len([line for line in lines if line.strip()]):
-        rollouts.write_text("".join(f"{line}\n" for line in kept))
-    return [json.loads(line) for line in kept]
 
 
 def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:
