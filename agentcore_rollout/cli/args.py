@@ -18,7 +18,6 @@ from .. import Config, ConfigError, load_config
 from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 from .errors import EXIT_ERROR, UsageError
 from .infra import READY_TIMEOUT_S, infra_command
-from .journal import JournalError
 from .run import run_command
 from .views import console, run_async
 
@@ -43,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             return train_command(config)
         run_async(lambda stop: local_up(config, interrupted=stop))
         return 0
-    except (ConfigError, UsageError, JournalError, RuntimeError) as e:  # InfraError: Runtime
+    except (ConfigError, UsageError, RuntimeError) as e:  # InfraError: Runtime
         print(f"error: {e}", file=sys.stderr)  # plain: one line, never wrapped
         return EXIT_ERROR
 

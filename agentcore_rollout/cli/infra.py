@@ -404,9 +404,6 @@ def write_stack_env(
     return env
 
 
-# ---------------------------------------------------------------------- the commands
-
-
 def infra_command(args: argparse.Namespace) -> int:
     """deploy / destroy / infra env: one line of output each."""
     if args.command == "infra":

@@ -3,9 +3,8 @@ the process died, without running an agent twice.
 
 `OUT/journal.jsonl` holds one `request` line per request (written before any is submitted)
 and one `started` line per session started (its deadline and gateway session). Ended requests
-are the lines of `OUT/rollouts.jsonl`. The signing keys derive from a run secret
-(`engine.run_secret`, or `OUT/run_secret`, created 0600 for the run when the config has none):
-it never goes to S3 or the logs.
+are the lines of `OUT/rollouts.jsonl`. The signing keys derive from the run's secret
+(`engine.run_secret`, else `OUT/run_secret`, 0600), which never goes to S3 or the logs.
 """
 
 from __future__ import annotations
@@ -18,12 +17,9 @@ from typing import IO, Any
 
 from .. import RolloutRequest, RolloutStart
 from ..contract import new_run_secret
+from .errors import UsageError
 
 JOURNAL, ROLLOUTS, SECRET = "journal.jsonl", "rollouts.jsonl", "run_secret"
-
-
-class JournalError(ValueError):
-    """The output directory holds no journal to resume, or one this run cannot use."""
 
 
 @dataclass
@@ -90,9 +86,9 @@ def _read_journal(out: Path) -> list[Journaled]:
     try:
         lines = (out / JOURNAL).read_text().split("\n")
     except FileNotFoundError:
-        raise JournalError(f"--resume {out}: no {JOURNAL} there (not a run's output)") from None
+        raise UsageError(f"--resume {out}: no {JOURNAL} there (not a run's output)") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise JournalError(f"--resume {out}: cannot read {JOURNAL}: {e}") from None
+        raise UsageError(f"--resume {out}: cannot read {JOURNAL}: {e}") from None
     entries: dict[str, Journaled] = {}
     for line in _complete(lines):
         event = json.loads(line)
@@ -106,7 +102,7 @@ def _read_journal(out: Path) -> list[Journaled]:
             entries[rid].deadline = event["deadline"]
             entries[rid].gateway_session_id = event["gateway_session_id"]
     if not entries:
-        raise JournalError(f"--resume {out}: {JOURNAL} lists no requests")
+        raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())
 
 
@@ -119,7 +115,7 @@ def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:
         try:
             return path.read_text().strip()
         except FileNotFoundError:
-            raise JournalError(
+            raise UsageError(
                 f"--resume {out}: no {SECRET} there and engine.run_secret is not set"
             ) from None
     secret = new_run_secret()

@@ -55,7 +55,6 @@ def progress_bar(total: int) -> Iterator[Callable[[RolloutOutcome, int], None]]:
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
         console=console,
-        transient=False,
     )
     task = bar.add_task("rollouts", total=total, status="")
     done = failed = 0
