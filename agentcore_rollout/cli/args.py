@@ -1,23 +1,25 @@
 """The command line: the parser, the config it loads (YAML, env file, flags and dotted
-overrides), and `main`, which hands the parsed arguments to the command's module. Every error
-the user can cause ends here as one line on stderr and exit code 2."""
+overrides), and `main`, which hands the parsed arguments to the command's module (`local up`
+is short enough to live here). Every error the user can cause ends here as one line on stderr
+and exit code 2."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from rich.table import Table
+
 from .. import Config, ConfigError, load_config
 from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 from .errors import EXIT_ERROR, UsageError
 from .infra import READY_TIMEOUT_S, infra_command
-from .journal import JournalError
-from .local_up import local_up
 from .run import run_command
-from .signals import run_async
+from .views import console, run_async
 
 DEFAULT_CONFIG = Path("configs/local.yaml")  # relative to the current directory
 TRAIN_CONFIG = Path("configs/train.yaml")
@@ -40,9 +42,30 @@ def main(argv: list[str] | None = None) -> int:
             return train_command(config)
         run_async(lambda stop: local_up(config, interrupted=stop))
         return 0
-    except (ConfigError, UsageError, JournalError, RuntimeError) as e:  # InfraError: Runtime
+    except (ConfigError, UsageError, RuntimeError) as e:  # InfraError: Runtime
         print(f"error: {e}", file=sys.stderr)  # plain: one line, never wrapped
         return EXIT_ERROR
+
+
+async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
+    """`local up`: start the stack, print its endpoints (a table on stderr, `agentcore.env`
+    lines on stdout), keep it up until Ctrl-C."""
+    from ..local.stack import LocalStack  # lazily: it loads moto, numpy, the gateway
+
+    async with LocalStack(config.local) as local:
+        engine_cfg = local.engine_config(config.engine)
+        table = Table(title="local stack (Ctrl-C to stop)", show_header=False, title_justify="left")
+        table.add_row("S3 + SQS (moto)", local.moto.url)
+        table.add_row("AgentCore Runtime emulator", engine_cfg.endpoints.agentcore or "")
+        table.add_row("policy (router or worker)", local.policy_url)
+        if engine_cfg.gateway is not None:
+            table.add_row("token-capture gateway", engine_cfg.gateway.url)
+        table.add_row("bucket / prefix", f"{engine_cfg.bucket} / {engine_cfg.prefix}")
+        table.add_row("queue", engine_cfg.queue_url or "")
+        table.add_row("runtime ARN", engine_cfg.runtime_arn or "")
+        console.print(table)
+        print("\n".join(local.env_lines()), flush=True)
+        await interrupted.wait()
 
 
 def _verl(hydra_args: list[str]) -> int:
@@ -159,6 +182,9 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Config:
+    """The config: --config, else $AGENTCORE_ROLLOUT_CONFIG (empty is unset), else the
+    command's file in configs/ when run from the repository (as `make run` is), else the
+    built-in defaults; then the env file, the flags and the dotted overrides."""
     overrides = list(args.overrides)
     section = "train" if args.command == "train" else "run"
     for key in ("data", "n", "out", "steps"):
@@ -168,16 +194,7 @@ def _load(args: argparse.Namespace) -> Config:
         overrides.append(f"engine.limits.max_staleness={args.max_staleness}")
     if args.env_file and not Path(args.env_file).is_file():  # only the default may be absent
         raise UsageError(f"--env-file {args.env_file}: not a file")
-    env_file = args.env_file or "agentcore.env"
-    return load_config(_config_path(args), env_file=env_file, overrides=overrides)
-
-
-def _config_path(args: argparse.Namespace) -> str | None:
-    """--config, else $AGENTCORE_ROLLOUT_CONFIG, else configs/local.yaml when run from the
-    repository (as `make run` is), else None: the built-in defaults. An empty variable is
-    unset."""
-    chosen = args.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
-    if chosen:
-        return chosen
     default = TRAIN_CONFIG if args.command == "train" else DEFAULT_CONFIG
-    return str(default) if default.is_file() else None
+    path = args.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
+    path = path or (str(default) if default.is_file() else None)
+    return load_config(path, env_file=args.env_file or "agentcore.env", overrides=overrides)

@@ -1,13 +1,7 @@
-"""`deploy`, `destroy` and `infra env`: deploy and remove the AgentCore Runtime; turn a
-CloudFormation stack into ``agentcore.env``.
-
-Control plane only: boto3 ``bedrock-agentcore-control`` (create/update/get/delete agent runtime)
-and CloudFormation ``describe_stacks``. The data plane (invoke, stop sessions) is the dispatcher's.
-boto3 is imported inside the functions so ``import agentcore_rollout`` stays light; it comes with
-the ``[local]`` and ``[infra]`` extras.
-
-Every failure is an `InfraError` with a one-line message a CLI can print as is.
-"""
+"""`deploy`, `destroy` and `infra env`: create, update and delete the AgentCore Runtime
+(boto3's ``bedrock-agentcore-control``; invoking is the dispatcher's), and turn a CloudFormation
+stack's outputs into ``agentcore.env``. boto3 (the ``[local]`` and ``[infra]`` extras) is imported
+when a command runs. Every failure is an `InfraError` with a one-line message."""
 
 from __future__ import annotations
 
@@ -45,25 +39,19 @@ SECURITY_GROUP_RE = re.compile(r"sg-[0-9a-zA-Z]{8,17}")
 MAX_ENV_VARS = 50
 READY_TIMEOUT_S = 900.0  # how long `deploy` waits for READY (not a session's idle timeout)
 
-# agentcore.env keys (read by agentcore_rollout.config) and the stack outputs they come from.
-ENV_BUCKET = "AGENTCORE_ROLLOUT_BUCKET"
-ENV_PREFIX = "AGENTCORE_ROLLOUT_PREFIX"
-ENV_QUEUE_URL = "AGENTCORE_ROLLOUT_QUEUE_URL"
-ENV_RUNTIME_ARN = "AGENTCORE_ROLLOUT_RUNTIME_ARN"
-ENV_REGION = "AWS_REGION"
+# agentcore.env keys (read by agentcore_rollout.config) from the stack outputs they come from.
+STACK_OUTPUT_ENV = {
+    "BucketName": "AGENTCORE_ROLLOUT_BUCKET",
+    "ResultPrefix": "AGENTCORE_ROLLOUT_PREFIX",
+    "QueueUrl": "AGENTCORE_ROLLOUT_QUEUE_URL",
+}
 # Passed to the agent containers: the config key engine.llm.base_url (the gateway).
 ENV_GATEWAY_URL = "AGENTCORE_ROLLOUT_LLM__BASE_URL"
-STACK_OUTPUT_ENV = {"BucketName": ENV_BUCKET, "ResultPrefix": ENV_PREFIX, "QueueUrl": ENV_QUEUE_URL}
-
-_IN_PROGRESS = frozenset({"CREATING", "UPDATING"})
-_FAILED = frozenset({"CREATE_FAILED", "UPDATE_FAILED", "DELETE_FAILED"})
 
 
 class InfraError(RuntimeError):
-    """An infrastructure operation failed; the message is one line, fit for a CLI.
-
-    ``code`` is the AWS error code when an AWS call failed (e.g. ``ResourceNotFoundException``).
-    """
+    """An infrastructure operation failed; ``code`` is the AWS error code if an AWS call did
+    (e.g. ``ResourceNotFoundException``)."""
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(" ".join(message.split()))
@@ -187,16 +175,12 @@ def _aws(action: str) -> Iterator[None]:
     try:
         yield
     except ClientError as exc:
-        code = _error_code(exc) or "Error"
-        message = exc.response.get("Error", {}).get("Message", "")
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code") or "Error")
+        message = error.get("Message", "")
         raise InfraError(f"{action}: {code}: {message}".rstrip(": "), code=code) from exc
     except BotoCoreError as exc:
         raise InfraError(f"{action}: {exc}") from exc
-
-
-def _error_code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", ""))
 
 
 def aws_client(service: str, region: str | None = None, endpoint_url: str | None = None) -> Any:
@@ -227,16 +211,6 @@ def _get_runtime(client: Any, runtime_id: str) -> dict[str, Any]:
         return dict(client.get_agent_runtime(agentRuntimeId=runtime_id))
 
 
-def _info(name: str, runtime: Mapping[str, Any]) -> RuntimeInfo:
-    return RuntimeInfo(
-        name=name,
-        runtime_id=str(runtime["agentRuntimeId"]),
-        arn=str(runtime["agentRuntimeArn"]),
-        version=str(runtime.get("agentRuntimeVersion", "")),
-        status=str(runtime.get("status", "")),
-    )
-
-
 def wait_until_ready(
     client: Any,
     runtime_id: str,
@@ -245,29 +219,24 @@ def wait_until_ready(
     timeout_s: float = READY_TIMEOUT_S,
     poll_s: float = 5.0,
     sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
 ) -> RuntimeInfo:
     """Poll until the runtime is READY; raise `InfraError` if it fails or the timeout passes."""
-    deadline = clock() + timeout_s
+    deadline = time.monotonic() + timeout_s
     while True:
         runtime = _get_runtime(client, runtime_id)
         status = str(runtime.get("status", ""))
         if status == "READY":
-            return _info(name, runtime)
-        if status in _FAILED:
+            version = str(runtime.get("agentRuntimeVersion", ""))
+            return RuntimeInfo(name, runtime_id, str(runtime["agentRuntimeArn"]), version, status)
+        if status in ("CREATE_FAILED", "UPDATE_FAILED", "DELETE_FAILED"):
             reason = runtime.get("failureReason") or "no reason given"
             raise InfraError(f"runtime {name} ({runtime_id}) is {status}: {reason}")
-        if clock() >= deadline:
+        if time.monotonic() >= deadline:
             raise InfraError(
                 f"runtime {name} ({runtime_id}) not READY after {timeout_s:g}s "
                 f"(status {status or 'unknown'})"
             )
         sleep(poll_s)
-
-
-def _needs_update(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """Whether the runtime differs from the request (an update makes a new version)."""
-    return any(current.get(key) != value for key, value in wanted.items())
 
 
 def _check_role_exists(iam: Any, role_arn: str) -> None:
@@ -293,13 +262,9 @@ def deploy_runtime(
     timeout_s: float = READY_TIMEOUT_S,
     poll_s: float = 5.0,
 ) -> RuntimeInfo:
-    """Create the runtime, or update it if one with this name differs; wait until READY.
-
-    A runtime whose configuration (as GetAgentRuntime reports it) already matches is left alone,
-    so redeploying makes no new version. Returns the READY runtime; its ARN is what the engine
-    invokes (``AGENTCORE_ROLLOUT_RUNTIME_ARN``). Pass ``client``/``iam_client`` to use other
-    endpoints or credentials; otherwise they are made for ``region``.
-    """
+    """Create the runtime, or update it if one with this name differs (an update makes a new
+    version, so a runtime that matches is left alone); wait until READY and return it. Clients
+    not passed are made for ``region``."""
     spec.validate()
     client = client or aws_client("bedrock-agentcore-control", region)
     if check_role:
@@ -314,10 +279,10 @@ def deploy_runtime(
     else:
         runtime_id = str(existing["agentRuntimeId"])
         current = _get_runtime(client, runtime_id)
-        if current.get("status") in _IN_PROGRESS:
+        if current.get("status") in ("CREATING", "UPDATING"):
             wait_until_ready(client, runtime_id, spec.name, timeout_s=timeout_s, poll_s=poll_s)
             current = _get_runtime(client, runtime_id)
-        if _needs_update(current, wanted):
+        if any(current.get(key) != value for key, value in wanted.items()):
             with _aws(f"update agent runtime {spec.name}"):
                 client.update_agent_runtime(agentRuntimeId=runtime_id, **wanted)
             log.info("updating runtime %s (%s)", spec.name, runtime_id)
@@ -334,14 +299,9 @@ def destroy_runtime(
     missing_ok: bool = False,
     timeout_s: float = 300.0,
     poll_s: float = 5.0,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
 ) -> bool:
-    """Delete the runtime called ``name`` and wait until it is gone.
-
-    Returns False if there was none and ``missing_ok``; otherwise a missing runtime is an error.
-    Sessions still running are ended by AgentCore.
-    """
+    """Delete the runtime called ``name`` (AgentCore ends its sessions) and wait until it is
+    gone. False if there was none and ``missing_ok``; otherwise a missing runtime is an error."""
     client = client or aws_client("bedrock-agentcore-control", region)
     existing = find_runtime(client, name)
     if existing is None:
@@ -351,7 +311,7 @@ def destroy_runtime(
     runtime_id = str(existing["agentRuntimeId"])
     with _aws(f"delete agent runtime {name}"):
         client.delete_agent_runtime(agentRuntimeId=runtime_id)
-    deadline = clock() + timeout_s
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             status = _get_runtime(client, runtime_id).get("status")
@@ -361,9 +321,9 @@ def destroy_runtime(
             raise
         if status == "DELETE_FAILED":
             raise InfraError(f"runtime {name} ({runtime_id}) is DELETE_FAILED")
-        if clock() >= deadline:
+        if time.monotonic() >= deadline:
             raise InfraError(f"runtime {name} ({runtime_id}) still {status} after {timeout_s:g}s")
-        sleep(poll_s)
+        time.sleep(poll_s)
 
 
 def stack_outputs(
@@ -383,11 +343,8 @@ def stack_outputs(
 def env_from_outputs(
     outputs: Mapping[str, str], region: str, runtime_arn: str | None = None
 ) -> dict[str, str]:
-    """The agentcore.env entries for a stack's outputs.
-
-    ``runtime_arn`` (from `deploy_runtime`) wins over the stack's RuntimeArn output; with
-    neither, the runtime entry is left out and the rest is still written.
-    """
+    """The agentcore.env entries for a stack's outputs. ``runtime_arn`` (from `deploy_runtime`)
+    wins over the stack's RuntimeArn output; with neither, the runtime entry is left out."""
     missing = [key for key in STACK_OUTPUT_ENV if not outputs.get(key)]
     if missing:
         raise InfraError(
@@ -396,9 +353,8 @@ def env_from_outputs(
     env = {name: outputs[key] for key, name in STACK_OUTPUT_ENV.items()}
     arn = runtime_arn or outputs.get("RuntimeArn")
     if arn:
-        env[ENV_RUNTIME_ARN] = arn
-    env[ENV_REGION] = region
-    return env
+        env["AGENTCORE_ROLLOUT_RUNTIME_ARN"] = arn
+    return env | {"AWS_REGION": region}
 
 
 def _env_line(key: str, value: str) -> str:
@@ -446,9 +402,6 @@ def write_stack_env(
     )
     write_env_file(path, env)
     return env
-
-
-# ---------------------------------------------------------------------- the commands
 
 
 def infra_command(args: argparse.Namespace) -> int:

@@ -1,11 +1,10 @@
-"""The CLI's request journal: what a run submitted and started, so `run --resume OUT` can take
-over after the process died, without running an agent twice.
+"""The run journal: what a run submitted and started, so `run --resume OUT` can take over after
+the process died, without running an agent twice.
 
 `OUT/journal.jsonl` holds one `request` line per request (written before any is submitted)
 and one `started` line per session started (its deadline and gateway session). Ended requests
-are the lines of `OUT/rollouts.jsonl`. The signing keys derive from a run secret
-(`engine.run_secret`, or `OUT/run_secret`, created 0600 for the run when the config has none):
-it never goes to S3 or the logs.
+are the lines of `OUT/rollouts.jsonl`. The signing keys derive from the run's secret
+(`engine.run_secret`, else `OUT/run_secret`, 0600), which never goes to S3 or the logs.
 """
 
 from __future__ import annotations
@@ -18,12 +17,9 @@ from typing import IO, Any
 
 from .. import RolloutRequest, RolloutStart
 from ..contract import new_run_secret
+from .errors import UsageError
 
-JOURNAL, SECRET = "journal.jsonl", "run_secret"
-
-
-class JournalError(ValueError):
-    """The output directory holds no journal to resume, or one this run cannot use."""
+JOURNAL, ROLLOUTS, SECRET = "journal.jsonl", "rollouts.jsonl", "run_secret"
 
 
 @dataclass
@@ -37,19 +33,10 @@ class Journaled:
 
 
 class Journal:
-    """Appends to `OUT/journal.jsonl`; one line per event, flushed as written."""
+    """Appends events to the open journal.jsonl `sink`, one line each, flushed as written."""
 
-    def __init__(self, out: Path) -> None:
-        self._path = out / JOURNAL
-        self._sink: IO[str] | None = None
-
-    def __enter__(self) -> Journal:
-        self._sink = self._path.open("a")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._sink is not None:
-            self._sink.close()
+    def __init__(self, sink: IO[str]) -> None:
+        self._sink = sink
 
     def submitted(self, requests: list[RolloutRequest], step: int) -> None:
         for r in requests:
@@ -75,19 +62,33 @@ class Journal:
         )
 
     def _write(self, line: dict[str, Any]) -> None:
-        assert self._sink is not None, "use the journal in a with block"
         self._sink.write(json.dumps(line) + "\n")
         self._sink.flush()
 
 
-def read_journal(out: Path) -> list[Journaled]:
-    """The journaled requests, in submission order, with what is known of their start."""
+def left_open(out: Path) -> tuple[list[Journaled], list[str]]:
+    """The journaled requests that have no line in rollouts.jsonl yet, in submission order and
+    with what is known of their start; and the outcomes of those that have one (the summary
+    counts the whole run). A torn last line of rollouts.jsonl (the process died writing it) is
+    cut off, so appending goes on from a clean line."""
+    rollouts = out / ROLLOUTS
+    lines = rollouts.read_text().split("\n") if rollouts.is_file() else []
+    kept = _complete(lines)
+    if len(kept) != len([line for line in lines if line.strip()]):
+        rollouts.write_text("".join(f"{line}\n" for line in kept))
+    ended = [json.loads(line) for line in kept]
+    done = {line["request_id"] for line in ended}
+    left = [j for j in _read_journal(out) if j.request.request_id not in done]
+    return left, [line["outcome"] for line in ended]
+
+
+def _read_journal(out: Path) -> list[Journaled]:
     try:
         lines = (out / JOURNAL).read_text().split("\n")
     except FileNotFoundError:
-        raise JournalError(f"--resume {out}: no {JOURNAL} there (not a run's output)") from None
+        raise UsageError(f"--resume {out}: no {JOURNAL} there (not a run's output)") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise JournalError(f"--resume {out}: cannot read {JOURNAL}: {e}") from None
+        raise UsageError(f"--resume {out}: cannot read {JOURNAL}: {e}") from None
     entries: dict[str, Journaled] = {}
     for line in _complete(lines):
         event = json.loads(line)
@@ -101,20 +102,8 @@ def read_journal(out: Path) -> list[Journaled]:
             entries[rid].deadline = event["deadline"]
             entries[rid].gateway_session_id = event["gateway_session_id"]
     if not entries:
-        raise JournalError(f"--resume {out}: {JOURNAL} lists no requests")
+        raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())
-
-
-def ended(rollouts: Path) -> list[dict[str, Any]]:
-    """The complete lines of rollouts.jsonl, one per ended request; a torn last line (the
-    process died while writing it) is cut off, so appending goes on from a clean line."""
-    if not rollouts.is_file():
-        return []
-    lines = rollouts.read_text().split("\n")
-    kept = _complete(lines)
-    if len(kept) != len([line for line in lines if line.strip()]):
-        rollouts.write_text("".join(f"{line}\n" for line in kept))
-    return [json.loads(line) for line in kept]
 
 
 def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:
@@ -126,7 +115,7 @@ def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:
         try:
             return path.read_text().strip()
         except FileNotFoundError:
-            raise JournalError(
+            raise UsageError(
                 f"--resume {out}: no {SECRET} there and engine.run_secret is not set"
             ) from None
     secret = new_run_secret()

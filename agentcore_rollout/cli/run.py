@@ -1,8 +1,6 @@
 """The `run` command: roll out a dataset (or take over a crashed run with `--resume OUT`),
 write each outcome to rollouts.jsonl as it arrives and summary.json once at the end, and pick
-the exit code.
-
-Everything the user's input can get wrong is checked before the local stack starts."""
+the exit code. Everything the user's input can get wrong is checked before the stack starts."""
 
 from __future__ import annotations
 
@@ -16,12 +14,9 @@ from pathlib import Path
 from .. import Config, RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome
 from .dataset import build_requests, read_dataset
 from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, UsageError
-from .journal import JOURNAL, Journal, Journaled, ended, read_journal, run_secret
-from .signals import run_async
+from .journal import JOURNAL, ROLLOUTS, Journal, Journaled, left_open, run_secret
 from .summary import SUMMARY, RunSummary
-from .views import console, print_summary, progress_bar
-
-ROLLOUTS = "rollouts.jsonl"
+from .views import console, print_summary, progress_bar, run_async
 
 
 def run_command(config: Config, resume: str | None) -> int:
@@ -35,7 +30,7 @@ def run_command(config: Config, resume: str | None) -> int:
     else:
         out = Path(resume)
         prepare_out(out, fresh=False)
-        jobs, ended_before = _left_open(out)
+        jobs, ended_before = left_open(out)
     secret = run_secret(out, config.engine.run_secret, resume=resume is not None)
     config = config.model_copy(
         update={"engine": config.engine.model_copy(update={"run_secret": secret})}
@@ -80,8 +75,8 @@ async def roll_out(
     resumed: bool = False,
     interrupted: asyncio.Event,
 ) -> RunSummary:
-    """Roll out `jobs` (fresh requests, or what a resumed run left open); journal them and
-    write rollouts.jsonl as outcomes arrive (into `out`, which `prepare_out` made)."""
+    """Roll out `jobs` (fresh requests, journaled before any starts, or what a resumed run left
+    open): submit or resume each, write rollouts.jsonl as outcomes arrive."""
     async with AsyncExitStack() as stack:
         engine_config = config.engine
         if config.stack == "local":
@@ -92,32 +87,7 @@ async def roll_out(
             engine_config = local.engine_config(config.engine)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
         began, before = time.monotonic(), engine.stats()
-        outcomes = await _submit_and_collect(engine, jobs, config, out, resumed, interrupted)
-        wall_time = time.monotonic() - began
-        stats = engine.stats().since(before)
-        batch = RolloutBatch(engine.step, outcomes, stats, wall_time)
-    return RunSummary.of(batch, interrupted=interrupted.is_set())
-
-
-def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
-    """130 if interrupted; else 3 if fewer than `min_ok_fraction` of the requests ended `ok`,
-    so a script or CI job notices a run that produced little or nothing; else 0."""
-    if summary.interrupted:
-        return EXIT_INTERRUPTED
-    ok_fraction = summary.ok / summary.requests
-    return 0 if ok_fraction >= min_ok_fraction else EXIT_TOO_FEW_OK
-
-
-async def _submit_and_collect(
-    engine: RolloutEngine,
-    jobs: list[Journaled],
-    config: Config,
-    out: Path,
-    resumed: bool,
-    interrupted: asyncio.Event,
-) -> list[RolloutOutcome]:
-    """Journal the jobs (a fresh run's before any starts), submit or resume each, collect."""
-    with Journal(out) as journal:
+        journal = Journal(stack.enter_context((out / JOURNAL).open("a")))
         if not resumed:
             journal.submitted([j.request for j in jobs], config.run.step)
         handles = [
@@ -133,7 +103,19 @@ async def _submit_and_collect(
             else engine.submit(j.request, timeout=config.run.timeout, on_start=journal.started)
             for j in jobs
         ]
-        return await _collect(engine, handles, out / ROLLOUTS, interrupted)
+        outcomes = await _collect(engine, handles, out / ROLLOUTS, interrupted)
+        wall_time = time.monotonic() - began
+        batch = RolloutBatch(engine.step, outcomes, engine.stats().since(before), wall_time)
+    return RunSummary.of(batch, interrupted=interrupted.is_set())
+
+
+def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
+    """130 if interrupted; else 3 if fewer than `min_ok_fraction` of the requests ended `ok`,
+    so a script or CI job notices a run that produced little or nothing; else 0."""
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    ok_fraction = summary.ok / summary.requests
+    return 0 if ok_fraction >= min_ok_fraction else EXIT_TOO_FEW_OK
 
 
 async def _collect(
@@ -160,12 +142,3 @@ async def _cancel_on(event: asyncio.Event, handles: list[RolloutHandle]) -> None
     await event.wait()
     for h in handles:
         h.cancel()
-
-
-def _left_open(out: Path) -> tuple[list[Journaled], list[str]]:
-    """The journaled requests that have no line in rollouts.jsonl yet, and the outcomes of
-    those that have one (the summary counts the whole run)."""
-    lines = ended(out / ROLLOUTS)
-    done = {line["request_id"] for line in lines}
-    left = [j for j in read_journal(out) if j.request.request_id not in done]
-    return left, [line["outcome"] for line in lines]

@@ -72,8 +72,6 @@ class RunSummary:
     def counting_in(self, ended: list[str]) -> RunSummary:
         """The whole run for a resumed one: `ended` holds the outcome of each request that had
         ended before it (its rollouts.jsonl lines). Counts only: the figures are this run's."""
-        if not ended:
-            return self
         outcomes = dict(self.outcomes)
         for outcome in ended:
             outcomes[outcome] += 1

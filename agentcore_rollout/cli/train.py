@@ -1,19 +1,25 @@
-"""The `train` command: GRPO on the local toy policy through the whole pipeline; writes
-metrics.jsonl and reward_curve.png, prints a summary. Imported only when `train` runs: the
-trainer loads numpy and the local stack."""
+"""The `train` command: GRPO on the local toy policy through the whole pipeline, a progress bar
+per step; writes metrics.jsonl and reward_curve.png, prints a summary. Imported only when
+`train` runs: the trainer loads numpy and the local stack."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from .. import Config
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .. import Config, Outcome
 from ..local.trainer import METRICS, train
-from ..training import GroupPolicy
+from ..training import Group, GroupPolicy, GroupStatus
 from .dataset import read_dataset
 from .errors import EXIT_INTERRUPTED, UsageError
-from .signals import run_async
-from .train_view import CURVE, StepProgress, draw_curve, summary_table
-from .views import console
+from .views import console, run_async
+
+CURVE = "reward_curve.png"
 
 
 def train_command(config: Config) -> int:
@@ -31,12 +37,13 @@ def train_command(config: Config) -> int:
         (out / METRICS).open("w").close()
     except OSError as e:
         raise UsageError(f"train.out: cannot write {out}: {e.strerror or e}") from None
-    with StepProgress(console, config.train.steps) as progress:
+    progress = StepProgress(config.train.steps)
+    with progress.bar:
         rows = run_async(
             lambda stop: train(config, prompts, out, view=progress, interrupted=stop),
             stopping="stopping after the step under way (again to force)",
         )
-    for table in summary_table(rows):
+    for table in summary_tables(rows):
         console.print(table)
     tc = config.train
     title = (
@@ -49,3 +56,112 @@ def train_command(config: Config) -> int:
         + (f" and {out / CURVE}" if drew else " (no plot: matplotlib is not installed)")
     )
     return EXIT_INTERRUPTED if len(rows) < config.train.steps else 0
+
+
+class StepProgress:
+    """The trainer's view: one progress bar per step, groups resolved and how their members
+    ended; `bar` is live while training."""
+
+    def __init__(self, steps: int) -> None:
+        self._steps = steps
+        self.bar = Progress(
+            TextColumn("[bold]step {task.fields[step]}/{task.fields[steps]}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} groups"),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self._task: Any = None
+        self._ok = self._failed = 0
+        self._rewards: list[float] = []
+
+    def step_started(self, step: int, groups: int) -> None:
+        self._ok = self._failed = 0
+        self._rewards = []
+        self._task = self.bar.add_task(
+            "step", total=groups, step=step, steps=self._steps, status="rolling out"
+        )
+
+    def group_resolved(self, group: Group) -> None:
+        if group.status is GroupStatus.STALE:
+            return  # not one of this step's groups
+        self._ok += sum(m.outcome is Outcome.OK for m in group.members)
+        self._failed += sum(m.outcome not in (Outcome.OK, Outcome.CANCELLED) for m in group.members)
+        self._rewards += group.rewards
+        mean = sum(self._rewards) / len(self._rewards) if self._rewards else math.nan
+        status = f"ok {self._ok}  failed {self._failed}  reward {mean:.3f}"
+        self.bar.update(self._task, advance=1, status=status)
+
+    def step_ended(self, row: dict[str, Any]) -> None:
+        status = (
+            f"reward {_fmt(row['reward_mean'])}  trained {row['groups_trained']}  "
+            f"skipped {row['groups_skipped']}  stale {row['stale']}  {row['wall_time_s']:.1f} s"
+        )
+        self.bar.update(self._task, status=status)
+
+
+def summary_tables(rows: Sequence[dict[str, Any]]) -> list[Table]:
+    """A row per step, then the figures: the mean reward of the first and of the last `k`
+    steps (3, fewer for a short run) is what "it learned" means."""
+    steps = Table(
+        title="training, one row per step (off-pol: samples from older weights; |dlogp|: max "
+        "|recomputed - captured log-prob| of on-policy samples)",
+        title_justify="left",
+    )
+    columns = [
+        ("step", "step"),
+        ("reward", "reward_mean"),
+        ("ok", "ok"),
+        ("failed", "failed"),
+        ("trained", "groups_trained"),
+        ("skipped", "groups_skipped"),
+        ("stale", "stale"),
+        ("off-pol", "off_policy_samples"),
+        ("|dlogp|", "logprob_max_abs_diff"),
+        ("s", "wall_time_s"),
+    ]
+    for title, _ in columns:
+        steps.add_column(title, justify="right")
+    for row in rows:
+        steps.add_row(*(_fmt(row[key]) for _, key in columns))
+    rewards = [r["reward_mean"] for r in rows if r["reward_mean"] is not None]
+    k = max(1, min(3, len(rewards) // 2)) if rewards else 0
+    first, last = (sum(rewards[:k]) / k, sum(rewards[-k:]) / k) if k else (math.nan, math.nan)
+    figures = Table(show_header=False, title="figures", title_justify="left")
+    figures.add_row(f"reward mean, first {k} steps", _fmt(first))
+    figures.add_row(f"reward mean, last {k} steps", _fmt(last))
+    figures.add_row("steps", str(len(rows)))
+    figures.add_row("wall time (s)", _fmt(rows[-1]["elapsed_s"] if rows else None))
+    return [steps, figures]
+
+
+def draw_curve(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
+    """The reward curve as a PNG; False (and nothing written) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except ImportError:
+        return False
+    points = [(r["step"], r["reward_mean"]) for r in rows if r["reward_mean"] is not None]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward mean (ok rollouts)")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and not math.isnan(value):
+        return f"{value:.3g}" if abs(value) < 1e-3 else f"{value:.3f}"
+    return "-" if value is None else str(value)

@@ -1,10 +1,13 @@
-"""What `run` shows on the terminal: the stderr console every command prints to, the progress
-bar while requests run, and the summary tables at the end."""
+"""The terminal: the stderr console every command prints to, Ctrl-C for the long commands, and
+what `run` shows (a progress bar while requests run, the summary tables at the end)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import signal
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -14,6 +17,32 @@ from .. import Outcome, RolloutOutcome
 from .summary import RunSummary
 
 console = Console(stderr=True)  # stdout is for what scripts read (`local up`, `deploy`)
+
+
+def run_async(
+    make: Callable[[asyncio.Event], Coroutine[Any, Any, Any]],
+    stopping: str = "stopping: cancelling unfinished rollouts (again to force)",
+) -> Any:
+    """Run `make(stop)`. The first SIGINT/SIGTERM sets `stop` (the command stops cleanly and
+    still writes what it has; `stopping` says so), a second one interrupts for real."""
+
+    async def body() -> Any:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_signal(sig: int) -> None:
+            if stop.is_set():
+                loop.remove_signal_handler(sig)
+                signal.raise_signal(sig)
+                return
+            console.print(f"[yellow]{stopping}")
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        return await make(stop)
+
+    return asyncio.run(body())
 
 
 @contextmanager
@@ -26,7 +55,6 @@ def progress_bar(total: int) -> Iterator[Callable[[RolloutOutcome, int], None]]:
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
         console=console,
-        transient=False,
     )
     task = bar.add_task("rollouts", total=total, status="")
     done = failed = 0
@@ -50,19 +78,13 @@ def print_summary(summary: RunSummary) -> None:
     for name, count in summary.outcomes.items():
         table.add_row(name, str(count))
     console.print(table)
-    lat = summary.latency_s
+    latency = " / ".join(_fmt(summary.latency_s.get(k)) for k in ("p50", "p95", "p99"))
     figures = Table(show_header=False, title="figures", title_justify="left")
-    for name, value in [
-        ("reward mean", _fmt(summary.reward_mean)),
-        (
-            "latency p50 / p95 / p99 (s)",
-            " / ".join(_fmt(lat.get(k)) for k in ("p50", "p95", "p99")),
-        ),
-        ("throughput (rollouts/s)", _fmt(summary.throughput_per_s)),
-        ("API calls per rollout", _fmt(summary.api_calls_per_rollout)),
-        ("wall time (s)", _fmt(summary.wall_time_s)),
-    ]:
-        figures.add_row(name, value)
+    figures.add_row("reward mean", _fmt(summary.reward_mean))
+    figures.add_row("latency p50 / p95 / p99 (s)", latency)
+    figures.add_row("throughput (rollouts/s)", _fmt(summary.throughput_per_s))
+    figures.add_row("API calls per rollout", _fmt(summary.api_calls_per_rollout))
+    figures.add_row("wall time (s)", _fmt(summary.wall_time_s))
     console.print(figures)
     groups = Table(title="reward mean per group", title_justify="left")
     for col in ("group", "n", "ok", "reward mean"):
