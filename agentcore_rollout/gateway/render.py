@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_OPEN = "<tool_call>"
 
 
 @dataclass(frozen=True)

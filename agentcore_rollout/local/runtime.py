@@ -210,10 +210,6 @@ class RuntimeEmulator(Server):
         if self._http is not None:
             await self._http.close()
 
-    def agent_pids(self) -> list[int]:
-        agents = [s.agent for s in self._sessions.values()]
-        return [a.process.pid for a in agents if isinstance(a, ProcessAgent)]
-
     def kill_agent(self, session_id: str) -> None:
         """Kill a session's agent process abruptly (SIGKILL), as a crash would."""
         agent = self.sessions[session_id].agent

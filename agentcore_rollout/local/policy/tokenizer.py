@@ -40,7 +40,6 @@ class CharTokenizer:
 
     vocab_size = VOCAB_SIZE
     eos_token_id = IM_END_ID
-    pad_token_id = PAD_ID
     special_ids = frozenset(range(_FIRST_CHAR_ID))
     _char_to_id = {c: _FIRST_CHAR_ID + i for i, c in enumerate(_CHARS)}
     _unknown_id = _FIRST_CHAR_ID + _CHARS.index("?")
