@@ -74,6 +74,7 @@ STREAM_TIMEOUT = 60 * 60.0  # the service's cap on a streaming invocation
 _STREAM_TYPES = ("text/event-stream",)
 # Headers aiohttp would add on its own: the agent gets these only as the caller sent them.
 _NOT_ADDED = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
+_REQUEST_ID = web.RequestKey("request_id", str)  # each request's, set by the middleware
 
 __all__ = ["DEFAULT_RUNTIME_ARN", "SESSION_HEADER", "EmulatorConfig", "RuntimeEmulator"]
 
@@ -176,7 +177,7 @@ class RuntimeEmulator(Server):
     def app(self) -> web.Application:
         # The body is read by the handler, which answers an oversized one with the modelled
         # ValidationException instead of aiohttp's plain-text 413.
-        app = web.Application(client_max_size=2**62, middlewares=[_as_the_service_answers])
+        app = web.Application(client_max_size=2**62, middlewares=[self._as_the_service_answers])
         app.router.add_post(r"/runtimes/{arn:.+}/invocations", self._invoke)
         app.router.add_post(r"/runtimes/{arn:.+}/stopruntimesession", self._stop_session)
         app.on_startup.append(self._startup)
@@ -238,40 +239,53 @@ class RuntimeEmulator(Server):
         sid = check_headers(request, invoke=invoke)
         return (runtime.arn, qualifier, sid), sid
 
-    async def _invoke(self, request: web.Request) -> web.StreamResponse:
-        request_id = new_request_id()
-        self.counts["invoke"] += 1
+    @web.middleware
+    async def _as_the_service_answers(
+        self, request: web.Request, handler: Handler
+    ) -> web.StreamResponse:
+        """Every answer carries a request id and every error is a modelled one: an ApiError as
+        it says (counted by code), an unknown path or method UnknownOperationException (as
+        AWS's REST front ends say), a bug here InternalServerException, never a plain 500."""
+        request_id = request[_REQUEST_ID] = new_request_id()
         try:
-            key, _ = self._identify(request, invoke=True)
-            payload = await _read_payload(request)
-            self.quotas.admit_invoke()
-            session = self._sessions.get(key)
-            if session is not None:
-                await session.ready.wait()
-            else:
-                with self.starting:
-                    self.quotas.admit_session(len(self._sessions))
-                    session = self._open(key)
-                    await self._launch(session)
-            return await self._forward(session, payload, request, request_id)
+            return await handler(request)
         except ApiError as e:
             self.counts[e.code] += 1
             return e.response(request_id)
+        except web.HTTPException as e:
+            if e.status not in (404, 405):
+                raise
+            error = ApiError("UnknownOperationException", f"{request.method} {request.path}")
+            return error.response(request_id)
+        except Exception:
+            log.exception("emulator error on %s %s", request.method, request.path)
+            return ApiError("InternalServerException", "Internal server error").response(request_id)
+
+    async def _invoke(self, request: web.Request) -> web.StreamResponse:
+        self.counts["invoke"] += 1
+        key, _ = self._identify(request, invoke=True)
+        payload = await _read_payload(request)
+        self.quotas.admit_invoke()
+        session = self._sessions.get(key)
+        if session is not None:
+            await session.ready.wait()
+        else:
+            with self.starting:
+                self.quotas.admit_session(len(self._sessions))
+                session = self._open(key)
+                await self._launch(session)
+        return await self._forward(session, payload, request)
 
     async def _stop_session(self, request: web.Request) -> web.StreamResponse:
-        request_id = new_request_id()
         self.counts["stop"] += 1
-        try:
-            key, sid = self._identify(request, invoke=False)
-            await request.read()  # clientToken: idempotency is moot for a stop of one session
-            session = self._sessions.get(key)
-            if session is None:
-                raise ApiError("ResourceNotFoundException", f"Session {sid} not found")
-            await self._end(session, self.stopped)
-        except ApiError as e:
-            self.counts[e.code] += 1
-            return e.response(request_id)
-        return web.json_response({}, headers={SESSION_HEADER: sid, REQUEST_ID_HEADER: request_id})
+        key, sid = self._identify(request, invoke=False)
+        await request.read()  # clientToken: idempotency is moot for a stop of one session
+        session = self._sessions.get(key)
+        if session is None:
+            raise ApiError("ResourceNotFoundException", f"Session {sid} not found")
+        await self._end(session, self.stopped)
+        headers = {SESSION_HEADER: sid, REQUEST_ID_HEADER: request[_REQUEST_ID]}
+        return web.json_response({}, headers=headers)
 
     def _open(self, key: tuple[str, str, str]) -> _Session:
         now = time.monotonic()
@@ -306,7 +320,7 @@ class RuntimeEmulator(Server):
             session.ready.set()
 
     async def _forward(
-        self, session: _Session, payload: bytes, request: web.Request, request_id: str
+        self, session: _Session, payload: bytes, request: web.Request
     ) -> web.StreamResponse:
         """Send the invocation to the session's agent and pass its reply through as it comes:
         headers first, then each chunk as the agent writes it (an SSE stream stays a stream).
@@ -314,19 +328,18 @@ class RuntimeEmulator(Server):
         reply's body, `stream_timeout` for an event stream."""
         if session.agent is None or not session.agent.alive():
             raise ApiError("RuntimeClientError", session.failed or "agent is not running")
-        assert self._http is not None
         session.in_flight += 1
         try:
-            return await self._exchange(session, payload, request, request_id)
+            return await self._exchange(session, payload, request)
         finally:
             session.in_flight -= 1
             session.last_active = time.monotonic()
 
     async def _exchange(
-        self, session: _Session, payload: bytes, request: web.Request, request_id: str
+        self, session: _Session, payload: bytes, request: web.Request
     ) -> web.StreamResponse:
         assert self._http is not None and session.agent is not None
-        headers, echoed = _container_headers(request, session.session_id, request_id)
+        headers, echoed = _container_headers(request, session.session_id)
         began = time.monotonic()
         cap = self.config.sync_timeout
         try:
@@ -352,7 +365,7 @@ class RuntimeEmulator(Server):
                 reply = web.StreamResponse(status=upstream.status)
                 reply.headers.update(echoed)
                 reply.headers["Content-Type"] = ctype
-                reply.headers[REQUEST_ID_HEADER] = request_id
+                reply.headers[REQUEST_ID_HEADER] = request[_REQUEST_ID]
                 if (length := upstream.headers.get("Content-Length")) is not None:
                     reply.content_length = int(length)
                 for name in ("Mcp-Session-Id", "Mcp-Protocol-Version"):
@@ -422,24 +435,6 @@ class RuntimeEmulator(Server):
                         await self._end(session, self.expired)
 
 
-@web.middleware
-async def _as_the_service_answers(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """What no handler answers still gets a modelled error with a request id: an unknown
-    path or method (UnknownOperationException, as AWS's REST front ends say) and a bug here
-    (InternalServerException, never aiohttp's plain-text 500)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status not in (404, 405):
-            raise
-        error = ApiError("UnknownOperationException", f"{request.method} {request.path}")
-        return error.response(new_request_id())
-    except Exception:
-        log.exception("emulator error on %s %s", request.method, request.path)
-        error = ApiError("InternalServerException", "Internal server error")
-        return error.response(new_request_id())
-
-
 async def _read_payload(request: web.Request) -> bytes:
     """The body, up to the model's limit; an oversized one is read to the end (so the client,
     still sending, gets the answer) and refused as the service does."""
@@ -458,7 +453,7 @@ async def _read_payload(request: web.Request) -> bytes:
 
 
 def _container_headers(
-    request: web.Request, session_id: str, request_id: str
+    request: web.Request, session_id: str
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(headers for the agent, headers echoed to the caller). The agent gets the session and
     request ids, the trace headers (a trace id is started if the caller sent none), the user
@@ -469,7 +464,7 @@ def _container_headers(
     trace.setdefault(TRACE_ID_HEADER, new_trace_id())
     headers = {
         SESSION_HEADER: session_id,
-        CONTAINER_REQUEST_ID_HEADER: request_id,
+        CONTAINER_REQUEST_ID_HEADER: request[_REQUEST_ID],
         **trace,
         **{h: src[h] for h in (USER_ID_HEADER, *MCP_HEADERS, "Content-Type", "Accept") if h in src},
         **{k: v for k, v in src.items() if k.lower().startswith(CUSTOM_HEADER_PREFIX.lower())},
