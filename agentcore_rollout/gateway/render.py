@@ -169,7 +169,9 @@ def normalize_messages(messages: Any) -> list[Message]:
                 isinstance(c, Mapping) and isinstance(c.get("function"), Mapping) for c in calls
             )
         ):
-            raise ValueError(f"messages[{i}].tool_calls must be a list of {{'function': {{...}}}}")
+            raise ValueError(
+                f"messages[{i}].tool_calls must be a list of tool calls with a 'function' object"
+            )
         out.append(norm)
     return out
 

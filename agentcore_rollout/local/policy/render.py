@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...gateway.render import AnchoredRenderer, Message
-from .tokenizer import IM_START, IM_START_ID, CharTokenizer
+from .tokenizer import IM_START, IM_START_ID, CharTokenizer, chatml
 
 
 class CharRenderer(AnchoredRenderer):
@@ -43,7 +43,7 @@ class CharRenderer(AnchoredRenderer):
                 messages = [{**messages[0], "content": f"{content}\n\n{block}"}, *messages[1:]]
             else:
                 messages = [{"role": "system", "content": block}, *messages]
-        return self.tokenizer.render_chat(messages, add_generation_prompt=True)
+        return chatml(messages)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

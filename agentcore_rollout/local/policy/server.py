@@ -245,10 +245,7 @@ class PolicyServer(Server):
         """POST /v1/chat/completions; `return_token_ids` (vLLM's extension) adds
         `prompt_token_ids` and `choices[0].token_ids`."""
         body = await read_json_object(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list")
-        prompt = self.tokenizer.apply_chat_template(messages)
+        prompt = self.tokenizer.apply_chat_template(body.get("messages"))
         sp = self._openai_sampling(body, len(prompt))
         want_logprobs = boolean(body.get("logprobs"), "logprobs")
         top_n = _top_n(body.get("top_logprobs"), "top_logprobs") if want_logprobs else 0

@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ...gateway.render import Message, normalize_messages
+
 PAD, ENDOFTEXT, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, ENDOFTEXT, IM_START, IM_END)
 PAD_ID, ENDOFTEXT_ID, IM_START_ID, IM_END_ID = range(4)
@@ -83,11 +85,9 @@ class CharTokenizer:
         appended to its content as plain text, one `<tool_call>{"name": ..., "arguments": ...}
         </tool_call>` line per call (Qwen's convention), and a `tool` message is rendered like any
         other role: the toy policy cannot call tools, but the prompt stays faithful and exact.
+        Malformed messages raise ValueError (`gateway.render.normalize_messages`).
         """
-        parts = [_render_message(m) for m in messages]
-        if add_generation_prompt:
-            parts.append(f"{IM_START}assistant\n")
-        return "".join(parts)
+        return chatml(normalize_messages(messages), add_generation_prompt)
 
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
@@ -96,30 +96,18 @@ class CharTokenizer:
         return self.encode(self.render_chat(messages, add_generation_prompt))
 
 
-def _render_message(message: Mapping[str, Any]) -> str:
-    """One ChatML block; raises ValueError for a message that is not an object with a role."""
-    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-        raise ValueError("each message must be an object with a string 'role'")
-    content = _content_text(message.get("content"))
-    calls = message.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise ValueError("tool_calls must be a list")
-    for call in calls:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if not isinstance(function, Mapping):
-            raise ValueError("each tool call must be an object with a 'function' object")
+def chatml(messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    """`CharTokenizer.render_chat` of messages `normalize_messages` has already checked."""
+    parts = [_render_message(m) for m in messages]
+    if add_generation_prompt:
+        parts.append(f"{IM_START}assistant\n")
+    return "".join(parts)
+
+
+def _render_message(message: Message) -> str:
+    content = message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        function = call["function"]
         payload = {"name": function.get("name"), "arguments": function.get("arguments")}
         content += f"\n<tool_call>{json.dumps(payload)}</tool_call>"
     return f"{IM_START}{message['role']}\n{content}{IM_END}\n"
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
-        )
-    raise ValueError("message content must be a string, null or a list of content parts")
