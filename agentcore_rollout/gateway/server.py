@@ -54,7 +54,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ..serving.http import Handler, boolean, read_json_object, sse_response
+from ..serving.http import (
+    Handler,
+    boolean,
+    chat_chunks,
+    openai_usage,
+    read_json_object,
+    sse_response,
+)
 from ..serving.server import Server
 from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
@@ -314,7 +321,6 @@ class Gateway(Server):
                 _logprob_entry(self.renderer.token_text(t), lp)
                 for t, lp in zip(completion.output_ids, completion.logprobs or [], strict=True)
             ]
-        n_prompt, n_completion = turn.prompt_tokens or 0, turn.completion_tokens or 0
         return {
             "id": f"chatcmpl-{turn.rid}",
             "object": "chat.completion",
@@ -328,11 +334,7 @@ class Gateway(Server):
                     "finish_reason": turn.finish_reason,
                 }
             ],
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": n_completion,
-                "total_tokens": n_prompt + n_completion,
-            },
+            "usage": openai_usage(turn.prompt_tokens or 0, turn.completion_tokens or 0),
         }
 
     # -- admin routes -------------------------------------------------------------------------
@@ -419,26 +421,15 @@ def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
 
 
 def _chunks(answer: dict[str, Any], options: Any) -> Iterator[dict[str, Any]]:
-    """The SSE chunks of a finished answer: role, content, one chunk per tool call, finish,
-    then usage if `stream_options.include_usage`."""
+    """The SSE chunks of a finished answer: its content, then one chunk per tool call."""
     choice = answer["choices"][0]
     message = choice["message"]
-    head = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> dict[str, Any]:
-        return {
-            **head,
-            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
-        }
-
-    yield chunk({"role": "assistant", "content": ""})
-    if message.get("content"):
-        yield chunk({"content": message["content"]}, lp=choice["logprobs"])
+    deltas = [({"content": message["content"]}, choice["logprobs"])] if message["content"] else []
     for i, call in enumerate(message.get("tool_calls") or []):
-        yield chunk({"tool_calls": [{"index": i, **call}]})
-    yield chunk({}, finish=choice["finish_reason"])
-    if isinstance(options, Mapping) and options.get("include_usage"):
-        yield {**head, "choices": [], "usage": answer["usage"]}
+        deltas.append(({"tool_calls": [{"index": i, **call}]}, None))
+    head = {k: answer[k] for k in ("id", "created", "model")}
+    finish = {"finish_reason": choice["finish_reason"]}
+    return chat_chunks(head, deltas, finish, answer["usage"], options)
 
 
 @web.middleware

@@ -40,7 +40,15 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from ...serving.http import Handler, boolean, dumps, read_json_object, sse_response
+from ...serving.http import (
+    Handler,
+    boolean,
+    chat_chunks,
+    dumps,
+    openai_usage,
+    read_json_object,
+    sse_response,
+)
 from ...serving.server import Server
 from .model import Generation, TinyPolicy
 from .sampling import SamplingParams
@@ -259,9 +267,10 @@ class PolicyServer(Server):
             "finish_reason": gen.finish_reason["type"],
             "matched_stop": gen.finish_reason.get("matched"),
         }
-        usage = _usage(prompt, gen)
+        usage = openai_usage(len(prompt), len(gen.output_ids))
         if stream:
-            chunks = self._chat_chunks(head, gen, sp, logprobs, finish, usage, body)
+            deltas = self._deltas(gen, sp, logprobs)
+            chunks = chat_chunks(head, deltas, finish, usage, body.get("stream_options"))
             return await sse_response(request, chunks)
         choice = {
             "index": 0,
@@ -275,37 +284,17 @@ class PolicyServer(Server):
             choice["token_ids"] = gen.output_ids
         return _json(result)
 
-    def _chat_chunks(
-        self,
-        head: dict[str, Any],
-        gen: Generation,
-        sp: SamplingParams,
-        logprobs: list[dict[str, Any]] | None,
-        finish: dict[str, Any],
-        usage: dict[str, int],
-        body: Mapping[str, Any],
-    ) -> Iterator[dict[str, Any]]:
-        """SSE chunks: the role, then one chunk per generated token (its visible text, possibly
-        "", and its logprob entry), then the finish reason, then usage if asked for."""
-        head = {**head, "object": "chat.completion.chunk"}
-
-        def chunk(delta: dict[str, Any], lp: Any = None, **extra: Any) -> dict[str, Any]:
-            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}
-            return {**head, "choices": [{**choice, **extra}]}
-
-        yield chunk({"role": "assistant", "content": ""})
+    def _deltas(
+        self, gen: Generation, sp: SamplingParams, logprobs: list[dict[str, Any]] | None
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
+        """One streamed delta per generated token: its visible text (possibly "") and its
+        logprob entry."""
         offset = 0  # gen.text is a prefix of the tokens' pieces: stop trimming only cuts its end
         for i, token in enumerate(gen.output_ids):
             width = len(self.tokenizer.decode([token], sp.skip_special_tokens))
             piece = gen.text[offset : offset + width]
             offset += len(piece)
-            yield chunk(
-                {"content": piece}, None if logprobs is None else {"content": [logprobs[i]]}
-            )
-        yield chunk({}, **finish)
-        options = body.get("stream_options")
-        if isinstance(options, Mapping) and options.get("include_usage"):
-            yield {**head, "choices": [], "usage": usage}
+            yield {"content": piece}, None if logprobs is None else {"content": [logprobs[i]]}
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/completions (non-streaming); `logprobs: n` gives the legacy logprobs object."""
@@ -335,7 +324,8 @@ class PolicyServer(Server):
             "matched_stop": gen.finish_reason.get("matched"),
         }
         head = self._openai_head(f"cmpl-{rid}", "text_completion", body)
-        return _json({**head, "choices": [choice], "usage": _usage(prompt, gen)})
+        usage = openai_usage(len(prompt), len(gen.output_ids))
+        return _json({**head, "choices": [choice], "usage": usage})
 
     def _completion_prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -512,12 +502,3 @@ def _rid(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("rid must be a string")
     return value
-
-
-def _usage(prompt: list[int], gen: Generation) -> dict[str, int]:
-    n_prompt, n_completion = len(prompt), len(gen.output_ids)
-    return {
-        "prompt_tokens": n_prompt,
-        "completion_tokens": n_completion,
-        "total_tokens": n_prompt + n_completion,
-    }
