@@ -8,10 +8,9 @@ way any other model's renderer is plugged in.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from ...gateway.render import AnchoredRenderer, Message
+from ...gateway.render import AnchoredRenderer, Message, Tools
 from .tokenizer import IM_START, IM_START_ID, CharTokenizer, chatml
 
 
@@ -33,9 +32,7 @@ class CharRenderer(AnchoredRenderer):
         self.stop_token_ids = (self.tokenizer.eos_token_id,)
         self.anchors = {IM_START: IM_START_ID}
 
-    def render_text(
-        self, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None
-    ) -> str:
+    def render_text(self, messages: list[Message], tools: Tools) -> str:
         if tools:
             block = "# Tools\n<tools>\n" + "\n".join(json.dumps(t) for t in tools) + "\n</tools>"
             if messages[0]["role"] == "system":

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ...gateway.render import Message, normalize_messages
+from ...gateway.render import Message, Messages, normalize_messages
 
 PAD, ENDOFTEXT, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, ENDOFTEXT, IM_START, IM_END)
@@ -75,9 +75,7 @@ class CharTokenizer:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < VOCAB_SIZE:
                 raise ValueError(f"{what} {i!r:.40} is not in the vocabulary [0, {VOCAB_SIZE})")
 
-    def render_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
-    ) -> str:
+    def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
         """The ChatML text of `messages`: `<|im_start|>{role}\\n{content}<|im_end|>\\n` each.
 
         Content may be a string, None, or a list of OpenAI content parts (their "text" fields are
@@ -90,7 +88,7 @@ class CharTokenizer:
         return chatml(normalize_messages(messages), add_generation_prompt)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self, messages: Messages, add_generation_prompt: bool = True
     ) -> list[int]:
         """Token ids of `render_chat(messages, add_generation_prompt)`."""
         return self.encode(self.render_chat(messages, add_generation_prompt))
