@@ -138,7 +138,6 @@ class Gateway(Server):
         log.info("gateway listening on %s (backend %s)", self.url, self.backend.name)
 
     def app(self) -> web.Application:
-        """The aiohttp application (exposed for embedding)."""
         app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
         app.add_routes(
             [

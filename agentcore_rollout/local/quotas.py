@@ -53,7 +53,6 @@ class Quotas:
     new_sessions_per_minute: float | None
     max_sessions: int
     throttle_every: int = 0
-    """Fault injection: every k-th invocation answers 429 (0: never)."""
 
     def __post_init__(self) -> None:
         self._invokes = 0

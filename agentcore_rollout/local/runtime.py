@@ -7,11 +7,9 @@ talk to it through `endpoint_url`: signed requests only, a runtime registry (its
 endpoint qualifiers; anything else is ResourceNotFoundException), either way of naming the
 runtime the model allows, modelled errors with a request id on every response, trace headers.
 
-Each new session gets its own agent (`agents.py`): a process serving any app of the container
-contract, given as `module:attr` or as a command that serves on `$PORT`; `in_process` mode
-serves one app instance in a thread for tests and benchmarks that need hundreds of sessions
-quickly. Replies are passed through as the agent produces them (streams stay streams), within
-the service's time caps. The agent receives the headers the service forwards.
+Each new session gets its own agent (`agents.py`), which receives the headers the service
+forwards; replies are passed through as the agent produces them (streams stay streams), within
+the service's time caps.
 
 Simulated: cold start, the three quotas as the service counts them (`quotas.py`), idle
 timeout, max lifetime, and injected throttling. Counters and peaks let tests check a client's
@@ -102,7 +100,6 @@ class EmulatorConfig:
     """InvokeAgentRuntime calls per second, all counted (None: no limit)."""
     new_sessions_per_minute: float | None = NEW_SESSIONS_PER_MINUTE
     max_sessions: int = ACTIVE_SESSIONS
-    """Active sessions quota."""
     idle_timeout: float = IDLE_TIMEOUT_S
     max_lifetime: float = MAX_LIFETIME_S
     sync_timeout: float = SYNC_TIMEOUT_S

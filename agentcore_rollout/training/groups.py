@@ -10,13 +10,10 @@ What a group becomes is its `GroupStatus`, decided by a `GroupPolicy`:
   would only dilute the batch (reported, not trained);
 - `stale`: its step is more than `max_staleness` behind the step it would train at.
 
-`collect_groups` judges the outcomes of a finished batch. `GroupRollout` runs groups on an
-engine with over-provisioning: it submits `n + extra` members per group, cancels the rest once
-`n` are ok (cutting the straggler tail), and yields each group as soon as all its members have
-ended. The extras are cancelled and never trained on (one whose result was already in
-hand still ends `ok`: a cancel never undoes an outcome; only the first `n` ok are kept).
-
-Keeping the first `n` to finish favours fast rollouts; with `extra=0` nothing is dropped.
+`collect_groups` judges the outcomes of a finished batch; `GroupRollout` runs groups on an
+engine with over-provisioning, cutting the straggler tail. An extra whose result was already in
+hand still ends `ok` (a cancel never undoes an outcome), but only the first `n` ok are kept:
+that favours fast rollouts; with `extra=0` nothing is dropped.
 """
 
 from __future__ import annotations

@@ -15,11 +15,9 @@ from .tokenizer import IM_START, IM_START_ID, CharTokenizer, chatml
 
 
 class CharRenderer(AnchoredRenderer):
-    """The toy policy's `CharTokenizer` and its ChatML rendering (see `tokenizer`).
-
-    Renders exactly what the policy server's own /v1/chat/completions renders, so the gateway and
-    a direct call see the same prompt. That template has no tools slot: tools, if given, are
-    described in the system message (Qwen's wording), prepended to an existing one.
+    """Renders exactly what the policy server's own /v1/chat/completions renders, so the gateway
+    and a direct call see the same prompt. That template has no tools slot: tools, if given, are
+    described in the system message (Qwen's wording), after an existing one's content.
 
     Incremental renders anchor at `<|im_start|>`: the tokenizer maps each character on its own
     and splits out special tokens, none of which overlaps another, so any such split is exact.

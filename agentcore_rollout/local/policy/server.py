@@ -96,7 +96,6 @@ class PolicyServer(Server):
         return self._worker_id or f"{self.host}:{self.port}"
 
     def app(self) -> web.Application:
-        """The aiohttp application (exposed for embedding and for aiohttp's test client)."""
         app = web.Application(middlewares=[_json_errors], client_max_size=16 * 1024 * 1024)
         get, post = web.get, web.post
         app.add_routes(
