@@ -64,10 +64,6 @@ class ProcessAgent:
         while chunk := await stream.read(4096):
             self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
 
-    def last_words(self) -> str:
-        lines = self._tail.decode(errors="replace").strip().splitlines()
-        return lines[-1][:300] if lines else ""
-
     @classmethod
     async def spawn(
         cls,
@@ -125,7 +121,8 @@ class ProcessAgent:
                 if self._drain is not None:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(asyncio.shield(self._drain), timeout=1)
-                why = f": {words}" if (words := self.last_words()) else ""
+                lines = self._tail.decode(errors="replace").strip().splitlines()
+                why = f": {lines[-1][:300]}" if lines else ""
                 raise RuntimeError(f"agent exited with code {self.process.returncode}{why}")
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with http.get(f"{self.url}/ping", timeout=PING_TIMEOUT) as resp:

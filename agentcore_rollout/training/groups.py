@@ -90,14 +90,12 @@ class Group:
         ordered = tuple(members)
         if not ordered:
             raise ValueError("a group needs at least one member")
-        first = ordered[0]
-        input_id, step = first.request.input_id, first.step
-        for m in ordered:
-            if (m.request.input_id, m.step) != (input_id, step):
-                raise ValueError(
-                    f"one group is one input_id at one step: got {m.request.input_id!r} step "
-                    f"{m.step} with {input_id!r} step {step}"
-                )
+        input_id, step = ordered[0].request.input_id, ordered[0].step
+        if others := {(m.request.input_id, m.step) for m in ordered} - {(input_id, step)}:
+            raise ValueError(
+                f"one group is one input_id at one step: got (input_id, step) {sorted(others)} "
+                f"with {(input_id, step)}"
+            )
         kept = tuple(m for m in ordered if m.outcome is Outcome.OK)[: policy.n]
         too_old = current_step is not None and step < current_step - max_staleness
         if too_old or any(m.outcome is Outcome.STALE for m in ordered):
