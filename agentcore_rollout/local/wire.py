@@ -14,7 +14,6 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
 
 from aiohttp import web
 
@@ -70,13 +69,6 @@ ERROR_STATUS: dict[str, int] = {
     "InternalServerException": 500,
     "UnknownOperationException": 404,  # not modelled: AWS front ends' answer to an unknown path
 }
-ValidationReason = Literal[
-    "CannotParse",
-    "FieldValidationFailed",
-    "IdempotentParameterMismatchException",
-    "EventInOtherSession",
-    "ResourceConflict",
-]
 
 
 @dataclass
@@ -85,13 +77,10 @@ class ApiError(Exception):
 
     code: str
     message: str
-    reason: ValidationReason | None = None
-    fields: list[tuple[str, str]] = field(default_factory=list)
+    fields: list[tuple[str, str]] = field(default_factory=list)  # a ValidationException's
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
-        if self.code == "ValidationException" and self.reason is None:
-            self.reason = "FieldValidationFailed"
 
     @property
     def status(self) -> int:
@@ -100,7 +89,7 @@ class ApiError(Exception):
     def response(self, request_id: str) -> web.Response:
         body: dict[str, object] = {"message": self.message}
         if self.code == "ValidationException":
-            body["reason"] = self.reason
+            body["reason"] = "FieldValidationFailed"  # of the model's reasons, what every check is
             if self.fields:
                 body["fieldList"] = [{"name": n, "message": m} for n, m in self.fields]
         return web.Response(
@@ -111,11 +100,9 @@ class ApiError(Exception):
         )
 
 
-def invalid(
-    member: str, message: str, reason: ValidationReason = "FieldValidationFailed"
-) -> ApiError:
+def invalid(member: str, message: str) -> ApiError:
     """A ValidationException about one request member, with the modelled `fieldList`."""
-    return ApiError("ValidationException", message, reason, [(member, message)])
+    return ApiError("ValidationException", message, [(member, message)])
 
 
 def new_request_id() -> str:
