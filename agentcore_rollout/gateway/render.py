@@ -254,7 +254,6 @@ class AnchoredRenderer(TextRenderer):
 
     @property
     def anchors(self) -> Mapping[str, int]:
-        """Anchor strings and their token ids; empty: no incremental rendering."""
         return self._anchors
 
     @anchors.setter

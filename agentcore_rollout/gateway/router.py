@@ -274,7 +274,6 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 
 
 async def _terminate(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the process group, wait up to `grace` seconds, then SIGKILL it, and reap."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)

@@ -6,9 +6,8 @@ and log-probs, parses the sampled ids back into an assistant message (with tool 
 appends the turn to the session's trajectory. The trainer gets the ids the policy actually saw and
 sampled, with a loss mask and the sampling log-probs, instead of re-tokenized text.
 
-Built on aiohttp.web: aiohttp is already a core dependency (through aiobotocore), it runs inside
-an existing asyncio event loop (the engine's, a test's) without uvicorn or a second framework, and
-it is what the local policy server and runtime emulator use too.
+Built on aiohttp.web (`serving.Server`, as the local policy server and runtime emulator are):
+already a core dependency, and it runs inside the engine's event loop without uvicorn.
 
 Routes (agent routes take `Authorization: Bearer <per-session key>`, admin routes the admin token;
 every error is one line of OpenAI-style JSON, `{"error": {"message", "type", "param", "code"}}`):
@@ -77,20 +76,13 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class GatewayHTTPError(Exception):
-    """An error answer: status, one-line message, OpenAI error type and code."""
+    """A request refused: status, one-line message, OpenAI error code, extra headers."""
 
     def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
+        self, status: int, message: str, *, code: str, headers: Mapping[str, str] | None = None
     ) -> None:
         super().__init__(message)
-        self.status, self.kind, self.code = status, kind, code
-        self.headers = dict(headers or {})
+        self.status, self.code, self.headers = status, code, headers
 
 
 class Gateway(Server):
@@ -370,8 +362,7 @@ class Gateway(Server):
         return _json(self.stats())
 
     def stats(self) -> dict[str, Any]:
-        """Live sessions and, since start, rendered turns by kind and prompt tokens reused from
-        earlier renders vs encoded."""
+        """The counters /admin/stats answers (see `client.GatewayAdmin.stats`)."""
         return {
             "sessions": len(self.sessions),
             "turns": sum(self.render_counts.values()),
@@ -437,7 +428,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except GatewayHTTPError as exc:
-        return _error(exc.status, str(exc), exc.kind, exc.code, exc.headers)
+        return _error(exc.status, str(exc), "invalid_request_error", exc.code, exc.headers)
     except BackendError as exc:
         kind = "invalid_request_error" if exc.status < 500 else "api_error"
         return _error(exc.status, str(exc), kind, "backend_error")
