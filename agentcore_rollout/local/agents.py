@@ -1,9 +1,7 @@
 """Where the emulator's sessions run: the agent side of the AgentCore container contract.
 
-- `ProcessAgent`: one OS process per session, as a microVM per session is on AWS. The agent is
-  an app given as `module:attr` (any BedrockAgentCoreApp, a RolloutApp included, or any ASGI
-  app), served on a socket the emulator bound for it; or a command that starts a server on the
-  port in `$PORT`, which is what a container image does.
+- `ProcessAgent`: one OS process per session, as a microVM per session is on AWS: the app
+  served by `host.py` on a socket the emulator bound for it, or a command serving on `$PORT`.
 - `SharedApp` + `InProcessAgent`: one app instance served in a thread for every session (for
   tests and benchmarks that need hundreds of sessions quickly); a RolloutApp keeps sessions
   apart itself (`session_busy`, `cancel_session`), any other app shares its ping status.
@@ -101,7 +99,7 @@ class ProcessAgent:
                 env=full_env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
-                stderr=asyncio.subprocess.STDOUT if out == asyncio.subprocess.PIPE else out,
+                stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
             )
         finally:
