@@ -51,12 +51,12 @@ from .wire import (
     DEFAULT_QUALIFIER,
     MCP_HEADERS,
     REQUEST_ID_HEADER,
+    RUNTIME_ARN,
     SESSION_HEADER,
     TRACE_HEADERS,
     TRACE_ID_HEADER,
     USER_ID_HEADER,
     ApiError,
-    RuntimeArn,
     check_headers,
     check_signed,
     invalid,
@@ -143,11 +143,10 @@ class RuntimeEmulator(Server):
         config.validate()
         super().__init__(host, port)
         self.config = config
-        self.runtimes: dict[str, RuntimeArn] = {}
-        for arn in config.runtime_arns or (DEFAULT_RUNTIME_ARN,):
-            if (parsed := RuntimeArn.parse(arn)) is None:
+        self.runtimes = frozenset(config.runtime_arns or (DEFAULT_RUNTIME_ARN,))
+        for arn in config.runtime_arns:
+            if not RUNTIME_ARN.fullmatch(arn):
                 raise ValueError(f"not an AgentCore runtime ARN: {arn}")
-            self.runtimes[arn] = parsed
         self._sessions: dict[tuple[str, str, str], _Session] = {}
         self.starting = Gauge()
         self.live = Gauge()
@@ -221,20 +220,17 @@ class RuntimeEmulator(Server):
         """Who is asked for what, in the service's order: signature, runtime, endpoint,
         headers. The session's key is (runtime ARN, endpoint, session id)."""
         region = check_signed(request)
-        runtime = resolve_runtime(
-            request.match_info["arn"],
-            request.query.get("accountId"),
-            region,
-            self.runtimes,
+        arn = resolve_runtime(
+            request.match_info["arn"], request.query.get("accountId"), region, self.runtimes
         )
         qualifier = request.query.get("qualifier") or DEFAULT_QUALIFIER
         if qualifier not in self.config.qualifiers:
             raise ApiError(
                 "ResourceNotFoundException",
-                f"No endpoint {qualifier!r} found for agent runtime {runtime.arn}",
+                f"No endpoint {qualifier!r} found for agent runtime {arn}",
             )
         sid = check_headers(request, invoke=invoke)
-        return (runtime.arn, qualifier, sid), sid
+        return (arn, qualifier, sid), sid
 
     @web.middleware
     async def _as_the_service_answers(

@@ -13,6 +13,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -45,9 +46,8 @@ HEADER_LIMITS: dict[str, tuple[str, int, int]] = {  # header -> (member, min, ma
 
 DEFAULT_QUALIFIER = "DEFAULT"
 SIGNING_NAME = "bedrock-agentcore"
-_ARN = re.compile(
-    r"arn:(?P<partition>[a-z0-9-]+):bedrock-agentcore:(?P<region>[a-z0-9-]+):"
-    r"(?P<account>[0-9]{12}):runtime/(?P<id>[A-Za-z][A-Za-z0-9_-]*)"
+RUNTIME_ARN = re.compile(  # partition, region, account, agent id
+    r"arn:[a-z0-9-]+:bedrock-agentcore:[a-z0-9-]+:[0-9]{12}:runtime/[A-Za-z][A-Za-z0-9_-]*"
 )
 _AGENT_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ACCOUNT_ID = re.compile(r"[0-9]{12}")
@@ -114,23 +114,6 @@ def new_trace_id() -> str:
     return f"Root=1-{int(time.time()):08x}-{os.urandom(12).hex()}"
 
 
-@dataclass(frozen=True)
-class RuntimeArn:
-    """A runtime ARN, split into the parts that identify it."""
-
-    arn: str
-    region: str
-    account: str
-    agent_id: str
-
-    @classmethod
-    def parse(cls, arn: str) -> RuntimeArn | None:
-        m = _ARN.fullmatch(arn)
-        if m is None:
-            return None
-        return cls(arn, m["region"], m["account"], m["id"])
-
-
 def check_signed(request: web.Request) -> str:
     """The SigV4 signing region of `request`; AccessDeniedException if it is unsigned or signed
     for another service. Signatures are not verified: locally every caller signs with dummy
@@ -152,16 +135,15 @@ def check_signed(request: web.Request) -> str:
 
 
 def resolve_runtime(
-    identifier: str, account_id: str | None, region: str, known: dict[str, RuntimeArn]
-) -> RuntimeArn:
-    """The runtime a request names: a full ARN, or an agent id with `accountId` (the model
-    allows both; the id is looked up in the signing region). ValidationException for neither,
-    ResourceNotFoundException for a well-formed name no runtime has."""
+    identifier: str, account_id: str | None, region: str, known: Collection[str]
+) -> str:
+    """The ARN of the runtime a request names: a full ARN, or an agent id with `accountId` (the
+    model allows both; the id is looked up in the signing region). ValidationException for
+    neither, ResourceNotFoundException for a well-formed name no runtime has."""
     if identifier.startswith("arn:"):
         if account_id is not None:
             raise invalid("accountId", "accountId is only allowed with an agent runtime id")
-        parsed = RuntimeArn.parse(identifier)
-        if parsed is None:
+        if not RUNTIME_ARN.fullmatch(identifier):
             raise invalid("agentRuntimeArn", f"Invalid agent runtime ARN: {identifier}")
         arn = identifier
     else:
@@ -176,10 +158,9 @@ def resolve_runtime(
         if not _AGENT_ID.fullmatch(identifier):
             raise invalid("agentRuntimeArn", f"Invalid agent runtime id: {identifier}")
         arn = f"arn:aws:bedrock-agentcore:{region}:{account_id}:runtime/{identifier}"
-    runtime = known.get(arn)
-    if runtime is None:
+    if arn not in known:
         raise ApiError("ResourceNotFoundException", f"No agent runtime found for {arn}")
-    return runtime
+    return arn
 
 
 def check_headers(request: web.Request, *, invoke: bool) -> str:
