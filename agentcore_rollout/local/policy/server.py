@@ -303,7 +303,7 @@ class PolicyServer(Server):
             raise ValueError("stream and echo are not supported on /v1/completions")
         sp = self._openai_sampling(body, len(prompt))
         n_logprobs = body.get("logprobs")
-        top_n = 0 if n_logprobs is None else _top_n(n_logprobs, "logprobs")
+        top_n = _top_n(n_logprobs, "logprobs")
         rid = _rid(body.get("rid"))
         gen = self._run(prompt, sp, top_n, rid, "/v1/completions")
         logprobs = None
