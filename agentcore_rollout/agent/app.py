@@ -162,9 +162,7 @@ class RolloutApp(BedrockAgentCoreApp):
             result = _build(control, _fields(work), timings)
         except Exception as e:  # output that breaks even being read, e.g. a raising __str__
             why = f"{type(e).__name__} while reading the rollout's output"
-            result = _build(
-                control, _failure("agent_error", "error", "InvalidOutput", why), timings
-            )
+            result = _build(control, _invalid(why), timings)
         try:
             await self._writer.write(result, control)
         except Exception as e:  # S3 unreachable: the engine will report a timeout
@@ -198,17 +196,10 @@ def _output_fields(output: Any) -> dict[str, Any]:
     if isinstance(output, RolloutOutput):
         output = dict(vars(output))  # shallow: a trajectory can be large
     if not isinstance(output, Mapping) or "rewards" not in output:
-        return _failure(
-            "agent_error",
-            "error",
-            "InvalidOutput",
-            "rollout must return RolloutOutput or a dict with 'rewards'",
-        )
+        return _invalid("rollout must return RolloutOutput or a dict with 'rewards'")
     unknown = set(output) - {"rewards", "trajectory", "metrics", "stop_reason"}
     if unknown:
-        return _failure(
-            "agent_error", "error", "InvalidOutput", f"unknown output keys {sorted(unknown)}"
-        )
+        return _invalid(f"unknown output keys {sorted(unknown)}")
     return {"status": "ok", "stop_reason": "done", **output}
 
 
@@ -220,6 +211,10 @@ def _failure(status: str, stop_reason: str, type_: str, message: str) -> dict[st
         "stop_reason": stop_reason,
         "error": ErrorInfo(type=type_, message=message),
     }
+
+
+def _invalid(why: str) -> dict[str, Any]:
+    return _failure("agent_error", "error", "InvalidOutput", why)
 
 
 def _build(control: RolloutControl, fields: dict[str, Any], timings: Timings) -> RolloutResult:
@@ -240,5 +235,4 @@ def _build(control: RolloutControl, fields: dict[str, Any], timings: Timings) ->
         why = str(e)
     except ValidationError as e:
         why = first_error(e)
-    invalid = _failure("agent_error", "error", "InvalidOutput", why)
-    return RolloutResult.model_validate({**base, **invalid})
+    return RolloutResult.model_validate({**base, **_invalid(why)})

@@ -1,7 +1,7 @@
 """Serve a RolloutApp: `python -m agentcore_rollout.agent.serve module:app [--port 8080]`.
 
-In a container, pass `--host 0.0.0.0` (AgentCore connects on port 8080). The local runtime
-emulator passes an already bound socket with `--fd`, so no port can be taken in between.
+In a container, pass `--host 0.0.0.0` (AgentCore connects on port 8080). A parent that binds
+the socket itself passes it with `--fd`, so no port can be taken in between.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--fd", type=int, default=None, help="serve on this bound socket")
     args = parser.parse_args(argv)
-    if args.fd is not None:  # started by the local emulator: do not outlive it
+    if args.fd is not None:  # given a socket by its parent: do not outlive it
         from ..serving.process import exit_with_parent
 
         exit_with_parent()

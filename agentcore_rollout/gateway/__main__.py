@@ -46,9 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as exc:
             parser.error(f"--renderer: {exc}")
     backend: Backend
-    if args.backend == "sglang":
-        if renderer is None:
-            parser.error("the sglang backend needs --renderer")
+    if args.backend == "sglang":  # the gateway refuses it without a renderer
         backend = SGLangBackend(args.backend_url)
     else:
         upstream_key = os.environ.get(UPSTREAM_KEY_ENV)

@@ -36,10 +36,8 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
     }
 
 `response_ids`, `loss_mask` and `logprobs` have the same length. Turns merge into one sample
-when a prompt extends an earlier sample's prompt + response exactly (see `trajectory`). A turn's
-`render` says whether its prompt reused an earlier render's ids (`incremental`), was encoded in
-full although the session had earlier renders it does not extend (`fallback`: edited history,
-changed tools, a branch), or had nothing to extend (`full`); the ids are the same either way.
+when a prompt extends an earlier sample's prompt + response exactly (see `trajectory`); the
+render kinds are the gateway's (see `server`), and give the same ids.
 """
 
 from __future__ import annotations

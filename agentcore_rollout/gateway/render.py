@@ -60,8 +60,10 @@ from typing import Any, Protocol, runtime_checkable
 log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
+Messages = Sequence[Mapping[str, Any]]  # OpenAI chat messages, as an agent sends them
+Tools = Sequence[Mapping[str, Any]] | None  # OpenAI tool definitions
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_OPEN = "<tool_call>"
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,7 @@ class Renderer(Protocol):
     name: str
     stop_token_ids: tuple[int, ...]  # end-of-turn ids, passed to the backend as stop_token_ids
 
-    def render(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
-    ) -> list[int]:
+    def render(self, messages: Messages, tools: Tools) -> list[int]:
         """Prompt ids for `messages` (and `tools`), ending with the assistant generation prompt.
         Raises ValueError for malformed messages (the agent's fault: HTTP 400)."""
         ...
@@ -130,10 +130,7 @@ class IncrementalRenderer(Renderer, Protocol):
     """A renderer that can reuse the tokens of earlier renders of the same session."""
 
     def render_from(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        earlier: Sequence[RenderState],
+        self, messages: Messages, tools: Tools, earlier: Sequence[RenderState]
     ) -> Rendered:
         """`render(messages, tools)`, token for token, reusing as many ids as one of the
         `earlier` renders of the session allows. Raises as `render` does."""
@@ -169,7 +166,9 @@ def normalize_messages(messages: Any) -> list[Message]:
                 isinstance(c, Mapping) and isinstance(c.get("function"), Mapping) for c in calls
             )
         ):
-            raise ValueError(f"messages[{i}].tool_calls must be a list of {{'function': {{...}}}}")
+            raise ValueError(
+                f"messages[{i}].tool_calls must be a list of tool calls with a 'function' object"
+            )
         out.append(norm)
     return out
 
@@ -255,7 +254,6 @@ class AnchoredRenderer(TextRenderer):
 
     @property
     def anchors(self) -> Mapping[str, int]:
-        """Anchor strings and their token ids; empty: no incremental rendering."""
         return self._anchors
 
     @anchors.setter
@@ -265,25 +263,18 @@ class AnchoredRenderer(TextRenderer):
         self._anchor_re = re.compile("|".join(map(re.escape, longest_first)))
         self._anchor_ids = frozenset(self._anchors.values())
 
-    def render_text(
-        self, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None
-    ) -> str:
+    def render_text(self, messages: list[Message], tools: Tools) -> str:
         """The template's text for normalized `messages`, generation prompt added."""
         raise NotImplementedError
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
 
-    def render(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
-    ) -> list[int]:
+    def render(self, messages: Messages, tools: Tools) -> list[int]:
         return self.encode(self.render_text(normalize_messages(messages), tools))
 
     def render_from(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        earlier: Sequence[RenderState],
+        self, messages: Messages, tools: Tools, earlier: Sequence[RenderState]
     ) -> Rendered:
         text = self.render_text(normalize_messages(messages), tools)
         best: tuple[int, int, RenderState] | None = None  # the longest reuse (n, offset, state)
@@ -327,11 +318,7 @@ class AnchoredRenderer(TextRenderer):
         cuts = tuple((o, i) for i, (o, _) in zip(at, found, strict=True) if i)  # i: reuse some
         return RenderState(text, ids, cuts[-self.max_cuts :]) if cuts else None
 
-    def check_incremental(
-        self,
-        conversation: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> bool:
+    def check_incremental(self, conversation: Messages, tools: Tools = None) -> bool:
         """True if rendering each prefix of `conversation` that ends with a non-assistant
         message, incrementally from the one before, gives `render`'s ids. A renderer calls this
         on a probe chat to catch tokenizer behaviour the anchor rules cannot see."""
@@ -395,9 +382,7 @@ class HFRenderer(AnchoredRenderer):
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
         return cls(tokenizer)
 
-    def render_text(
-        self, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None
-    ) -> str:
+    def render_text(self, messages: list[Message], tools: Tools) -> str:
         try:
             return self.tokenizer.apply_chat_template(
                 messages,

@@ -114,23 +114,11 @@ class SGLangRouter:
     def command(self) -> list[str]:
         """The router's command line (after ports are chosen)."""
         return [
-            sys.executable,
-            "-m",
-            "sglang_router.launch_router",
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(self.port),
-            "--prometheus-host",
-            LOOPBACK,
-            "--prometheus-port",
-            str(self.prometheus_port),
-            "--policy",
-            self.policy,
-            "--log-level",
-            self.log_level,
-            "--shutdown-grace-period-secs",
-            str(max(1, int(self.stop_timeout))),
+            *(sys.executable, "-m", "sglang_router.launch_router"),
+            *("--host", LOOPBACK, "--port", str(self.port)),
+            *("--prometheus-host", LOOPBACK, "--prometheus-port", str(self.prometheus_port)),
+            *("--policy", self.policy, "--log-level", self.log_level),
+            *("--shutdown-grace-period-secs", str(max(1, int(self.stop_timeout)))),
             *self.extra_args,
         ]
 
@@ -286,7 +274,6 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 
 
 async def _terminate(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the process group, wait up to `grace` seconds, then SIGKILL it, and reap."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)

@@ -79,7 +79,7 @@ def to_sglang(sampling: Mapping[str, Any], stop_token_ids: tuple[int, ...] = ())
 def _check(name: str, value: Any, what: str) -> Any:
     bad = f"{what}: {name} must be "
     if name in _FLOATS:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+        if not finite_number(value):
             raise ValueError(bad + "a finite number")
         return value
     if name in _INTS:
@@ -106,8 +106,11 @@ def _check(name: str, value: Any, what: str) -> Any:
     raise ValueError(bad + "a list of token ids")
 
 
-def _finite(value: float) -> bool:
+def finite_number(value: Any) -> bool:
+    """An int or float (not a bool) that is finite, also as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
     try:
         return math.isfinite(value)
-    except OverflowError:
+    except OverflowError:  # an int too large for a float
         return False

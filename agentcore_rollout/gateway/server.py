@@ -6,9 +6,8 @@ and log-probs, parses the sampled ids back into an assistant message (with tool 
 appends the turn to the session's trajectory. The trainer gets the ids the policy actually saw and
 sampled, with a loss mask and the sampling log-probs, instead of re-tokenized text.
 
-Built on aiohttp.web: aiohttp is already a core dependency (through aiobotocore), it runs inside
-an existing asyncio event loop (the engine's, a test's) without uvicorn or a second framework, and
-it is what the local policy server and runtime emulator use too.
+Built on aiohttp.web (`serving.Server`, as the local policy server and runtime emulator are):
+already a core dependency, and it runs inside the engine's event loop without uvicorn.
 
 Routes (agent routes take `Authorization: Bearer <per-session key>`, admin routes the admin token;
 every error is one line of OpenAI-style JSON, `{"error": {"message", "type", "param", "code"}}`):
@@ -54,7 +53,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ..serving.http import Handler, boolean, read_json_object, sse_response
+from ..serving.http import (
+    Handler,
+    boolean,
+    chat_chunks,
+    openai_usage,
+    read_json_object,
+    sse_response,
+)
 from ..serving.server import Server
 from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
@@ -70,20 +76,13 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class GatewayHTTPError(Exception):
-    """An error answer: status, one-line message, OpenAI error type and code."""
+    """A request refused: status, one-line message, OpenAI error code, extra headers."""
 
     def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
+        self, status: int, message: str, *, code: str, headers: Mapping[str, str] | None = None
     ) -> None:
         super().__init__(message)
-        self.status, self.kind, self.code = status, kind, code
-        self.headers = dict(headers or {})
+        self.status, self.code, self.headers = status, code, headers
 
 
 class Gateway(Server):
@@ -131,7 +130,6 @@ class Gateway(Server):
         log.info("gateway listening on %s (backend %s)", self.url, self.backend.name)
 
     def app(self) -> web.Application:
-        """The aiohttp application (exposed for embedding)."""
         app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
         app.add_routes(
             [
@@ -314,7 +312,6 @@ class Gateway(Server):
                 _logprob_entry(self.renderer.token_text(t), lp)
                 for t, lp in zip(completion.output_ids, completion.logprobs or [], strict=True)
             ]
-        n_prompt, n_completion = turn.prompt_tokens or 0, turn.completion_tokens or 0
         return {
             "id": f"chatcmpl-{turn.rid}",
             "object": "chat.completion",
@@ -328,11 +325,7 @@ class Gateway(Server):
                     "finish_reason": turn.finish_reason,
                 }
             ],
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": n_completion,
-                "total_tokens": n_prompt + n_completion,
-            },
+            "usage": openai_usage(turn.prompt_tokens or 0, turn.completion_tokens or 0),
         }
 
     # -- admin routes -------------------------------------------------------------------------
@@ -369,8 +362,7 @@ class Gateway(Server):
         return _json(self.stats())
 
     def stats(self) -> dict[str, Any]:
-        """Live sessions and, since start, rendered turns by kind and prompt tokens reused from
-        earlier renders vs encoded."""
+        """The counters /admin/stats answers (see `client.GatewayAdmin.stats`)."""
         return {
             "sessions": len(self.sessions),
             "turns": sum(self.render_counts.values()),
@@ -419,26 +411,15 @@ def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
 
 
 def _chunks(answer: dict[str, Any], options: Any) -> Iterator[dict[str, Any]]:
-    """The SSE chunks of a finished answer: role, content, one chunk per tool call, finish,
-    then usage if `stream_options.include_usage`."""
+    """The SSE chunks of a finished answer: its content, then one chunk per tool call."""
     choice = answer["choices"][0]
     message = choice["message"]
-    head = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> dict[str, Any]:
-        return {
-            **head,
-            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
-        }
-
-    yield chunk({"role": "assistant", "content": ""})
-    if message.get("content"):
-        yield chunk({"content": message["content"]}, lp=choice["logprobs"])
+    deltas = [({"content": message["content"]}, choice["logprobs"])] if message["content"] else []
     for i, call in enumerate(message.get("tool_calls") or []):
-        yield chunk({"tool_calls": [{"index": i, **call}]})
-    yield chunk({}, finish=choice["finish_reason"])
-    if isinstance(options, Mapping) and options.get("include_usage"):
-        yield {**head, "choices": [], "usage": answer["usage"]}
+        deltas.append(({"tool_calls": [{"index": i, **call}]}, None))
+    head = {k: answer[k] for k in ("id", "created", "model")}
+    finish = {"finish_reason": choice["finish_reason"]}
+    return chat_chunks(head, deltas, finish, answer["usage"], options)
 
 
 @web.middleware
@@ -447,7 +428,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except GatewayHTTPError as exc:
-        return _error(exc.status, str(exc), exc.kind, exc.code, exc.headers)
+        return _error(exc.status, str(exc), "invalid_request_error", exc.code, exc.headers)
     except BackendError as exc:
         kind = "invalid_request_error" if exc.status < 500 else "api_error"
         return _error(exc.status, str(exc), kind, "backend_error")

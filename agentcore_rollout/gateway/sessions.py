@@ -173,9 +173,6 @@ class SessionStore:
             return None
         return session
 
-    def get(self, session_id: str) -> Session | None:
-        return self._by_id.get(session_id)
-
     def remove(self, session_id: str, *, reason: str) -> Session | None:
         """Close and forget a session (its key stops working at once)."""
         session = self._by_id.pop(session_id, None)

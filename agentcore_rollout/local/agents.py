@@ -1,9 +1,7 @@
 """Where the emulator's sessions run: the agent side of the AgentCore container contract.
 
-- `ProcessAgent`: one OS process per session, as a microVM per session is on AWS. The agent is
-  an app given as `module:attr` (any BedrockAgentCoreApp, a RolloutApp included, or any ASGI
-  app), served on a socket the emulator bound for it; or a command that starts a server on the
-  port in `$PORT`, which is what a container image does.
+- `ProcessAgent`: one OS process per session, as a microVM per session is on AWS: the app
+  served by `host.py` on a socket the emulator bound for it, or a command serving on `$PORT`.
 - `SharedApp` + `InProcessAgent`: one app instance served in a thread for every session (for
   tests and benchmarks that need hundreds of sessions quickly); a RolloutApp keeps sessions
   apart itself (`session_busy`, `cancel_session`), any other app shares its ping status.
@@ -64,10 +62,6 @@ class ProcessAgent:
         while chunk := await stream.read(4096):
             self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
 
-    def last_words(self) -> str:
-        lines = self._tail.decode(errors="replace").strip().splitlines()
-        return lines[-1][:300] if lines else ""
-
     @classmethod
     async def spawn(
         cls,
@@ -105,7 +99,7 @@ class ProcessAgent:
                 env=full_env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
-                stderr=asyncio.subprocess.STDOUT if out == asyncio.subprocess.PIPE else out,
+                stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
             )
         finally:
@@ -125,7 +119,8 @@ class ProcessAgent:
                 if self._drain is not None:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(asyncio.shield(self._drain), timeout=1)
-                why = f": {words}" if (words := self.last_words()) else ""
+                lines = self._tail.decode(errors="replace").strip().splitlines()
+                why = f": {lines[-1][:300]}" if lines else ""
                 raise RuntimeError(f"agent exited with code {self.process.returncode}{why}")
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with http.get(f"{self.url}/ping", timeout=PING_TIMEOUT) as resp:

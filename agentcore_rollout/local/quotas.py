@@ -53,16 +53,12 @@ class Quotas:
     new_sessions_per_minute: float | None
     max_sessions: int
     throttle_every: int = 0
-    """Fault injection: every k-th invocation answers 429 (0: never)."""
 
     def __post_init__(self) -> None:
         self._invokes = 0
+        per_minute = self.new_sessions_per_minute
         self._tps = WindowLimit(self.invoke_tps, 1.0) if self.invoke_tps else None
-        self._new = (
-            WindowLimit(self.new_sessions_per_minute, 60.0)
-            if self.new_sessions_per_minute
-            else None
-        )
+        self._new = WindowLimit(per_minute, 60.0) if per_minute else None
 
     def admit_invoke(self) -> None:
         """Every InvokeAgentRuntime call, before it reaches a session."""

@@ -7,11 +7,9 @@ talk to it through `endpoint_url`: signed requests only, a runtime registry (its
 endpoint qualifiers; anything else is ResourceNotFoundException), either way of naming the
 runtime the model allows, modelled errors with a request id on every response, trace headers.
 
-Each new session gets its own agent (`agents.py`): a process serving any app of the container
-contract, given as `module:attr` or as a command that serves on `$PORT`; `in_process` mode
-serves one app instance in a thread for tests and benchmarks that need hundreds of sessions
-quickly. Replies are passed through as the agent produces them (streams stay streams), within
-the service's time caps. The agent receives the headers the service forwards.
+Each new session gets its own agent (`agents.py`), which receives the headers the service
+forwards; replies are passed through as the agent produces them (streams stay streams), within
+the service's time caps.
 
 Simulated: cold start, the three quotas as the service counts them (`quotas.py`), idle
 timeout, max lifetime, and injected throttling. Counters and peaks let tests check a client's
@@ -53,12 +51,12 @@ from .wire import (
     DEFAULT_QUALIFIER,
     MCP_HEADERS,
     REQUEST_ID_HEADER,
+    RUNTIME_ARN,
     SESSION_HEADER,
     TRACE_HEADERS,
     TRACE_ID_HEADER,
     USER_ID_HEADER,
     ApiError,
-    RuntimeArn,
     check_headers,
     check_signed,
     invalid,
@@ -74,6 +72,7 @@ STREAM_TIMEOUT = 60 * 60.0  # the service's cap on a streaming invocation
 _STREAM_TYPES = ("text/event-stream",)
 # Headers aiohttp would add on its own: the agent gets these only as the caller sent them.
 _NOT_ADDED = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
+_REQUEST_ID = web.RequestKey("request_id", str)  # each request's, set by the middleware
 
 __all__ = ["DEFAULT_RUNTIME_ARN", "SESSION_HEADER", "EmulatorConfig", "RuntimeEmulator"]
 
@@ -101,7 +100,6 @@ class EmulatorConfig:
     """InvokeAgentRuntime calls per second, all counted (None: no limit)."""
     new_sessions_per_minute: float | None = NEW_SESSIONS_PER_MINUTE
     max_sessions: int = ACTIVE_SESSIONS
-    """Active sessions quota."""
     idle_timeout: float = IDLE_TIMEOUT_S
     max_lifetime: float = MAX_LIFETIME_S
     sync_timeout: float = SYNC_TIMEOUT_S
@@ -145,11 +143,10 @@ class RuntimeEmulator(Server):
         config.validate()
         super().__init__(host, port)
         self.config = config
-        self.runtimes: dict[str, RuntimeArn] = {}
-        for arn in config.runtime_arns or (DEFAULT_RUNTIME_ARN,):
-            if (parsed := RuntimeArn.parse(arn)) is None:
+        self.runtimes = frozenset(config.runtime_arns or (DEFAULT_RUNTIME_ARN,))
+        for arn in config.runtime_arns:
+            if not RUNTIME_ARN.fullmatch(arn):
                 raise ValueError(f"not an AgentCore runtime ARN: {arn}")
-            self.runtimes[arn] = parsed
         self._sessions: dict[tuple[str, str, str], _Session] = {}
         self.starting = Gauge()
         self.live = Gauge()
@@ -176,7 +173,7 @@ class RuntimeEmulator(Server):
     def app(self) -> web.Application:
         # The body is read by the handler, which answers an oversized one with the modelled
         # ValidationException instead of aiohttp's plain-text 413.
-        app = web.Application(client_max_size=2**62, middlewares=[_as_the_service_answers])
+        app = web.Application(client_max_size=2**62, middlewares=[self._as_the_service_answers])
         app.router.add_post(r"/runtimes/{arn:.+}/invocations", self._invoke)
         app.router.add_post(r"/runtimes/{arn:.+}/stopruntimesession", self._stop_session)
         app.on_startup.append(self._startup)
@@ -210,10 +207,6 @@ class RuntimeEmulator(Server):
         if self._http is not None:
             await self._http.close()
 
-    def agent_pids(self) -> list[int]:
-        agents = [s.agent for s in self._sessions.values()]
-        return [a.process.pid for a in agents if isinstance(a, ProcessAgent)]
-
     def kill_agent(self, session_id: str) -> None:
         """Kill a session's agent process abruptly (SIGKILL), as a crash would."""
         agent = self.sessions[session_id].agent
@@ -227,55 +220,65 @@ class RuntimeEmulator(Server):
         """Who is asked for what, in the service's order: signature, runtime, endpoint,
         headers. The session's key is (runtime ARN, endpoint, session id)."""
         region = check_signed(request)
-        runtime = resolve_runtime(
-            request.match_info["arn"],
-            request.query.get("accountId"),
-            region,
-            self.runtimes,
+        arn = resolve_runtime(
+            request.match_info["arn"], request.query.get("accountId"), region, self.runtimes
         )
         qualifier = request.query.get("qualifier") or DEFAULT_QUALIFIER
         if qualifier not in self.config.qualifiers:
             raise ApiError(
                 "ResourceNotFoundException",
-                f"No endpoint {qualifier!r} found for agent runtime {runtime.arn}",
+                f"No endpoint {qualifier!r} found for agent runtime {arn}",
             )
         sid = check_headers(request, invoke=invoke)
-        return (runtime.arn, qualifier, sid), sid
+        return (arn, qualifier, sid), sid
+
+    @web.middleware
+    async def _as_the_service_answers(
+        self, request: web.Request, handler: Handler
+    ) -> web.StreamResponse:
+        """Every answer carries a request id and every error is a modelled one: an ApiError as
+        it says (counted by code), an unknown path or method UnknownOperationException (as
+        AWS's REST front ends say), a bug here InternalServerException, never a plain 500."""
+        request_id = request[_REQUEST_ID] = new_request_id()
+        try:
+            return await handler(request)
+        except ApiError as e:
+            self.counts[e.code] += 1
+            return e.response(request_id)
+        except web.HTTPException as e:
+            if e.status not in (404, 405):
+                raise
+            error = ApiError("UnknownOperationException", f"{request.method} {request.path}")
+            return error.response(request_id)
+        except Exception:
+            log.exception("emulator error on %s %s", request.method, request.path)
+            return ApiError("InternalServerException", "Internal server error").response(request_id)
 
     async def _invoke(self, request: web.Request) -> web.StreamResponse:
-        request_id = new_request_id()
         self.counts["invoke"] += 1
-        try:
-            key, _ = self._identify(request, invoke=True)
-            payload = await _read_payload(request)
-            self.quotas.admit_invoke()
-            session = self._sessions.get(key)
-            if session is not None:
-                await session.ready.wait()
-            else:
-                with self.starting:
-                    self.quotas.admit_session(len(self._sessions))
-                    session = self._open(key)
-                    await self._launch(session)
-            return await self._forward(session, payload, request, request_id)
-        except ApiError as e:
-            self.counts[e.code] += 1
-            return e.response(request_id)
+        key, _ = self._identify(request, invoke=True)
+        payload = await _read_payload(request)
+        self.quotas.admit_invoke()
+        session = self._sessions.get(key)
+        if session is not None:
+            await session.ready.wait()
+        else:
+            with self.starting:
+                self.quotas.admit_session(len(self._sessions))
+                session = self._open(key)
+                await self._launch(session)
+        return await self._forward(session, payload, request)
 
     async def _stop_session(self, request: web.Request) -> web.StreamResponse:
-        request_id = new_request_id()
         self.counts["stop"] += 1
-        try:
-            key, sid = self._identify(request, invoke=False)
-            await request.read()  # clientToken: idempotency is moot for a stop of one session
-            session = self._sessions.get(key)
-            if session is None:
-                raise ApiError("ResourceNotFoundException", f"Session {sid} not found")
-            await self._end(session, self.stopped)
-        except ApiError as e:
-            self.counts[e.code] += 1
-            return e.response(request_id)
-        return web.json_response({}, headers={SESSION_HEADER: sid, REQUEST_ID_HEADER: request_id})
+        key, sid = self._identify(request, invoke=False)
+        await request.read()  # clientToken: idempotency is moot for a stop of one session
+        session = self._sessions.get(key)
+        if session is None:
+            raise ApiError("ResourceNotFoundException", f"Session {sid} not found")
+        await self._end(session, self.stopped)
+        headers = {SESSION_HEADER: sid, REQUEST_ID_HEADER: request[_REQUEST_ID]}
+        return web.json_response({}, headers=headers)
 
     def _open(self, key: tuple[str, str, str]) -> _Session:
         now = time.monotonic()
@@ -310,7 +313,7 @@ class RuntimeEmulator(Server):
             session.ready.set()
 
     async def _forward(
-        self, session: _Session, payload: bytes, request: web.Request, request_id: str
+        self, session: _Session, payload: bytes, request: web.Request
     ) -> web.StreamResponse:
         """Send the invocation to the session's agent and pass its reply through as it comes:
         headers first, then each chunk as the agent writes it (an SSE stream stays a stream).
@@ -318,19 +321,18 @@ class RuntimeEmulator(Server):
         reply's body, `stream_timeout` for an event stream."""
         if session.agent is None or not session.agent.alive():
             raise ApiError("RuntimeClientError", session.failed or "agent is not running")
-        assert self._http is not None
         session.in_flight += 1
         try:
-            return await self._exchange(session, payload, request, request_id)
+            return await self._exchange(session, payload, request)
         finally:
             session.in_flight -= 1
             session.last_active = time.monotonic()
 
     async def _exchange(
-        self, session: _Session, payload: bytes, request: web.Request, request_id: str
+        self, session: _Session, payload: bytes, request: web.Request
     ) -> web.StreamResponse:
         assert self._http is not None and session.agent is not None
-        headers, echoed = _container_headers(request, session.session_id, request_id)
+        headers, echoed = _container_headers(request, session.session_id)
         began = time.monotonic()
         cap = self.config.sync_timeout
         try:
@@ -356,7 +358,7 @@ class RuntimeEmulator(Server):
                 reply = web.StreamResponse(status=upstream.status)
                 reply.headers.update(echoed)
                 reply.headers["Content-Type"] = ctype
-                reply.headers[REQUEST_ID_HEADER] = request_id
+                reply.headers[REQUEST_ID_HEADER] = request[_REQUEST_ID]
                 if (length := upstream.headers.get("Content-Length")) is not None:
                     reply.content_length = int(length)
                 for name in ("Mcp-Session-Id", "Mcp-Protocol-Version"):
@@ -426,24 +428,6 @@ class RuntimeEmulator(Server):
                         await self._end(session, self.expired)
 
 
-@web.middleware
-async def _as_the_service_answers(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """What no handler answers still gets a modelled error with a request id: an unknown
-    path or method (UnknownOperationException, as AWS's REST front ends say) and a bug here
-    (InternalServerException, never aiohttp's plain-text 500)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status not in (404, 405):
-            raise
-        error = ApiError("UnknownOperationException", f"{request.method} {request.path}")
-        return error.response(new_request_id())
-    except Exception:
-        log.exception("emulator error on %s %s", request.method, request.path)
-        error = ApiError("InternalServerException", "Internal server error")
-        return error.response(new_request_id())
-
-
 async def _read_payload(request: web.Request) -> bytes:
     """The body, up to the model's limit; an oversized one is read to the end (so the client,
     still sending, gets the answer) and refused as the service does."""
@@ -462,7 +446,7 @@ async def _read_payload(request: web.Request) -> bytes:
 
 
 def _container_headers(
-    request: web.Request, session_id: str, request_id: str
+    request: web.Request, session_id: str
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(headers for the agent, headers echoed to the caller). The agent gets the session and
     request ids, the trace headers (a trace id is started if the caller sent none), the user
@@ -473,7 +457,7 @@ def _container_headers(
     trace.setdefault(TRACE_ID_HEADER, new_trace_id())
     headers = {
         SESSION_HEADER: session_id,
-        CONTAINER_REQUEST_ID_HEADER: request_id,
+        CONTAINER_REQUEST_ID_HEADER: request[_REQUEST_ID],
         **trace,
         **{h: src[h] for h in (USER_ID_HEADER, *MCP_HEADERS, "Content-Type", "Accept") if h in src},
         **{k: v for k, v in src.items() if k.lower().startswith(CUSTOM_HEADER_PREFIX.lower())},

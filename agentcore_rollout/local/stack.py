@@ -182,7 +182,7 @@ class LocalStack:
     def env_lines(self) -> list[str]:
         """Environment variables that point the engine (and boto3) at this stack."""
         cfg = self.engine_config()
-        return [
+        lines = [
             *(f"{k}={v}" for k, v in LOCAL_CREDENTIALS.items()),
             f"AWS_REGION={LOCAL_REGION}",
             f"AGENTCORE_ROLLOUT_BUCKET={cfg.bucket}",
@@ -192,17 +192,13 @@ class LocalStack:
             f"AGENTCORE_ROLLOUT_ENDPOINTS__S3={self.moto.url}",
             f"AGENTCORE_ROLLOUT_ENDPOINTS__SQS={self.moto.url}",
             f"AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE={cfg.endpoints.agentcore}",
-            *([f"AGENTCORE_ROLLOUT_LLM__BASE_URL={cfg.llm.base_url}"] if cfg.llm else []),
-            *(
-                # an ephemeral token of this local stack, printed so a shell can use it
-                [
-                    f"AGENTCORE_ROLLOUT_GATEWAY__URL={cfg.gateway.url}",
-                    f"AGENTCORE_ROLLOUT_GATEWAY__ADMIN_TOKEN={cfg.gateway.admin_token}",
-                ]
-                if cfg.gateway
-                else []
-            ),
         ]
+        if cfg.llm:
+            lines.append(f"AGENTCORE_ROLLOUT_LLM__BASE_URL={cfg.llm.base_url}")
+        if cfg.gateway:  # an ephemeral token of this local stack, printed so a shell can use it
+            lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__URL={cfg.gateway.url}")
+            lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__ADMIN_TOKEN={cfg.gateway.admin_token}")
+        return lines
 
 
 async def _together(*steps: Awaitable[object]) -> None:

@@ -105,7 +105,7 @@ async def train(
             if not staleness and step + 1 < tc.steps:
                 submit(per_step)
             now = time.monotonic()
-            row = _row(step, taken, stale, update, len(samples))
+            row = _row(step, taken, stale, update)
             row |= {
                 "weight_version": str(step + 1),
                 "rollout_s": round(rolled_out - step_began, 3),
@@ -123,9 +123,7 @@ async def train(
     return rows
 
 
-def _row(
-    step: int, taken: list[Group], stale: list[Group], update: UpdateStats, samples: int
-) -> dict[str, Any]:
+def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats) -> dict[str, Any]:
     members = [m for g in taken for m in g.members]
     rewards = [r for g in taken for r in g.rewards]
     by_status = {s: sum(g.status is s for g in taken) for s in GroupStatus}
@@ -144,10 +142,10 @@ def _row(
         "stale": len(stale),
         "stale_requests": sum(m.outcome is Outcome.STALE for g in stale for m in g.members),
         "step_lag_mean": _mean([step - g.step for g in taken if g.status is GroupStatus.TRAIN]),
-        "samples": samples,
+        "samples": update.samples,
         "tokens": update.tokens,
         "on_policy_samples": update.on_policy_samples,
-        "off_policy_samples": samples - update.on_policy_samples,
+        "off_policy_samples": update.samples - update.on_policy_samples,
         "logprob_max_abs_diff": diff,
         "ratio_mean": round(update.ratio_mean, 6),
         "ratio_max": round(update.ratio_max, 6),

@@ -13,8 +13,8 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Literal
 
 from aiohttp import web
 
@@ -46,9 +46,8 @@ HEADER_LIMITS: dict[str, tuple[str, int, int]] = {  # header -> (member, min, ma
 
 DEFAULT_QUALIFIER = "DEFAULT"
 SIGNING_NAME = "bedrock-agentcore"
-_ARN = re.compile(
-    r"arn:(?P<partition>[a-z0-9-]+):bedrock-agentcore:(?P<region>[a-z0-9-]+):"
-    r"(?P<account>[0-9]{12}):runtime/(?P<id>[A-Za-z][A-Za-z0-9_-]*)"
+RUNTIME_ARN = re.compile(  # partition, region, account, agent id
+    r"arn:[a-z0-9-]+:bedrock-agentcore:[a-z0-9-]+:[0-9]{12}:runtime/[A-Za-z][A-Za-z0-9_-]*"
 )
 _AGENT_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ACCOUNT_ID = re.compile(r"[0-9]{12}")
@@ -70,13 +69,6 @@ ERROR_STATUS: dict[str, int] = {
     "InternalServerException": 500,
     "UnknownOperationException": 404,  # not modelled: AWS front ends' answer to an unknown path
 }
-ValidationReason = Literal[
-    "CannotParse",
-    "FieldValidationFailed",
-    "IdempotentParameterMismatchException",
-    "EventInOtherSession",
-    "ResourceConflict",
-]
 
 
 @dataclass
@@ -85,13 +77,10 @@ class ApiError(Exception):
 
     code: str
     message: str
-    reason: ValidationReason | None = None
-    fields: list[tuple[str, str]] = field(default_factory=list)
+    fields: list[tuple[str, str]] = field(default_factory=list)  # a ValidationException's
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
-        if self.code == "ValidationException" and self.reason is None:
-            self.reason = "FieldValidationFailed"
 
     @property
     def status(self) -> int:
@@ -100,7 +89,7 @@ class ApiError(Exception):
     def response(self, request_id: str) -> web.Response:
         body: dict[str, object] = {"message": self.message}
         if self.code == "ValidationException":
-            body["reason"] = self.reason
+            body["reason"] = "FieldValidationFailed"  # of the model's reasons, what every check is
             if self.fields:
                 body["fieldList"] = [{"name": n, "message": m} for n, m in self.fields]
         return web.Response(
@@ -111,11 +100,9 @@ class ApiError(Exception):
         )
 
 
-def invalid(
-    member: str, message: str, reason: ValidationReason = "FieldValidationFailed"
-) -> ApiError:
+def invalid(member: str, message: str) -> ApiError:
     """A ValidationException about one request member, with the modelled `fieldList`."""
-    return ApiError("ValidationException", message, reason, [(member, message)])
+    return ApiError("ValidationException", message, [(member, message)])
 
 
 def new_request_id() -> str:
@@ -125,23 +112,6 @@ def new_request_id() -> str:
 def new_trace_id() -> str:
     """An X-Ray trace header, as the service starts one when the caller sends none."""
     return f"Root=1-{int(time.time()):08x}-{os.urandom(12).hex()}"
-
-
-@dataclass(frozen=True)
-class RuntimeArn:
-    """A runtime ARN, split into the parts that identify it."""
-
-    arn: str
-    region: str
-    account: str
-    agent_id: str
-
-    @classmethod
-    def parse(cls, arn: str) -> RuntimeArn | None:
-        m = _ARN.fullmatch(arn)
-        if m is None:
-            return None
-        return cls(arn, m["region"], m["account"], m["id"])
 
 
 def check_signed(request: web.Request) -> str:
@@ -165,16 +135,15 @@ def check_signed(request: web.Request) -> str:
 
 
 def resolve_runtime(
-    identifier: str, account_id: str | None, region: str, known: dict[str, RuntimeArn]
-) -> RuntimeArn:
-    """The runtime a request names: a full ARN, or an agent id with `accountId` (the model
-    allows both; the id is looked up in the signing region). ValidationException for neither,
-    ResourceNotFoundException for a well-formed name no runtime has."""
+    identifier: str, account_id: str | None, region: str, known: Collection[str]
+) -> str:
+    """The ARN of the runtime a request names: a full ARN, or an agent id with `accountId` (the
+    model allows both; the id is looked up in the signing region). ValidationException for
+    neither, ResourceNotFoundException for a well-formed name no runtime has."""
     if identifier.startswith("arn:"):
         if account_id is not None:
             raise invalid("accountId", "accountId is only allowed with an agent runtime id")
-        parsed = RuntimeArn.parse(identifier)
-        if parsed is None:
+        if not RUNTIME_ARN.fullmatch(identifier):
             raise invalid("agentRuntimeArn", f"Invalid agent runtime ARN: {identifier}")
         arn = identifier
     else:
@@ -189,10 +158,9 @@ def resolve_runtime(
         if not _AGENT_ID.fullmatch(identifier):
             raise invalid("agentRuntimeArn", f"Invalid agent runtime id: {identifier}")
         arn = f"arn:aws:bedrock-agentcore:{region}:{account_id}:runtime/{identifier}"
-    runtime = known.get(arn)
-    if runtime is None:
+    if arn not in known:
         raise ApiError("ResourceNotFoundException", f"No agent runtime found for {arn}")
-    return runtime
+    return arn
 
 
 def check_headers(request: web.Request, *, invoke: bool) -> str:

@@ -4,7 +4,7 @@ and the gateway): the same JSON-object bodies, flags and OpenAI-style SSE stream
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +36,38 @@ def boolean(value: Any, name: str) -> bool:
 def dumps(data: Any) -> str:
     """Compact JSON; NaN and infinities are refused (they are not JSON)."""
     return json.dumps(data, separators=(",", ":"), allow_nan=False)
+
+
+def openai_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chat_chunks(
+    head: Mapping[str, Any],
+    deltas: Iterable[tuple[dict[str, Any], Any]],
+    finish: Mapping[str, Any],
+    usage: Mapping[str, int],
+    options: Any,
+) -> Iterator[dict[str, Any]]:
+    """A finished chat completion as OpenAI streams it: `head` (id, created, model) on every
+    chunk; the role, each `(delta, logprobs)`, the `finish` fields, then `usage` if
+    `options` (the request's `stream_options`) asks for it."""
+    head = {**head, "object": "chat.completion.chunk"}
+
+    def chunk(delta: dict[str, Any], logprobs: Any = None, **end: Any) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        return {**head, "choices": [{**choice, **end}]}
+
+    yield chunk({"role": "assistant", "content": ""})
+    for delta, logprobs in deltas:
+        yield chunk(delta, logprobs)
+    yield chunk({}, **finish)
+    if isinstance(options, Mapping) and options.get("include_usage"):
+        yield {**head, "choices": [], "usage": usage}
 
 
 async def sse_response(

@@ -10,13 +10,10 @@ What a group becomes is its `GroupStatus`, decided by a `GroupPolicy`:
   would only dilute the batch (reported, not trained);
 - `stale`: its step is more than `max_staleness` behind the step it would train at.
 
-`collect_groups` judges the outcomes of a finished batch. `GroupRollout` runs groups on an
-engine with over-provisioning: it submits `n + extra` members per group, cancels the rest once
-`n` are ok (cutting the straggler tail), and yields each group as soon as all its members have
-ended. The extras are cancelled and never trained on (one whose result was already in
-hand still ends `ok`: a cancel never undoes an outcome; only the first `n` ok are kept).
-
-Keeping the first `n` to finish favours fast rollouts; with `extra=0` nothing is dropped.
+`collect_groups` judges the outcomes of a finished batch; `GroupRollout` runs groups on an
+engine with over-provisioning, cutting the straggler tail. An extra whose result was already in
+hand still ends `ok` (a cancel never undoes an outcome), but only the first `n` ok are kept:
+that favours fast rollouts; with `extra=0` nothing is dropped.
 """
 
 from __future__ import annotations
@@ -93,14 +90,12 @@ class Group:
         ordered = tuple(members)
         if not ordered:
             raise ValueError("a group needs at least one member")
-        first = ordered[0]
-        input_id, step = first.request.input_id, first.step
-        for m in ordered:
-            if (m.request.input_id, m.step) != (input_id, step):
-                raise ValueError(
-                    f"one group is one input_id at one step: got {m.request.input_id!r} step "
-                    f"{m.step} with {input_id!r} step {step}"
-                )
+        input_id, step = ordered[0].request.input_id, ordered[0].step
+        if others := {(m.request.input_id, m.step) for m in ordered} - {(input_id, step)}:
+            raise ValueError(
+                f"one group is one input_id at one step: got (input_id, step) {sorted(others)} "
+                f"with {(input_id, step)}"
+            )
         kept = tuple(m for m in ordered if m.outcome is Outcome.OK)[: policy.n]
         too_old = current_step is not None and step < current_step - max_staleness
         if too_old or any(m.outcome is Outcome.STALE for m in ordered):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,6 +44,8 @@ from ...training import Group, GroupPolicy
 from .convert import OnFailure, agent_loop_outputs
 
 SERVICE_NAME = "agentcore_rollout_engine"
+_WHERE = "actor_rollout_ref.rollout.custom.agentcore"
+_GATEWAY_KEYS = ("host", "port", "public_url", "renderer")
 
 
 class GroupFailed(RuntimeError):
@@ -63,26 +65,15 @@ class AgentCoreSettings:
 
     @classmethod
     def from_rollout_config(cls, rollout: Any) -> AgentCoreSettings:
-        custom = (rollout.get("custom") or {}).get("agentcore") or {}
-        unknown = set(custom) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.custom.agentcore: unknown keys {sorted(unknown)}"
-            )
-        values = dict(custom)
+        values = dict((rollout.get("custom") or {}).get("agentcore") or {})
+        _known_keys(_WHERE, values, cls.__dataclass_fields__)
         if values.get("gateway") is not None:
             values["gateway"] = dict(values["gateway"])
-            extra = set(values["gateway"]) - {"host", "port", "public_url", "renderer"}
-            if extra:
-                raise ValueError(
-                    "actor_rollout_ref.rollout.custom.agentcore.gateway: unknown keys "
-                    f"{sorted(extra)}"
-                )
+            _known_keys(f"{_WHERE}.gateway", values["gateway"], _GATEWAY_KEYS)
         settings = cls(**values)
         if settings.on_failure not in ("raise", "empty") or settings.min_group_ok < 1:
             raise ValueError(
-                "actor_rollout_ref.rollout.custom.agentcore: on_failure must be raise or empty, "
-                f"min_group_ok >= 1; got {settings}"
+                f"{_WHERE}: on_failure must be raise or empty, min_group_ok >= 1; got {settings}"
             )
         return settings
 
@@ -91,8 +82,7 @@ class AgentCoreSettings:
         path = self.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
         if not path:
             raise ValueError(
-                "the engine's config: set +actor_rollout_ref.rollout.custom.agentcore.config=PATH "
-                "or AGENTCORE_ROLLOUT_CONFIG"
+                f"the engine's config: set +{_WHERE}.config=PATH or AGENTCORE_ROLLOUT_CONFIG"
             )
         return path
 
@@ -185,6 +175,11 @@ class EngineService:
             admin_token=gateway.admin_token,
             public_url=hosted.public_url or gateway.url,
         )
+
+
+def _known_keys(where: str, given: Iterable[str], known: Iterable[str]) -> None:
+    if unknown := set(given) - set(known):
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
 
 
 def _enough_ok(members: list[RolloutOutcome], policy: GroupPolicy) -> bool:

@@ -16,18 +16,8 @@ from typing import Any
 
 from ...gateway.backends import Backend, BackendError, Completion, TurnRequest
 
-# The gateway's checked sampling fields and their names in veRL's sampling_params.
-_NAMES = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "max_tokens": "max_tokens",
-    "seed": "seed",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-}
+# veRL's sampling_params take the gateway's checked sampling fields by the same names, but these.
+_UNSUPPORTED = frozenset({"min_p", "repetition_penalty", "ignore_eos"})
 
 
 class VerlServerBackend(Backend):
@@ -42,10 +32,10 @@ class VerlServerBackend(Backend):
     async def complete(self, request: TurnRequest) -> Completion:
         if request.prompt_ids is None:
             raise ValueError("the veRL backend needs rendered prompt ids")
-        unknown = set(request.sampling) - set(_NAMES)
-        if unknown:
-            raise BackendError(f"veRL backend: unsupported sampling fields {sorted(unknown)}", 400)
-        params: dict[str, Any] = {_NAMES[k]: v for k, v in request.sampling.items()}
+        refused = _UNSUPPORTED.intersection(request.sampling)
+        if refused:
+            raise BackendError(f"veRL backend: unsupported sampling fields {sorted(refused)}", 400)
+        params: dict[str, Any] = dict(request.sampling)
         if request.stop_token_ids:
             ids = list(params.get("stop_token_ids") or [])
             params["stop_token_ids"] = ids + [i for i in request.stop_token_ids if i not in ids]

@@ -9,8 +9,7 @@ without a GPU, with true sampling log-probs and real (CPU) policy-gradient updat
     python -m agentcore_rollout.local.policy --port 30000 [--params FILE] [--seed S] [--record]
 
 See `model` for what the policy is (and is not), `sampling` for what the log-probs mean,
-`server` for the endpoints, and `render` for `CharRenderer`, the token-capture gateway's renderer
-for this policy (it lives here because the gateway depends on no particular model).
+`server` for the endpoints, and `render` for `CharRenderer`, the gateway's renderer for it.
 """
 
 from .model import Generation, TinyPolicy

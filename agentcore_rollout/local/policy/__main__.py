@@ -1,8 +1,5 @@
-"""`python -m agentcore_rollout.local.policy`: run a PolicyServer until SIGINT/SIGTERM.
-
-Prints the server's URL on one line once it is listening, so a parent process (the local stack,
-a test) can wait for that line instead of polling the port.
-"""
+"""`python -m agentcore_rollout.local.policy`: run a PolicyServer until SIGINT/SIGTERM, printing
+its URL once listening (`serving.process.serve_until_signalled`)."""
 
 from __future__ import annotations
 

@@ -8,19 +8,16 @@ way any other model's renderer is plugged in.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from ...gateway.render import AnchoredRenderer, Message
-from .tokenizer import IM_START, IM_START_ID, CharTokenizer
+from ...gateway.render import AnchoredRenderer, Message, Tools
+from .tokenizer import IM_START, IM_START_ID, CharTokenizer, chatml
 
 
 class CharRenderer(AnchoredRenderer):
-    """The toy policy's `CharTokenizer` and its ChatML rendering (see `tokenizer`).
-
-    Renders exactly what the policy server's own /v1/chat/completions renders, so the gateway and
-    a direct call see the same prompt. That template has no tools slot: tools, if given, are
-    described in the system message (Qwen's wording), prepended to an existing one.
+    """Renders exactly what the policy server's own /v1/chat/completions renders, so the gateway
+    and a direct call see the same prompt. That template has no tools slot: tools, if given, are
+    described in the system message (Qwen's wording), after an existing one's content.
 
     Incremental renders anchor at `<|im_start|>`: the tokenizer maps each character on its own
     and splits out special tokens, none of which overlaps another, so any such split is exact.
@@ -33,9 +30,7 @@ class CharRenderer(AnchoredRenderer):
         self.stop_token_ids = (self.tokenizer.eos_token_id,)
         self.anchors = {IM_START: IM_START_ID}
 
-    def render_text(
-        self, messages: list[Message], tools: Sequence[Mapping[str, Any]] | None
-    ) -> str:
+    def render_text(self, messages: list[Message], tools: Tools) -> str:
         if tools:
             block = "# Tools\n<tools>\n" + "\n".join(json.dumps(t) for t in tools) + "\n</tools>"
             if messages[0]["role"] == "system":
@@ -43,7 +38,7 @@ class CharRenderer(AnchoredRenderer):
                 messages = [{**messages[0], "content": f"{content}\n\n{block}"}, *messages[1:]]
             else:
                 messages = [{"role": "system", "content": block}, *messages]
-        return self.tokenizer.render_chat(messages, add_generation_prompt=True)
+        return chatml(messages)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

@@ -13,13 +13,13 @@ useless); as in SGLang, greedy reports log_softmax of the raw logits.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
+from ...gateway.sampling import finite_number
 from .tokenizer import CharTokenizer
 
 # Below this temperature decoding is greedy (vLLM's cut). SGLang maps such temperatures to
@@ -103,24 +103,16 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
         if isinstance(value, list):
             return tuple(value)  # entries are checked against the vocabulary on construction
         raise ValueError("stop_token_ids must be a list of token ids")
-    is_bool = isinstance(value, bool)
     if isinstance(default, bool):
-        ok = is_bool
+        ok = isinstance(value, bool)
     elif isinstance(default, float):
-        ok = isinstance(value, int | float) and not is_bool and _finite(value)
+        ok = finite_number(value)
     else:  # int fields, and seed (default None)
-        ok = isinstance(value, int) and not is_bool
+        ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok:
         kind = "a finite number" if isinstance(default, float) else type(default or 0).__name__
         raise ValueError(f"{key} must be {kind}, got {value!r:.40}")
     return float(value) if isinstance(default, float) else value
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 def _reject_unsupported(raw: Mapping[str, Any]) -> None:

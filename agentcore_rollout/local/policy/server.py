@@ -40,7 +40,15 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from ...serving.http import Handler, boolean, dumps, read_json_object, sse_response
+from ...serving.http import (
+    Handler,
+    boolean,
+    chat_chunks,
+    dumps,
+    openai_usage,
+    read_json_object,
+    sse_response,
+)
 from ...serving.server import Server
 from .model import Generation, TinyPolicy
 from .sampling import SamplingParams
@@ -88,7 +96,6 @@ class PolicyServer(Server):
         return self._worker_id or f"{self.host}:{self.port}"
 
     def app(self) -> web.Application:
-        """The aiohttp application (exposed for embedding and for aiohttp's test client)."""
         app = web.Application(middlewares=[_json_errors], client_max_size=16 * 1024 * 1024)
         get, post = web.get, web.post
         app.add_routes(
@@ -245,10 +252,7 @@ class PolicyServer(Server):
         """POST /v1/chat/completions; `return_token_ids` (vLLM's extension) adds
         `prompt_token_ids` and `choices[0].token_ids`."""
         body = await read_json_object(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list")
-        prompt = self.tokenizer.apply_chat_template(messages)
+        prompt = self.tokenizer.apply_chat_template(body.get("messages"))
         sp = self._openai_sampling(body, len(prompt))
         want_logprobs = boolean(body.get("logprobs"), "logprobs")
         top_n = _top_n(body.get("top_logprobs"), "top_logprobs") if want_logprobs else 0
@@ -262,9 +266,10 @@ class PolicyServer(Server):
             "finish_reason": gen.finish_reason["type"],
             "matched_stop": gen.finish_reason.get("matched"),
         }
-        usage = _usage(prompt, gen)
+        usage = openai_usage(len(prompt), len(gen.output_ids))
         if stream:
-            chunks = self._chat_chunks(head, gen, sp, logprobs, finish, usage, body)
+            deltas = self._deltas(gen, sp, logprobs)
+            chunks = chat_chunks(head, deltas, finish, usage, body.get("stream_options"))
             return await sse_response(request, chunks)
         choice = {
             "index": 0,
@@ -278,37 +283,17 @@ class PolicyServer(Server):
             choice["token_ids"] = gen.output_ids
         return _json(result)
 
-    def _chat_chunks(
-        self,
-        head: dict[str, Any],
-        gen: Generation,
-        sp: SamplingParams,
-        logprobs: list[dict[str, Any]] | None,
-        finish: dict[str, Any],
-        usage: dict[str, int],
-        body: Mapping[str, Any],
-    ) -> Iterator[dict[str, Any]]:
-        """SSE chunks: the role, then one chunk per generated token (its visible text, possibly
-        "", and its logprob entry), then the finish reason, then usage if asked for."""
-        head = {**head, "object": "chat.completion.chunk"}
-
-        def chunk(delta: dict[str, Any], lp: Any = None, **extra: Any) -> dict[str, Any]:
-            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}
-            return {**head, "choices": [{**choice, **extra}]}
-
-        yield chunk({"role": "assistant", "content": ""})
+    def _deltas(
+        self, gen: Generation, sp: SamplingParams, logprobs: list[dict[str, Any]] | None
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
+        """One streamed delta per generated token: its visible text (possibly "") and its
+        logprob entry."""
         offset = 0  # gen.text is a prefix of the tokens' pieces: stop trimming only cuts its end
         for i, token in enumerate(gen.output_ids):
             width = len(self.tokenizer.decode([token], sp.skip_special_tokens))
             piece = gen.text[offset : offset + width]
             offset += len(piece)
-            yield chunk(
-                {"content": piece}, None if logprobs is None else {"content": [logprobs[i]]}
-            )
-        yield chunk({}, **finish)
-        options = body.get("stream_options")
-        if isinstance(options, Mapping) and options.get("include_usage"):
-            yield {**head, "choices": [], "usage": usage}
+            yield {"content": piece}, None if logprobs is None else {"content": [logprobs[i]]}
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/completions (non-streaming); `logprobs: n` gives the legacy logprobs object."""
@@ -318,7 +303,7 @@ class PolicyServer(Server):
             raise ValueError("stream and echo are not supported on /v1/completions")
         sp = self._openai_sampling(body, len(prompt))
         n_logprobs = body.get("logprobs")
-        top_n = 0 if n_logprobs is None else _top_n(n_logprobs, "logprobs")
+        top_n = _top_n(n_logprobs, "logprobs")
         rid = _rid(body.get("rid"))
         gen = self._run(prompt, sp, top_n, rid, "/v1/completions")
         logprobs = None
@@ -338,7 +323,8 @@ class PolicyServer(Server):
             "matched_stop": gen.finish_reason.get("matched"),
         }
         head = self._openai_head(f"cmpl-{rid}", "text_completion", body)
-        return _json({**head, "choices": [choice], "usage": _usage(prompt, gen)})
+        usage = openai_usage(len(prompt), len(gen.output_ids))
+        return _json({**head, "choices": [choice], "usage": usage})
 
     def _completion_prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -515,12 +501,3 @@ def _rid(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("rid must be a string")
     return value
-
-
-def _usage(prompt: list[int], gen: Generation) -> dict[str, int]:
-    n_prompt, n_completion = len(prompt), len(gen.output_ids)
-    return {
-        "prompt_tokens": n_prompt,
-        "completion_tokens": n_completion,
-        "total_tokens": n_prompt + n_completion,
-    }

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+from ...gateway.render import Message, Messages, normalize_messages
 
 PAD, ENDOFTEXT, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, ENDOFTEXT, IM_START, IM_END)
@@ -40,7 +42,6 @@ class CharTokenizer:
 
     vocab_size = VOCAB_SIZE
     eos_token_id = IM_END_ID
-    pad_token_id = PAD_ID
     special_ids = frozenset(range(_FIRST_CHAR_ID))
     _char_to_id = {c: _FIRST_CHAR_ID + i for i, c in enumerate(_CHARS)}
     _unknown_id = _FIRST_CHAR_ID + _CHARS.index("?")
@@ -74,9 +75,7 @@ class CharTokenizer:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < VOCAB_SIZE:
                 raise ValueError(f"{what} {i!r:.40} is not in the vocabulary [0, {VOCAB_SIZE})")
 
-    def render_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
-    ) -> str:
+    def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
         """The ChatML text of `messages`: `<|im_start|>{role}\\n{content}<|im_end|>\\n` each.
 
         Content may be a string, None, or a list of OpenAI content parts (their "text" fields are
@@ -84,43 +83,29 @@ class CharTokenizer:
         appended to its content as plain text, one `<tool_call>{"name": ..., "arguments": ...}
         </tool_call>` line per call (Qwen's convention), and a `tool` message is rendered like any
         other role: the toy policy cannot call tools, but the prompt stays faithful and exact.
+        Malformed messages raise ValueError (`gateway.render.normalize_messages`).
         """
-        parts = [_render_message(m) for m in messages]
-        if add_generation_prompt:
-            parts.append(f"{IM_START}assistant\n")
-        return "".join(parts)
+        return chatml(normalize_messages(messages), add_generation_prompt)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self, messages: Messages, add_generation_prompt: bool = True
     ) -> list[int]:
         """Token ids of `render_chat(messages, add_generation_prompt)`."""
         return self.encode(self.render_chat(messages, add_generation_prompt))
 
 
-def _render_message(message: Mapping[str, Any]) -> str:
-    """One ChatML block; raises ValueError for a message that is not an object with a role."""
-    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-        raise ValueError("each message must be an object with a string 'role'")
-    content = _content_text(message.get("content"))
-    calls = message.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise ValueError("tool_calls must be a list")
-    for call in calls:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if not isinstance(function, Mapping):
-            raise ValueError("each tool call must be an object with a 'function' object")
+def chatml(messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    """`CharTokenizer.render_chat` of messages `normalize_messages` has already checked."""
+    parts = [_render_message(m) for m in messages]
+    if add_generation_prompt:
+        parts.append(f"{IM_START}assistant\n")
+    return "".join(parts)
+
+
+def _render_message(message: Message) -> str:
+    content = message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        function = call["function"]
         payload = {"name": function.get("name"), "arguments": function.get("arguments")}
         content += f"\n<tool_call>{json.dumps(payload)}</tool_call>"
     return f"{IM_START}{message['role']}\n{content}{IM_END}\n"
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
-        )
-    raise ValueError("message content must be a string, null or a list of content parts")
