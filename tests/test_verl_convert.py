@@ -3,6 +3,8 @@ the v1 worker puts into TransferQueue), the v0 worker's padding, and GRPO's adva
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -57,8 +59,7 @@ def test_failures_and_traceless_outcomes_raise_or_give_no_row():
     with pytest.raises(ConversionError, match="ended agent_error: no veRL row"):
         agent_loop_outputs(failed)
     assert agent_loop_outputs(failed, on_failure="empty") == []
-    traceless = _outcome([MULTI_TURN])
-    traceless.trace = None
+    traceless = dataclasses.replace(_outcome([MULTI_TURN]), trace=None)
     with pytest.raises(ConversionError, match="no token trace"):
         agent_loop_outputs(traceless)
     assert agent_loop_outputs(traceless, on_failure="empty") == []

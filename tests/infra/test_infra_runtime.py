@@ -280,7 +280,8 @@ def test_env_file_from_stack_outputs_keeps_other_lines(stack: Any, tmp_path: Pat
     outputs = stack_outputs("AgentCoreRollout", client=stack)
     path = tmp_path / "agentcore.env"
     path.write_text(
-        "# my settings\nAGENTCORE_ROLLOUT_BUCKET=old-bucket\nAGENTCORE_ROLLOUT_DISPATCH__START_RATE=5\n"
+        "# my settings\nAGENTCORE_ROLLOUT_BUCKET=old-bucket\n"
+        "AGENTCORE_ROLLOUT_DISPATCH__START_RATE=5\n"
     )
     runtime_arn = f"arn:aws:bedrock-agentcore:{REGION}:{ACCOUNT}:runtime/rollout_agent-abcdefghij"
     env = write_stack_env("AgentCoreRollout", path, client=stack, runtime_arn=runtime_arn)
