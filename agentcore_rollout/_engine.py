@@ -26,6 +26,7 @@ from ._aws import AwsClients
 from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
 from ._buffer import Delivery, RolloutBuffer
 from ._dispatcher import LiveSession, RequestDispatcher, SubmitFailed
+from ._gateway_admin import GatewayAdmin, GatewayError, GatewaySession
 from ._sandbox import SandboxRuntime
 from ._stats import EngineStats
 from .config import ConfigError, EngineConfig
@@ -100,7 +101,7 @@ class RolloutEngine:
         self._run_secret = config.run_secret or new_run_secret()
         self._requests: dict[asyncio.Task[RolloutOutcome], _Job] = {}  # each running request
         self._cleanups: set[asyncio.Task[Any]] = set()  # gateway sessions being dropped
-        self._gateway: Any = None
+        self._gateway: GatewayAdmin | None = None
         self._dispatcher: RequestDispatcher
         self._buffer: RolloutBuffer
 
@@ -128,8 +129,6 @@ class RolloutEngine:
         self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
         self._buffer.advance(self._step)
         if self.config.gateway is not None:
-            from .gateway.client import GatewayAdmin  # aiohttp's client only: a core dependency
-
             self._gateway = GatewayAdmin(self.config.gateway.url, self.config.gateway.admin_token)
         await self._buffer.start()
 
@@ -384,7 +383,7 @@ class RolloutEngine:
     async def _start(self, job: _Job, session: LiveSession) -> None:
         """Open the rollout's gateway session, then start its sandbox session."""
         gateway_session = await self._open_gateway_session(job.request)
-        job.gateway_session_id = getattr(gateway_session, "session_id", None)
+        job.gateway_session_id = gateway_session.session_id if gateway_session else None
         started = await self._dispatcher.start(
             session,
             lambda deadline: self._payload(job, deadline, gateway_session),
@@ -412,11 +411,9 @@ class RolloutEngine:
         if error is None and result is not None and result.error is not None:
             error = f"{result.error.type}: {result.error.message}"
         trace = None
-        if job.gateway_session_id is not None and result is None:
+        if result is None:
             self._drop_gateway_session(job)
         elif job.gateway_session_id is not None and self._gateway is not None:
-            from .gateway.client import GatewayError
-
             try:
                 trace = await self._gateway.finish_session(job.gateway_session_id)
             except GatewayError as e:
@@ -435,25 +432,23 @@ class RolloutEngine:
 
     def _drop_gateway_session(self, job: _Job) -> None:
         """Drop the request's gateway session behind its outcome, if it has one."""
-        if job.gateway_session_id is None or self._gateway is None:
+        gateway, session_id = self._gateway, job.gateway_session_id
+        if gateway is None or session_id is None:
             return
-        from .gateway.client import GatewayError
 
-        async def drop(session_id: str) -> None:
+        async def drop() -> None:
             try:
-                await self._gateway.drop_session(session_id)
+                await gateway.drop_session(session_id)
             except GatewayError as e:
                 log.warning("gateway session of request_id=%s: %s", job.request.request_id, e)
 
-        task = asyncio.create_task(drop(job.gateway_session_id))
+        task = asyncio.create_task(drop())
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    async def _open_gateway_session(self, request: RolloutRequest) -> Any:
+    async def _open_gateway_session(self, request: RolloutRequest) -> GatewaySession | None:
         if self._gateway is None:
             return None
-        from .gateway.client import GatewayError
-
         gw, llm = self.config.gateway, self.config.llm
         assert gw is not None
         try:
@@ -466,7 +461,7 @@ class RolloutEngine:
         except GatewayError as e:
             raise SubmitFailed(f"gateway: {e}") from None
 
-    def _payload(self, job: _Job, deadline: float, gateway_session: Any) -> bytes:
+    def _payload(self, job: _Job, deadline: float, gateway_session: GatewaySession | None) -> bytes:
         cfg, llm, request = self.config, self.config.llm, job.request
         if gateway_session is not None:  # agents call the gateway with their session's key
             assert cfg.gateway is not None

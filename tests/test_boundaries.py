@@ -1,11 +1,11 @@
 """Package boundaries, checked three ways.
 
-1. Statically: every import of every module (inside functions too) is parsed and resolved. The
-   core (every top-level module but a few named below) imports nothing of the local stack, the
-   agent side, the gateway (except its admin client) or any server framework or heavy library;
-   the gateway and the agent side import nothing of the local stack or of each other.
-2. In a subprocess of the full environment: importing the package and the gateway's admin client
-   (what the engine does) loads none of them.
+1. Statically, by folder: every import of every module (inside functions too) is parsed and
+   resolved. The modules at the package root are the core (the engine and the wire); it
+   imports none of the folders, no server framework and no heavy library. Each folder imports
+   the core and the folders `LAYERS` names for it, nothing else, and the folders form no cycle.
+2. In a subprocess of the full environment: importing the package and the gateway package's
+   names loads none of the servers, the local stack or a heavy library.
 3. In a bare virtualenv holding only the core distributions (the closure of pyproject.toml's
    `dependencies`, linked from this environment, nothing downloaded): a rollout batch runs end
    to end through the public API against a local stack started here, with and without the
@@ -39,13 +39,9 @@ from .factories import flat_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
-# top-level modules outside the core install
-NOT_CORE: set[str] = set()
-CORE = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in NOT_CORE)
-ADMIN_CLIENT = "agentcore_rollout.gateway.client"  # the one gateway module the core may import
-# What importing the admin client runs besides the core (for it, imports under TYPE_CHECKING
-# do not count: they never run).
-LOADED_WITH_CORE = [PACKAGE / "gateway" / "__init__.py", PACKAGE / "gateway" / "client.py"]
+# The core: every module at the package root.
+CORE = sorted(path.stem for path in PACKAGE.glob("*.py"))
+ADMIN_CLIENT = "agentcore_rollout._gateway_admin"  # the engine's client of the gateway
 HEAVY = (
     "aiohttp.web",
     "starlette",
@@ -60,16 +56,18 @@ HEAVY = (
     "moto",
     "bedrock_agentcore",
 )
-MAY_IMPORT = {  # one-way
-    "serving": set(),
+# Each folder of the package, and the folders it may import besides itself and the core. One
+# way only: the test below finds any cycle.
+LAYERS = {
+    "serving": set(),  # helpers for the project's servers
+    "training": set(),
     "gateway": {"serving"},
     "agent": {"serving"},
-    "training": set(),
     "integrations": {"training", "gateway"},
     "local": {"gateway", "agent", "training", "serving"},
     "cli": {"training", "local", "integrations"},
 }
-# Must not be loaded by `import agentcore_rollout, agentcore_rollout.gateway.client`.
+# Must not be loaded by `import agentcore_rollout, agentcore_rollout.gateway` and its names.
 NOT_LOADED = (
     "numpy",
     "aiohttp.web",
@@ -93,11 +91,11 @@ def is_internal_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def imports(path: Path, *, runtime_only: bool = False) -> Iterator[tuple[int, str]]:
+def imports(path: Path) -> Iterator[tuple[int, str]]:
     """(line, absolute module name) of every import in the module at `path`, wherever it is."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    yield from parse_imports(path.read_text(), package, runtime_only=runtime_only)
+    yield from parse_imports(path.read_text(), package)
 
 
 def parse_imports(
@@ -151,12 +149,13 @@ def core_may_import(name: str) -> bool:
     parts = name.split(".")
     if parts[0] != "agentcore_rollout":
         return not is_under(name, HEAVY)
-    return len(parts) == 1 or parts[1] in CORE or name == ADMIN_CLIENT
+    return len(parts) == 1 or parts[1] in CORE
 
 
-def subpackage(name: str) -> str | None:
+def folder(name: str) -> str | None:
+    """The package folder `name` lives in; None for the core and for other distributions."""
     parts = name.split(".")
-    if parts[0] == "agentcore_rollout" and len(parts) > 1 and parts[1] in MAY_IMPORT:
+    if parts[0] == "agentcore_rollout" and len(parts) > 1 and parts[1] not in CORE:
         return parts[1]
     return None
 
@@ -165,34 +164,28 @@ def where(path: Path, line: int, name: str) -> str:
     return f"{path.relative_to(ROOT)}:{line} imports {name}"
 
 
-def test_the_core_list_is_discovered_and_what_is_not_core_exists() -> None:
-    assert {"__init__", "config", "contract"} <= set(CORE)
-    assert all((PACKAGE / f"{name}.py").is_file() for name in NOT_CORE), "stale allow-list"
+def test_every_folder_of_the_package_is_a_layer() -> None:
+    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert folders == set(LAYERS), "add the new folder to LAYERS and to docs/ARCHITECTURE.md"
 
 
-def test_the_core_imports_only_the_core_the_admin_client_and_light_libraries() -> None:
+def test_the_core_imports_no_folder_and_only_light_libraries() -> None:
     bad = [
         where(path, line, name)
         for path in [PACKAGE / f"{module}.py" for module in CORE]
         for line, name in imports(path)
         if not core_may_import(name)
     ]
-    bad += [
-        where(path, line, name)
-        for path in LOADED_WITH_CORE
-        for line, name in imports(path, runtime_only=True)
-        if not core_may_import(name)
-    ]
     assert bad == []
 
 
-@pytest.mark.parametrize("folder", sorted(MAY_IMPORT))
-def test_gateway_and_agent_import_nothing_of_the_local_stack_or_each_other(folder: str) -> None:
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_each_folder_imports_the_core_and_its_layers_only(layer: str) -> None:
     bad = [
         where(path, line, name)
-        for path in sorted((PACKAGE / folder).rglob("*.py"))
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
         for line, name in imports(path)
-        if subpackage(name) not in (None, folder, *MAY_IMPORT[folder])
+        if folder(name) not in (None, layer, *LAYERS[layer])
     ]
     assert bad == []
 
@@ -212,11 +205,11 @@ def test_training_imports_the_public_api_and_the_standard_library_only() -> None
     assert bad == []
 
 
-def test_there_is_no_cycle_between_gateway_local_and_agent() -> None:
-    edges: dict[str, set[str]] = {folder: set() for folder in MAY_IMPORT}
-    for folder in MAY_IMPORT:
-        for path in (PACKAGE / folder).rglob("*.py"):
-            edges[folder] |= {subpackage(name) for _, name in imports(path)} - {None, folder}
+def test_the_folders_import_each_other_one_way() -> None:
+    edges: dict[str, set[str]] = {layer: set() for layer in LAYERS}
+    for layer in LAYERS:
+        for path in (PACKAGE / layer).rglob("*.py"):
+            edges[layer] |= {folder(name) for _, name in imports(path)} - {None, layer}
 
     def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
         return any(
@@ -224,14 +217,14 @@ def test_there_is_no_cycle_between_gateway_local_and_agent() -> None:
             for nxt in edges[start]
         )
 
-    assert [folder for folder in edges if reaches(folder, folder)] == [], edges
+    assert [layer for layer in edges if reaches(layer, layer)] == [], edges
 
 
 def test_the_import_parser_resolves_relative_lazy_and_dynamic_imports() -> None:
     """The checks above are only as good as this: imports shaped like violations are found."""
     source = (
         "from ..local.policy import tokenizer\n"
-        "from . import client\n"
+        "from . import server\n"
         "from aiohttp import web\n"
         "def f():\n    from ..agent import RolloutApp\n"
         "if TYPE_CHECKING:\n    import numpy\n"
@@ -239,7 +232,7 @@ def test_the_import_parser_resolves_relative_lazy_and_dynamic_imports() -> None:
     )
     assert list(parse_imports(source, "agentcore_rollout.gateway")) == [
         (1, "agentcore_rollout.local.policy.tokenizer"),
-        (2, "agentcore_rollout.gateway.client"),
+        (2, "agentcore_rollout.gateway.server"),
         (3, "aiohttp.web"),
         (5, "agentcore_rollout.agent"),
         (7, "numpy"),
@@ -253,7 +246,8 @@ def test_the_import_parser_resolves_relative_lazy_and_dynamic_imports() -> None:
 
 def test_the_package_and_the_admin_client_load_no_server_policy_or_heavy_library() -> None:
     code = (
-        "import sys, json, agentcore_rollout, agentcore_rollout.gateway.client\n"
+        "import sys, json, agentcore_rollout, agentcore_rollout.gateway as g\n"
+        "[getattr(g, n) for n in ('GatewayAdmin', 'GatewayError', 'GatewaySession')]\n"
         f"print(json.dumps([m for m in {list(NOT_LOADED)!r} if m in sys.modules]))"
     )
     loaded = subprocess.run(
@@ -263,8 +257,9 @@ def test_the_package_and_the_admin_client_load_no_server_policy_or_heavy_library
 
 
 def test_the_gateways_names_resolve_on_first_use() -> None:
-    for name in gateway.__all__:
-        assert getattr(gateway, name).__module__.startswith("agentcore_rollout.gateway.")
+    for name in gateway.__all__:  # the admin client is the core's, re-exported
+        module = getattr(gateway, name).__module__
+        assert module.startswith("agentcore_rollout.gateway.") or module == ADMIN_CLIENT
     assert set(gateway.__all__) <= set(dir(gateway))
     assert "CharRenderer" not in gateway.__all__  # it lives with the local policy now
     with pytest.raises(AttributeError, match="has no attribute 'CharRenderer'"):

@@ -12,12 +12,12 @@ keys, limits, expiry, render states), `render` (messages <-> token ids, incremen
 tool-call parsing, choosing a renderer),
 `backends` (SGLang /generate with log-probs; OpenAI pass-through), `sampling` (which sampling
 fields pass, and how), `trajectory` (turns -> training samples with loss masks), `router`
-(sglang-router as a managed subprocess), `client` (the engine's admin client, and the trace's
-JSON shape), `_fastjson` (orjson when installed, for the per-turn JSON).
+(sglang-router as a managed subprocess), `_fastjson` (orjson when installed, for the per-turn
+JSON). The admin client the engine opens sessions with (`GatewayAdmin`, and the trace's JSON
+shape) is the core's own (`agentcore_rollout._gateway_admin`), re-exported here.
 
-The names below are imported on first use, so the engine's `from .gateway.client import
-GatewayAdmin` loads the admin client alone (aiohttp's client, which the core install has), never
-the server, the router or a tokenizer. The gateway depends on no particular model: the local toy
+The other names are imported on first use, so importing this package loads neither the server,
+the router nor a tokenizer. The gateway depends on no particular model: the local toy
 policy's renderer is `agentcore_rollout.local.policy.CharRenderer`.
 
 Needs the [gateway] extra for the Hugging Face renderer (transformers, tokenizers) and the router
@@ -30,6 +30,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .._gateway_admin import GatewayAdmin, GatewayError, GatewaySession
+
 if TYPE_CHECKING:
     from .backends import (
         Backend,
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
         SGLangBackend,
         TurnRequest,
     )
-    from .client import GatewayAdmin, GatewayError, GatewaySession
     from .render import (
         AnchoredRenderer,
         HFRenderer,
@@ -62,9 +63,6 @@ _SUBMODULE = {
     "OpenAIBackend": "backends",
     "SGLangBackend": "backends",
     "TurnRequest": "backends",
-    "GatewayAdmin": "client",
-    "GatewayError": "client",
-    "GatewaySession": "client",
     "AnchoredRenderer": "render",
     "HFRenderer": "render",
     "IncrementalRenderer": "render",
