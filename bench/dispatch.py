@@ -38,11 +38,9 @@ async def run(n: int, rate: float, mode: str) -> dict:
     async with LocalStack(stack_cfg) as stack:
         cfg = stack.engine_config(
             exp_id="bench",
-            start_rate=rate,
-            session_start_time=1.0,
-            max_live_sessions=n,
-            rollout_timeout=120,
-            wait_time=20,
+            dispatch={"start_rate": rate, "session_start_time": 1.0, "max_live_sessions": n},
+            limits={"rollout_timeout": 120},
+            results={"wait_time": 20},
         )
         requests = [RolloutRequest({"a": i, "b": 1}, input_id=f"q{i}") for i in range(n)]
         async with RolloutEngine(cfg) as engine:

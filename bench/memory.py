@@ -82,9 +82,8 @@ async def run(total: int, per_step: int) -> dict:
             queue_url=channel.queue_url,
             runtime_arn="arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/fast-0000",
             endpoints={"s3": moto.url, "sqs": moto.url},
-            start_rate=2000.0,
-            max_live_sessions=256,
-            wait_time=1,
+            dispatch={"start_rate": 2000.0, "max_live_sessions": 256},
+            results={"wait_time": 1},
         )
         runtime = FastRuntime()
         series: list[tuple[int, float]] = [(0, rss_mb())]

@@ -153,11 +153,13 @@ async def engine_child(spec: dict[str, Any]) -> None:
         queue_url=spec["queue_url"],
         runtime_arn=RUNTIME_ARN,
         endpoints={"s3": spec["moto"], "sqs": spec["moto"], "agentcore": spec["runtime"]},
-        start_rate=spec["start_rate"],
-        stop_rate=spec["stop_rate"],
-        max_live_sessions=max(n, 1),
-        rollout_timeout=spec["rollout_timeout"],  # no deadline lookups while live
-        wait_time=20,
+        dispatch={
+            "start_rate": spec["start_rate"],
+            "stop_rate": spec["stop_rate"],
+            "max_live_sessions": max(n, 1),
+        },
+        limits={"rollout_timeout": spec["rollout_timeout"]},  # no deadline lookups while live
+        results={"wait_time": 20},
         max_pool_connections=spec["pool"],
     )
     requests = [
