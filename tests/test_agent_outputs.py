@@ -57,7 +57,9 @@ SDK_ERRORS = {
         f"InvalidOutput: trajectory{'.a' * (MAX_DEPTH - 1)}: nested deeper than {MAX_DEPTH} levels"
     ),
     "too_big": rf"InvalidOutput: result is \d+ bytes, over the {DEFAULT_MAX_RESULT_BYTES} limit",
-    "secret_key_nan": re.escape("InvalidOutput: trajectory.key-[redacted]: non-finite number nan"),
+    "secret_key_nan": re.escape(
+        "InvalidOutput: result cannot be written (not_finite); the reason quotes a secret"
+    ),
 }
 
 HAND_ERRORS = {

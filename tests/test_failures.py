@@ -271,25 +271,6 @@ async def test_malformed_messages_do_not_stop_the_loop(moto, channel, emulator):
     _assert_rest_ok(batch, set())
 
 
-async def test_secrets_never_reach_the_result(moto, channel, emulator):
-    emu = await emulator()
-    cfg = engine_config(
-        moto,
-        channel,
-        emu,
-        llm={"base_url": "http://127.0.0.1:1/v1", "api_key": "sk-session-secret-123"},
-    )
-    async with RolloutEngine(cfg) as engine:
-        batch = await engine.rollout(_batch(1, {0: {"mode": "leak"}}))
-    out = batch.outcomes[0]
-    assert out.outcome is Outcome.OK
-    stored = moto.client("s3").get_object(
-        Bucket=channel.bucket, Key=result_key("rollouts", "exp1", 0, out.request.request_id)
-    )
-    text = stored["Body"].read().decode()
-    assert "sk-session-secret-123" not in text and "sig_key" in text and "[redacted]" in text
-
-
 async def test_bounds_on_starts_and_live_sessions_hold(moto, channel, emulator):
     emu = await emulator(cold_start=0.3)
     rate, start_time, live = 20.0, 0.25, 6

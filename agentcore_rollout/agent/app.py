@@ -41,28 +41,25 @@ _MAX_ERROR_CHARS = 2000
 
 @dataclass(frozen=True)
 class RolloutContext:
-    """What a rollout function knows besides its payload."""
+    """What a rollout function knows besides its payload. Not the signing key: the SDK signs
+    the result itself, so the agent's own code never holds the key and cannot echo it."""
 
-    control: RolloutControl
+    exp_id: str
+    step: int
+    request_id: str
+    input_id: str
+    sample_index: int
+    session_id: str
+    deadline: float  # unix seconds
+    llm: LLMSettings | None  # the policy to call; a result holding its api_key is refused too
 
-    @property
-    def llm(self) -> LLMSettings | None:
-        return self.control.llm
-
-    @property
-    def request_id(self) -> str:
-        return self.control.request_id
-
-    @property
-    def session_id(self) -> str:
-        return self.control.session_id
-
-    @property
-    def step(self) -> int:
-        return self.control.step
+    @classmethod
+    def of(cls, c: RolloutControl) -> RolloutContext:
+        ids = (c.exp_id, c.step, c.request_id, c.input_id, c.sample_index, c.session_id)
+        return cls(*ids, c.deadline, c.llm)
 
     def time_left(self) -> float:
-        return self.control.deadline - time.time()
+        return self.deadline - time.time()
 
 
 @dataclass
@@ -146,7 +143,7 @@ class RolloutApp(BedrockAgentCoreApp):
         return {"status": "accepted", "request_id": rid}
 
     async def _run(self, user: dict[str, Any], control: RolloutControl, received: float) -> None:
-        ctx = RolloutContext(control)
+        ctx = RolloutContext.of(control)
         started = time.time()
         work = asyncio.ensure_future(self._call(user, ctx))
         try:

@@ -1,23 +1,25 @@
-"""Writes an agent's one result: checked, secrets scrubbed, signed, conditional put, optional
-SQS note.
+"""Writes an agent's one result: checked, refused if it holds a secret, signed, conditional
+put, optional SQS note.
 
 Whatever result it is given, what reaches S3 is a valid result object. One that cannot go on
 the wire (a non-finite number, a lone surrogate, nesting deeper than `MAX_DEPTH`, an object
 that does not serialize, more bytes than the engine accepts) is replaced by an `agent_error`
 result that says why in one line, so the engine learns at once instead of waiting out the
-rollout's deadline for an object that never comes.
+rollout's deadline for an object that never comes. So is one that holds the signing key or
+the LLM key in any form `_leaked` finds, which only code digging past the SDK can get.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
-from pydantic import ValidationError
 
 from ..contract import (
     ContractError,
@@ -27,13 +29,16 @@ from ..contract import (
     RolloutResult,
     check_json,
     encode_result,
-    first_error,
     sign_result,
 )
 
 log = logging.getLogger("agentcore_rollout.agent")
 
-_REDACTED = "[redacted]"
+_RUN = 16
+"""How many consecutive characters of a secret make a leak: honest text shares a run this long
+with a random hex key by chance once in 16**16 places, and any piece of the key this long,
+or smaller pieces side by side, is caught."""
+_NOT_ALNUM = re.compile(r"[\W_]+")
 
 
 class ResultWriter:
@@ -70,7 +75,10 @@ class ResultWriter:
                 control.request_id,
                 e.reason,
             )
-            body = _body(_rejected(result, str(e)), control)
+            why = str(e)
+            if _leaked([why], control):  # e.g. a NaN under a key that holds the signing key
+                why = f"result cannot be written ({e.reason}); the reason quotes a secret"
+            body = _body(_rejected(result, why), control)
         s3 = await self._client("s3")
         try:
             await s3.put_object(
@@ -107,16 +115,17 @@ class ResultWriter:
 
 
 def _body(result: RolloutResult, control: RolloutControl) -> bytes:
-    """The signed bytes of `result`, secrets scrubbed; ContractError if it cannot go on the
-    wire. Checked first, so nothing after it meets a value it would choke on."""
+    """The signed bytes of `result`; ContractError if it cannot go on the wire or holds a
+    secret. Checked first, so nothing after it meets a value it would choke on."""
     check_json(result)
     try:
-        body = encode_result(sign_result(_scrub(result, control), control.sig_key))
-    except ValidationError as e:  # scrubbing broke a field with a pattern
-        raise ContractError(f"scrubbed result: {first_error(e)}") from None
+        leaked = _leaked(_strings(result.model_dump(mode="json")), control)
+        body = encode_result(sign_result(result, control.sig_key))
     except (ValueError, TypeError, RecursionError) as e:  # e.g. an object json cannot encode
         first_line = next(iter(str(e).splitlines()), "")
         raise ContractError(f"result cannot be encoded: {type(e).__name__}: {first_line}") from None
+    if leaked:
+        raise ContractError(f"result holds the {leaked} (in any case, split or reversed)", "secret")
     if len(body) > control.max_result_bytes:
         raise ContractError(
             f"result is {len(body)} bytes, over the {control.max_result_bytes} limit", "too_large"
@@ -138,24 +147,37 @@ def _rejected(result: RolloutResult, why: str) -> RolloutResult:
     )
 
 
-def _scrub(result: RolloutResult, control: RolloutControl) -> RolloutResult:
-    """Replace the per-request secrets wherever user data echoed them, in keys and values."""
-    secrets = [control.sig_key]
-    if control.llm is not None and control.llm.api_key not in ("", "EMPTY"):
-        secrets.append(control.llm.api_key)
-    data = result.model_dump(mode="json")
-    clean = _replace(data, secrets)
-    return result if clean == data else RolloutResult.model_validate(clean)
+def _leaked(strings: Iterable[str], control: RolloutControl) -> str | None:
+    """Which secret `strings` hold, if any: joined in order, case-folded and stripped of all
+    but letters and digits, they hold `_RUN` consecutive characters of the signing key or the
+    LLM key (all of it if shorter), forwards or backwards. Refused rather than redacted: no
+    search finds every form (base64, say); the SDK's real guard is never handing the signing
+    key to the rollout function."""
+    text = _alnum("".join(strings))
+    api_key = control.llm.api_key if control.llm else ""
+    for name, secret in {"signing key": control.sig_key, "LLM api_key": api_key}.items():
+        s = _alnum(secret)
+        if len(s) < 8:  # a placeholder such as EMPTY, not a secret
+            continue
+        n = min(_RUN, len(s))
+        for form in (s, s[::-1]):
+            if any(form[i : i + n] in text for i in range(len(form) - n + 1)):
+                return name
+    return None
 
 
-def _replace(value: Any, secrets: list[str]) -> Any:
-    """`value` with each secret redacted; its depth was bounded by `check_json`."""
+def _alnum(text: str) -> str:
+    return _NOT_ALNUM.sub("", text.casefold())
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every key and string of a dumped result, in order; `check_json` bounded its depth."""
     if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, _REDACTED)
-        return value
-    if isinstance(value, dict):
-        return {_replace(k, secrets): _replace(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replace(v, secrets) for v in value]
-    return value
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)

@@ -7,20 +7,36 @@ import hashlib
 import hmac
 import json
 import math
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 from agentcore_rollout.agent import RolloutApp, RolloutContext, RolloutOutput
 from agentcore_rollout.contract import (
     DEFAULT_MAX_RESULT_BYTES,
+    RolloutControl,
     RolloutResult,
     Timings,
     encode_result,
     sign_result,
+    split_payload,
 )
 
-app = RolloutApp()
-controls: dict[str, Any] = {}  # request_id -> control block, for in-process tests
+controls: dict[str, RolloutControl] = {}  # request_id -> control block, for in-process tests
+
+
+class _DiggingApp(RolloutApp):
+    """Keeps each raw control block, signing key included, as code digging past the SDK into
+    the raw request could: to write results by hand and to try leaking the key."""
+
+    async def _accept(self, payload: dict[str, Any], context: Any = None) -> dict[str, Any]:
+        accepted = await super()._accept(payload, context)
+        control = split_payload(payload)[1]
+        controls[control.request_id] = control
+        return accepted
+
+
+app = _DiggingApp()
 
 
 def expected_reward(payload: dict[str, Any]) -> float:
@@ -29,8 +45,9 @@ def expected_reward(payload: dict[str, Any]) -> float:
 
 
 async def _put(ctx: RolloutContext, body: bytes) -> None:
+    target = controls[ctx.request_id].result
     s3 = await app._writer._client("s3")
-    await s3.put_object(Bucket=ctx.control.result.bucket, Key=ctx.control.result.key, Body=body)
+    await s3.put_object(Bucket=target.bucket, Key=target.key, Body=body)
 
 
 def _nested(depth: int) -> dict[str, Any]:
@@ -58,15 +75,40 @@ HOSTILE: dict[str, Callable[[RolloutContext], RolloutOutput]] = {
         rewards=0.5, trajectory={"blob": "x" * (DEFAULT_MAX_RESULT_BYTES + 1)}
     ),
     "secret_key_nan": lambda ctx: RolloutOutput(
-        rewards=0.5, trajectory={f"key-{ctx.control.sig_key}": math.nan}
+        rewards=0.5, trajectory={f"key-{controls[ctx.request_id].sig_key}": math.nan}
     ),
+}
+
+
+def _key(ctx: RolloutContext) -> str:
+    return controls[ctx.request_id].sig_key
+
+
+def _raise(message: str) -> dict[str, Any]:
+    raise RuntimeError(message)
+
+
+# Trajectories echoing a secret, whole or in part, next to the payload (mode `leak`, `how`): the
+# signing key dug out of the raw request, or the LLM key the context gives.
+LEAKS: dict[str, Callable[[RolloutContext], dict[str, Any]]] = {
+    "raw_request": lambda ctx: {"echo": json.dumps(controls[ctx.request_id].model_dump())},
+    "upper": lambda ctx: {"note": f"key={_key(ctx).upper()}"},
+    "halves": lambda ctx: {"a": _key(ctx)[:32], "between": "x" * 100, "b": _key(ctx)[32:]},
+    "eighths": lambda ctx: {"parts": [_key(ctx)[i : i + 8] for i in range(0, 64, 8)]},
+    "reversed": lambda ctx: {"note": _key(ctx)[::-1]},
+    "wrapped": lambda ctx: {"note": "\n".join(_key(ctx)[i : i + 10] for i in range(0, 64, 10))},
+    "in_a_key": lambda ctx: {_key(ctx).swapcase(): 1},
+    "in_an_error": lambda ctx: _raise(f"could not sign with {_key(ctx)}"),
+    "api_key": lambda ctx: {"note": ctx.llm.api_key.upper() if ctx.llm else ""},
+    # Not a leak: all the SDK hands the rollout function, and a key that is not this one's.
+    "all_it_is_given": lambda ctx: {"ctx": repr(ctx), "other": secrets.token_hex(32)},
 }
 
 
 def _by_hand(ctx: RolloutContext, what: str) -> bytes:
     """A result object written without the SDK and signed with the real key, as a hostile
     agent could: the engine must refuse it on its own."""
-    c = ctx.control
+    c = controls[ctx.request_id]
     data: dict[str, Any] = {
         "v": 1,
         "exp_id": c.exp_id,
@@ -100,9 +142,8 @@ def _by_hand(ctx: RolloutContext, what: str) -> bytes:
 
 @app.rollout_entrypoint
 async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
-    controls[ctx.request_id] = ctx.control
     # Members of one group share a payload; `per_member` sets what member k does differently.
-    payload = {**payload, **payload.get("per_member", {}).get(str(ctx.control.sample_index), {})}
+    payload = {**payload, **payload.get("per_member", {}).get(str(ctx.sample_index), {})}
     mode = payload.get("mode", "ok")
     await asyncio.sleep(payload.get("sleep", 0))
     if mode == "raise":
@@ -118,7 +159,7 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
     if mode == "corrupt":
         await _put(ctx, b'{"v": 1, "exp_id": truncated')
     if mode == "forge":
-        c = ctx.control
+        c = controls[ctx.request_id]
         fake = RolloutResult(
             exp_id=c.exp_id,
             step=c.step,
@@ -141,7 +182,8 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
     if mode == "big_by_hand":  # past the SDK, which would refuse it
         await _put(ctx, b" " * payload["size"])
     if mode == "leak":
-        return {"rewards": 0.5, "trajectory": {"echo": json.dumps(ctx.control.model_dump())}}
+        echo = {"payload": payload, **LEAKS[payload["how"]](ctx)}
+        return RolloutOutput(rewards=0.5, trajectory=echo)
     return RolloutOutput(
         rewards=payload.get("reward", expected_reward(payload)),
         trajectory={"messages": [{"role": "user", "content": f"{payload['a']}+{payload['b']}"}]},

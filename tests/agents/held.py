@@ -25,6 +25,6 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput
             max_tokens=8,
         )
     await asyncio.sleep(payload.get("hold", 0))
-    if ctx.control.sample_index in payload.get("fail", []):
-        raise RuntimeError(f"member {ctx.control.sample_index} fails, as asked")
-    return RolloutOutput(rewards=float(ctx.control.sample_index % 2))
+    if ctx.sample_index in payload.get("fail", []):
+        raise RuntimeError(f"member {ctx.sample_index} fails, as asked")
+    return RolloutOutput(rewards=float(ctx.sample_index % 2))
