@@ -114,12 +114,21 @@ def test_the_rollout_function_is_never_handed_the_signing_key():
     [
         (lambda k: [f"the key is {k.upper()}!"], "signing key"),
         (lambda k: [k[:20], "(elsewhere)", k[44:]], "signing key"),  # a run of 20 in one field
+        (lambda k: [f"x{k[3:19]}x"], "signing key"),  # a run of exactly 16, at an odd place
         (lambda k: [k[i : i + 5] for i in range(0, 64, 5)], "signing key"),  # side by side
         (lambda k: [" ".join(k[::-1])], "signing key"),  # reversed, spaced out
         (lambda k: ["EMPTY placeholder", secrets.token_hex(32)], None),  # another run's key
         (lambda k: [k[i : i + 15] + "/" for i in range(0, 64, 16)], None),  # runs of 15: allowed
     ],
-    ids=["upper", "two_fields", "fine_split", "reversed_spaced", "honest", "runs_of_15"],
+    ids=[
+        "upper",
+        "two_fields",
+        "run_of_16",
+        "fine_split",
+        "reversed_spaced",
+        "honest",
+        "runs_of_15",
+    ],
 )
 def test_what_counts_as_holding_a_secret(strings, found):
     control = _control(api_key="EMPTY")  # a placeholder, not a secret

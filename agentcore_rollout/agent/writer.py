@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -38,7 +37,7 @@ _RUN = 16
 """How many consecutive characters of a secret make a leak: honest text shares a run this long
 with a random hex key by chance once in 16**16 places, and any piece of the key this long,
 or smaller pieces side by side, is caught."""
-_NOT_ALNUM = re.compile(r"[\W_]+")
+_NOT_ALNUM = bytes(c for c in range(128) if not chr(c).isalnum())  # ASCII, so bytes: fast
 
 
 class ResultWriter:
@@ -148,8 +147,8 @@ def _rejected(result: RolloutResult, why: str) -> RolloutResult:
 
 
 def _leaked(strings: Iterable[str], control: RolloutControl) -> str | None:
-    """Which secret `strings` hold, if any: joined in order, case-folded and stripped of all
-    but letters and digits, they hold `_RUN` consecutive characters of the signing key or the
+    """Which secret `strings` hold, if any: joined in order, case-folded and stripped of ASCII
+    punctuation and spaces, they hold `_RUN` consecutive characters of the signing key or the
     LLM key (all of it if shorter), forwards or backwards. Refused rather than redacted: no
     search finds every form (base64, say); the SDK's real guard is never handing the signing
     key to the rollout function."""
@@ -161,13 +160,15 @@ def _leaked(strings: Iterable[str], control: RolloutControl) -> str | None:
             continue
         n = min(_RUN, len(s))
         for form in (s, s[::-1]):
-            if any(form[i : i + n] in text for i in range(len(form) - n + 1)):
+            # Each run of n holds one of the 8-long blocks at 0, 8, 16...: a cheap first look.
+            blocks = (form[i : i + 8] in text for i in range(0, len(form) - 7, 8))
+            if any(blocks) and any(form[i : i + n] in text for i in range(len(form) - n + 1)):
                 return name
     return None
 
 
-def _alnum(text: str) -> str:
-    return _NOT_ALNUM.sub("", text.casefold())
+def _alnum(text: str) -> bytes:
+    return text.casefold().encode(errors="surrogatepass").translate(None, _NOT_ALNUM)
 
 
 def _strings(value: Any) -> Iterator[str]:
