@@ -1,20 +1,25 @@
 """The AgentCore Runtime emulator through the unmodified aiobotocore client: wire protocol,
-error types, idle timeout, max lifetime."""
+error types, idle timeout (judged by the agent's ping), max lifetime, a stop racing an
+invocation."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import json
 import time
 
+import aiohttp
 import pytest
 from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 from agentcore_rollout.contract import CONTROL_KEY
 
-from .conftest import RUNTIME_ARN
+from .conftest import RUNTIME_ARN, engine_config
 
 
 def _payload(channel, rid: str, sid: str, deadline: float, **user) -> bytes:
@@ -71,8 +76,21 @@ async def test_invoke_reply_headers_and_errors(client, channel):
     assert emu.stopped == [sid]
 
 
-async def test_idle_timeout_and_max_lifetime_end_sessions(client, channel):
-    emu, c = client
+async def _until(predicate, guard: float = 60.0) -> float:
+    """Poll `predicate` (sync or async) until true; the wall time then. `guard` bounds a hang."""
+    give_up = time.monotonic() + guard
+    while not (await r if inspect.isawaitable(r := predicate()) else r):
+        assert time.monotonic() < give_up, "condition never met"
+        await asyncio.sleep(0.02)
+    return time.time()
+
+
+def _gone(emu, sid: str):
+    return _until(lambda: sid not in emu.sessions)
+
+
+async def test_in_process_sessions_end_idle_or_at_their_max_lifetime(client, channel):
+    emu, c = client  # idle_timeout 0.5 s, max_lifetime 2 s; a RolloutApp says busy per session
     idle, busy = "i" * 40, "b" * 40
     for sid, mode in ((idle, "ok"), (busy, "hang")):
         await c.invoke_agent_runtime(
@@ -80,8 +98,116 @@ async def test_idle_timeout_and_max_lifetime_end_sessions(client, channel):
             runtimeSessionId=sid,
             payload=_payload(channel, sid[:8], sid, time.time() + 60, mode=mode),
         )
-    await asyncio.sleep(1.2)
-    assert emu.expired == [idle]  # the busy one is kept alive past the idle timeout
-    await asyncio.sleep(1.5)
-    assert emu.expired == [idle, busy]  # but not past its max lifetime
-    assert emu.live.value == 0
+    sessions = emu.sessions
+    await _gone(emu, idle)
+    assert busy in emu.sessions  # the busy one is kept alive past the idle timeout
+    await _gone(emu, busy)
+    assert [sessions[idle].ended, sessions[busy].ended] == ["idle timeout", "max lifetime"]
+    assert emu.expired == [idle, busy] and emu.live.value == 0
+
+
+def _control(channel, rid: str, sid: str) -> dict:
+    return json.loads(_payload(channel, rid, sid, time.time() + 120))[CONTROL_KEY]
+
+
+@pytest.fixture
+async def background(emulator):
+    """`emu, client = await background(**config)`: an emulator whose sessions run the
+    RL-Toolkit-style agent, one process each, and an unmodified aiobotocore client."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def make(**overrides):
+            emu = await emulator(app="tests.agents.background:app", mode="process", **overrides)
+            cfg = Config(retries={"total_max_attempts": 1})
+            c = await stack.enter_async_context(
+                get_session().create_client(
+                    "bedrock-agentcore", region_name="us-east-1", endpoint_url=emu.url, config=cfg
+                )
+            )
+            return emu, c
+
+        yield make
+
+
+async def _invoke(c, channel, sid: str, **user) -> dict:
+    payload = {**user, CONTROL_KEY: _control(channel, sid[:8], sid)}
+    resp = await c.invoke_agent_runtime(
+        agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=sid, payload=json.dumps(payload).encode()
+    )
+    return json.loads(await resp["response"].read())
+
+
+async def test_busy_in_the_background_counts_until_ping_says_idle_and_lifetime_caps_it(
+    background, channel, moto
+):
+    """The agent acknowledges at once and says HealthyBusy while it works: the idle timeout
+    counts from when its work ended, never from the invocation; the max lifetime ends a session
+    busy or not."""
+    emu, c = await background(idle_timeout=1.0, max_lifetime=12.0)
+    worker, forever = "w" * 40, "f" * 40
+    started = time.time()
+    for sid, work in ((worker, 3.0), (forever, 600.0)):
+        assert (await _invoke(c, channel, sid, work=work))["status"] == "accepted"
+    sessions = emu.sessions
+    ended = await _gone(emu, worker)
+    key = _control(channel, worker[:8], worker)["result"]["key"]
+    written = moto.client("s3").get_object(Bucket=channel.bucket, Key=key)["Body"].read()
+    finished = json.loads(written)["timings"]["finished"]  # its work was not cut short
+    assert finished - started >= 3.0 and ended - finished >= 1.0  # idle counted from there
+    assert sessions[worker].ended == "idle timeout" and forever in emu.sessions
+    ended = await _gone(emu, forever)
+    assert sessions[forever].ended == "max lifetime" and ended - started >= 12.0
+    assert emu.expired == [worker, forever]
+
+
+async def test_rollouts_working_past_a_short_idle_timeout_end_ok(moto, channel, emulator):
+    """Issue 19's case: 12 concurrent RL-Toolkit-style agents, each busy 5 s in the background
+    after acknowledging, under a 2 s idle timeout and 4 invocations/s: all `ok`, none expired."""
+    emu = await emulator(
+        app="tests.agents.background:app", mode="process", idle_timeout=2.0, invoke_tps=4
+    )
+    reqs = [RolloutRequest({"work": 5.0, "reward": i / 10}, input_id=f"q{i}") for i in range(12)]
+    cfg = engine_config(moto, channel, emu, rollout_timeout=90.0, max_retries=60)
+    async with RolloutEngine(cfg) as engine:
+        batch = await engine.rollout(reqs)
+    assert [(o.outcome, o.reward) for o in batch.outcomes] == [
+        (Outcome.OK, i / 10) for i in range(12)
+    ]
+    assert all(o.result.timings.finished - o.result.timings.received >= 5.0 for o in batch.outcomes)
+    assert emu.counts["ThrottlingException"] > 0  # the starts were spread by the rate limit
+    assert emu.expired == [] and sorted(emu.stopped) == sorted(emu.started)
+    assert len(emu.started) == 12
+
+
+async def test_an_invocation_meeting_a_session_ending_gets_a_modelled_error(background, channel):
+    """A stop racing an invocation: one that has not reached the agent is a retryable conflict
+    (the retry gets a new session), one the agent holds says the session ended under it;
+    never how the socket to a dying agent broke ("Can not write request body")."""
+    emu, c = await background(cold_start=1.0, idle_timeout=60.0)
+    early, held = "e" * 40, "h" * 40
+    pending = asyncio.create_task(_invoke(c, channel, early))
+    await _until(lambda: early in emu.sessions)  # attached, its agent still starting
+    await c.stop_runtime_session(agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=early)
+    with pytest.raises(ClientError) as conflict:
+        await pending
+    error = conflict.value.response["Error"]
+    assert error["Code"] == "RetryableConflictException" and "(stopped)" in error["Message"]
+    assert (await _invoke(c, channel, early))["status"] == "accepted"  # the retry: a new session
+    assert emu.started == [early, early]
+
+    pending = asyncio.create_task(_invoke(c, channel, held, hold=60.0))
+    await _until(lambda: _pings_busy(emu, held))  # the agent holds it
+    await c.stop_runtime_session(agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=held)
+    with pytest.raises(ClientError) as cut:
+        await pending
+    error = cut.value.response["Error"]
+    assert error["Code"] == "RuntimeClientError"
+    assert error["Message"] == "session ended (stopped) during the invocation"
+
+
+async def _pings_busy(emu, sid: str) -> bool:
+    session = emu.sessions.get(sid)
+    if session is None or not session.ready.is_set():
+        return False
+    async with aiohttp.ClientSession() as http:
+        return await session.agent.busy(http)

@@ -11,9 +11,9 @@ Each new session gets its own agent (`agents.py`), which receives the headers th
 forwards; replies are passed through as the agent produces them (streams stay streams), within
 the service's time caps.
 
-Simulated: cold start, the three quotas as the service counts them (`quotas.py`), idle
-timeout, max lifetime, and injected throttling. Counters and peaks let tests check a client's
-bounds.
+Simulated: cold start, the three quotas as the service counts them (`quotas.py`), the idle
+timeout and max lifetime as the service judges them (`_watch`), and injected throttling.
+Counters and peaks let tests check a client's bounds.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ log = logging.getLogger("agentcore_rollout.local.runtime")
 
 DEFAULT_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
 STREAM_TIMEOUT = 60 * 60.0  # the service's cap on a streaming invocation
+PING_EVERY_MAX = 2.0  # an idle session's agent is asked `/ping` at least this often
 _STREAM_TYPES = ("text/event-stream",)
 # Headers aiohttp would add on its own: the agent gets these only as the caller sent them.
 _NOT_ADDED = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
@@ -128,12 +129,18 @@ class _Session:
     session_id: str
     key: tuple[str, str, str]
     created: float
-    last_active: float
     agent: Agent | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     failed: str | None = None
+    """Why its agent did not start."""
+    ended: str | None = None
+    """Why it ended: what an invocation still attached to it is told."""
     in_flight: int = 0
-    """Invocations being answered: a session with one is not idle, whatever its ping says."""
+    """Invocations attached to it, from their arrival to the end of their reply: a session
+    with one is busy, whatever its agent's ping says."""
+    idle_since: float | None = None
+    """When it last became idle (nothing in flight, its agent not HealthyBusy); None: busy."""
+    watcher: asyncio.Task[None] | None = None
 
 
 class RuntimeEmulator(Server):
@@ -161,7 +168,7 @@ class RuntimeEmulator(Server):
             throttle_every=config.throttle_every,
         )
         self._http: aiohttp.ClientSession | None = None
-        self._reaper: asyncio.Task[None] | None = None
+        self._watchers: set[asyncio.Task[None]] = set()
         self._shared: SharedApp | None = None
 
     @property
@@ -187,21 +194,20 @@ class RuntimeEmulator(Server):
         # No total timeout: the service's caps (sync_timeout, stream_timeout) are applied per
         # invocation; a connect that hangs is still bounded. No connection limit either: open
         # streams must not queue other sessions' invocations (only the quotas bound them).
+        # A pooled connection is dropped after 1 s unused, before an agent's server drops it
+        # (uvicorn: 5 s): one reused as the agent closes it fails the request mid-write.
         self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=1.0),
             timeout=aiohttp.ClientTimeout(total=None, connect=10),
             auto_decompress=False,
         )
-        self._reaper = asyncio.create_task(self._reap())
 
     async def _shutdown(self, app: web.Application) -> None:
         """No longer listening, before the replies in flight are awaited: every agent is
         stopped first, so no reply still waits on one."""
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-        await asyncio.gather(*(self._end(s, self.expired) for s in list(self._sessions.values())))
+        sessions = list(self._sessions.values())
+        await asyncio.gather(*(self._end(s, "shutdown", self.expired) for s in sessions))
+        await asyncio.gather(*self._watchers, return_exceptions=True)  # ends under way
         if self._shared is not None:
             await asyncio.to_thread(self._shared.stop)
         if self._http is not None:
@@ -260,14 +266,22 @@ class RuntimeEmulator(Server):
         payload = await _read_payload(request)
         self.quotas.admit_invoke()
         session = self._sessions.get(key)
-        if session is not None:
+        opening = session is None
+        if session is None:
+            self.quotas.admit_session(len(self._sessions))
+            session = self._open(key)
+        session.in_flight += 1  # busy from the invocation's arrival, its agent's start included
+        session.idle_since = None
+        try:
+            if opening:
+                with self.starting:
+                    await self._launch(session)
             await session.ready.wait()
-        else:
-            with self.starting:
-                self.quotas.admit_session(len(self._sessions))
-                session = self._open(key)
-                await self._launch(session)
-        return await self._forward(session, payload, request)
+            return await self._forward(session, payload, request)
+        finally:
+            session.in_flight -= 1
+            if not session.in_flight:
+                session.idle_since = time.monotonic()
 
     async def _stop_session(self, request: web.Request) -> web.StreamResponse:
         self.counts["stop"] += 1
@@ -276,22 +290,25 @@ class RuntimeEmulator(Server):
         session = self._sessions.get(key)
         if session is None:
             raise ApiError("ResourceNotFoundException", f"Session {sid} not found")
-        await self._end(session, self.stopped)
+        await self._end(session, "stopped", self.stopped)
         headers = {SESSION_HEADER: sid, REQUEST_ID_HEADER: request[_REQUEST_ID]}
         return web.json_response({}, headers=headers)
 
     def _open(self, key: tuple[str, str, str]) -> _Session:
-        now = time.monotonic()
-        session = _Session(key[2], key, created=now, last_active=now)
+        session = _Session(key[2], key, created=time.monotonic())
         self._sessions[key] = session
         self.live.add()
         self.started.append(session.session_id)
         return session
 
     async def _launch(self, session: _Session) -> None:
+        """Start the session's agent and its watcher; a session ended meanwhile (a stop)
+        starts neither, and its invocations are told it ended."""
         cfg = self.config
         try:
             await asyncio.sleep(cfg.cold_start)
+            if session.ended:
+                return
             if self._shared is not None:
                 session.agent = InProcessAgent(self._shared, session.session_id)
             else:
@@ -303,14 +320,23 @@ class RuntimeEmulator(Server):
                     log_dir=cfg.log_dir,
                 )
                 session.agent = agent
+                if session.ended:  # during the spawn, so `_end` saw no agent to stop
+                    await agent.terminate()
+                    return
                 assert self._http is not None
                 await agent.wait_ready(self._http, cfg.agent_ready_timeout)
         except Exception as e:
+            if session.ended:  # stopped while starting: not the agent's failure
+                return
             session.failed = f"agent failed to start: {e}"
-            await self._end(session, self.expired)
+            await self._end(session, session.failed, self.expired)
             raise ApiError("RuntimeClientError", session.failed) from None
         finally:
             session.ready.set()
+        if not session.ended:
+            session.watcher = watcher = asyncio.create_task(self._watch(session))
+            self._watchers.add(watcher)
+            watcher.add_done_callback(self._watchers.discard)
 
     async def _forward(
         self, session: _Session, payload: bytes, request: web.Request
@@ -319,14 +345,19 @@ class RuntimeEmulator(Server):
         headers first, then each chunk as the agent writes it (an SSE stream stays a stream).
         The service's caps bound it: `sync_timeout` until the reply's headers and for a plain
         reply's body, `stream_timeout` for an event stream."""
+        if session.failed is not None:
+            raise ApiError("RuntimeClientError", session.failed)
+        if session.ended is not None:
+            # It ended (a stop, its max lifetime) before this reached its agent: a conflict a
+            # retry resolves, in a new session, rather than a request sent to a dying agent.
+            raise ApiError(
+                "RetryableConflictException",
+                f"Session {session.session_id} ended ({session.ended}) before the invocation "
+                "reached it; retry to start a new one",
+            )
         if session.agent is None or not session.agent.alive():
-            raise ApiError("RuntimeClientError", session.failed or "agent is not running")
-        session.in_flight += 1
-        try:
-            return await self._exchange(session, payload, request)
-        finally:
-            session.in_flight -= 1
-            session.last_active = time.monotonic()
+            raise ApiError("RuntimeClientError", "agent is not running")
+        return await self._exchange(session, payload, request)
 
     async def _exchange(
         self, session: _Session, payload: bytes, request: web.Request
@@ -366,6 +397,9 @@ class RuntimeEmulator(Server):
                         reply.headers[name] = upstream.headers[name]
                 return await self._relay(session, upstream, reply, request, began + cap)
         except (aiohttp.ClientError, TimeoutError) as e:
+            if session.ended is not None:  # stopped under it: say so, not how the socket broke
+                why = f"session ended ({session.ended}) during the invocation"
+                raise ApiError("RuntimeClientError", why) from None
             why = f"timed out after {cap:.0f}s" if isinstance(e, TimeoutError) else str(e)
             raise ApiError("RuntimeClientError", f"agent unreachable: {why}") from None
 
@@ -385,7 +419,6 @@ class RuntimeEmulator(Server):
                 asyncio.get_running_loop().time() + deadline - time.monotonic()
             ):
                 async for chunk in upstream.content.iter_any():
-                    session.last_active = time.monotonic()
                     await reply.write(chunk)
             await reply.write_eof()
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
@@ -397,35 +430,46 @@ class RuntimeEmulator(Server):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def _end(self, session: _Session, ledger: list[str]) -> None:
+    async def _end(self, session: _Session, why: str, ledger: list[str]) -> None:
         if self._sessions.pop(session.key, None) is None:
             return
+        session.ended = why
         self.live.remove()
         ledger.append(session.session_id)
+        if session.watcher is not None and session.watcher is not asyncio.current_task():
+            session.watcher.cancel()
         if session.agent is not None:
             await session.agent.terminate()
 
-    async def _reap(self) -> None:
-        """Idle timeout (agent not busy), max lifetime, and agents that died."""
+    async def _watch(self, session: _Session) -> None:
+        """A started session's end, as the service judges it: when its agent exits, at its
+        max lifetime (busy or not), or after `idle_timeout` idle. Idle is the agent's word:
+        with no invocation in flight it is asked `/ping` every quarter of the idle timeout
+        (at most `PING_EVERY_MAX` apart), HealthyBusy keeps it busy, and the timeout counts
+        from when it last became idle, so work acknowledged at once and run in the background
+        (`add_async_task`) is never cut short."""
+        assert session.agent is not None and self._http is not None
+        agent, cfg = session.agent, self.config
+        end_of_life = session.created + cfg.max_lifetime
+        every = min(cfg.idle_timeout / 4, PING_EVERY_MAX)
         while True:
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(max(0.0, min(every, end_of_life - time.monotonic())))
+            if not agent.alive():
+                return await self._end(session, "its agent exited", self.expired)
+            if time.monotonic() >= end_of_life:
+                return await self._end(session, "max lifetime", self.expired)
+            if session.in_flight:
+                continue
+            busy = await agent.busy(self._http)
+            if session.in_flight:  # an invocation arrived while the agent answered
+                continue
             now = time.monotonic()
-            for session in list(self._sessions.values()):
-                agent = session.agent
-                if agent is None:
-                    continue
-                if not agent.alive() or now - session.created > self.config.max_lifetime:
-                    await self._end(session, self.expired)
-                    continue
-                if session.in_flight:
-                    session.last_active = now
-                    continue
-                if now - session.last_active > self.config.idle_timeout:
-                    assert self._http is not None
-                    if await agent.busy(self._http):
-                        session.last_active = now
-                    else:
-                        await self._end(session, self.expired)
+            if busy:
+                session.idle_since = None
+            elif session.idle_since is None:
+                session.idle_since = now
+            elif now - session.idle_since >= cfg.idle_timeout:
+                return await self._end(session, "idle timeout", self.expired)
 
 
 async def _read_payload(request: web.Request) -> bytes:
