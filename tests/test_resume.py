@@ -129,7 +129,9 @@ async def test_resume_collects_a_result_already_in_s3_without_invoking(moto, cha
 async def test_a_failed_write_loses_nothing_and_resume_recovers_each_result_once(
     moto, channel, emulator, tmp_path
 ):
-    emu = await emulator()
+    # Each start takes 0.3 s, so when a row fails a start is likely under way: it must not be
+    # cancelled mid-invocation (its session stopped unjournaled, its agent run again).
+    emu = await emulator(cold_start=0.3)
     # Rows of ~4.6 KB (the agent returns a 4,000-byte trajectory): the fourth passes LIMIT.
     rows = [{"a": i, "b": 1, "sleep": 0.5, "mode": "big", "size": 4000} for i in range(12)]
     data = tmp_path / "data.jsonl"
@@ -143,10 +145,21 @@ async def test_a_failed_write_loses_nothing_and_resume_recovers_each_result_once
     out = tmp_path / "out"
     argv = ["--config", str(config), "--env-file", str(tmp_path / "none.env")]
 
-    first = await _cli(
-        "run", *argv, "--data", str(data), "--n", "1", "--out", str(out), cwd=tmp_path, limited=True
-    )
-    code, stderr = await _ended(first)
+    # Requests too many to journal (their lines pass LIMIT): refused, nothing started.
+    padded = tmp_path / "padded.jsonl"
+    padded.write_text("".join(json.dumps({**r, "pad": "x" * 2000}) + "\n" for r in rows))
+    run = ["run", *argv, "--n", "1", "--out", str(out)]
+    code, stderr = await _ended(await _cli(*run, "--data", str(padded), cwd=tmp_path, limited=True))
+    assert (
+        code == 2
+        and "Traceback" not in stderr
+        and stderr.strip().splitlines()[-1]
+        == (f"error: run.out: cannot write {out}/journal.jsonl: File too large")
+    ), stderr[-3000:]
+    assert (out / "journal.jsonl").read_text() == "" and emu.started == []
+
+    # A fresh run may take the folder (nothing ran there); this one's rows pass LIMIT mid-run.
+    code, stderr = await _ended(await _cli(*run, "--data", str(data), cwd=tmp_path, limited=True))
     assert code == 4, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     assert stderr.strip().splitlines()[-1] == (

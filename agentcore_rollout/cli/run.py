@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import Config, EngineStats, RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome
 from .dataset import build_requests, read_dataset
-from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED
+from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, UsageError
 from .journal import JOURNAL, ROLLOUTS, Journal, Journaled, Lines, left_open, run_secret
 from .outdir import locked, prepare_out
 from .summary import SUMMARY, RunSummary
@@ -69,8 +69,9 @@ class RunState:
         step, stats, wall_time = self.figures()
         batch = RolloutBatch(step, list(self.outcomes.values()), stats, wall_time)
         summary = RunSummary.of(batch, interrupted=interrupted).counting_in(self.ended_before)
+        summary = replace(summary, write_error=self.write_error)
         try:
-            replace(summary, write_error=self.write_error).write(self.out)
+            (self.out / SUMMARY).write_text(summary.to_json())
         except OSError as e:
             self.failed(self.out / SUMMARY, e)
         return replace(summary, write_error=self.write_error)
@@ -129,6 +130,8 @@ async def roll_out(
         journal = Journal(lines)
         if not resumed:
             journal.submitted([j.request for j in jobs], config.run.step)
+            if run.write_error:  # none journaled (one write), none started: nothing to resume
+                raise UsageError(f"run.out: {run.write_error}")
         handles = [
             engine.resume(
                 j.request,

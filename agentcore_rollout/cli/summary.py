@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 from .. import EngineStats, Outcome, RolloutBatch, RolloutOutcome
 
@@ -84,15 +83,6 @@ class RunSummary:
             outcomes=outcomes,
             resumed_after=len(ended),
         )
-
-    def write(self, out: Path) -> None:
-        """OUT/summary.json, whole or not at all (written aside, then renamed)."""
-        aside = out / f".{SUMMARY}"
-        try:
-            aside.write_text(self.to_json())
-            aside.replace(out / SUMMARY)
-        finally:
-            aside.unlink(missing_ok=True)
 
     def to_json(self) -> str:
         """summary.json's text: `resumed_after` and `write_error` only when they happened."""
