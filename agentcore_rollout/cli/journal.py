@@ -67,19 +67,7 @@ class Journal:
         self.started_ids: set[str] = set()  # written or not: a session that started
 
     def submitted(self, requests: list[RolloutRequest], step: int) -> None:
-        self._lines.write(
-            *(
-                {
-                    "kind": "request",
-                    "request_id": r.request_id,
-                    "input_id": r.input_id,
-                    "sample_index": r.sample_index,
-                    "step": step,
-                    "payload": r.payload,
-                }
-                for r in requests
-            )
-        )
+        self._lines.write(*({"kind": "request", "step": step, **vars(r)} for r in requests))
 
     def started(self, start: RolloutStart) -> None:
         self.started_ids.add(start.request.request_id)

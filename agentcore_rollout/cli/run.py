@@ -61,7 +61,7 @@ class RunState:
         if self.write_error is None:
             self.write_error = f"cannot write {path}: {error.strerror}"
             said = f"{self.write_error}: starting no more sessions; the running ones finish"
-            console.print(said, style="red", markup=False)
+            console.print(said, style="red", markup=False, soft_wrap=True)
             self.write_failed.set()
 
     def summary(self, *, interrupted: bool) -> RunSummary:
