@@ -252,7 +252,7 @@ def test_careless_input_is_one_line_and_starts_nothing(
         (["--steps", "0"], "config: train.steps: Input should be greater than or equal to 1"),
         (["--max-staleness", "-1"], "config: engine.limits.max_staleness: Input should be greater"),
         (["--data", "{tmp}/none.jsonl"], "data: cannot read {tmp}/none.jsonl"),
-        (["--out", "{a_file}"], "train.out: cannot write {a_file}"),
+        (["--out", "{a_file}"], "train.out: {a_file} exists and is not a directory"),
     ],
 )
 def test_train_checks_its_input_before_anything_starts(
@@ -279,7 +279,7 @@ def test_overrides_go_anywhere_and_the_input_is_checked_before_the_stack(
     [local] = stack_starts
     assert local.cold_start == 0.5 and local.max_sessions == 7
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["journal.jsonl", "rollouts.jsonl", "run_secret", "summary.json"]
+    assert names == ["journal.jsonl", "lock", "rollouts.jsonl", "run_secret", "summary.json"]
     assert (out / "run_secret").stat().st_mode & 0o077 == 0  # readable by its owner only
 
 
@@ -290,7 +290,7 @@ def test_default_config_is_configs_local_yaml_in_the_repository_only(
     anywhere else the built-in defaults (what configs/engine.yaml lists)."""
     seen = []
 
-    async def recording_run(config, requests, out, *, interrupted, resumed=False):
+    async def recording_run(config, requests, run, *, interrupted, resumed=False):
         seen.append((config, len(requests)))
         raise RuntimeError("the test stops here")
 
@@ -370,6 +370,71 @@ def test_a_run_with_too_few_ok_exits_3_and_still_writes_its_outputs(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["outcomes"]["agent_error"] == 2 and summary["interrupted"] is False
     assert "reward mean per group" in stderr  # the summary was printed
+
+
+def test_one_run_per_folder_and_a_second_ctrl_c_exits_quietly(
+    tmp_path, dataset, capsys, stack_starts
+):
+    data = tmp_path / "slow.jsonl"
+    rows = [{"a": i, "b": 1, "sleep": 0.0 if i < 2 else 60.0} for i in range(6)]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "agentcore_rollout.cli", "run", "--data", str(data)),
+            *("--n", "1", "--out", str(out), "local.app=tests.agents.basic:app"),
+            # One stop per 5 s: the first Ctrl-C's clean stop lasts long enough to force.
+            *("engine.dispatch.max_live_sessions=6", "engine.dispatch.stop_rate=0.2"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    sink = out / "rollouts.jsonl"
+    give_up = time.monotonic() + 120
+    while not (sink.exists() and len(sink.read_text().splitlines()) >= 2):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < give_up, "no rollout finished in time"
+        time.sleep(0.2)
+    family = _descendants(proc.pid)
+
+    # A second run, or `train`, on the folder in use: refused in one line naming the owner.
+    for argv, key in [(["run", "--data", str(dataset)], "run.out"), (["train"], "train.out")]:
+        assert main([*argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {key}: {out} is in use by another process (pid {proc.pid})\n"
+    assert stack_starts == []
+
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)  # a gap between the two presses (either order of handling is fine)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [json.loads(line) for line in sink.read_text().splitlines()]  # each whole
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["requests"] == len(lines) >= 2
+    last = stderr.strip().splitlines()[-1]
+    assert last == f"forced: exiting now; {len(lines)} requests ended, in summary.json"
+    give_up = time.monotonic() + 30
+    while [p for p in family if _alive(p)]:  # the stack's children exit with their parent
+        assert time.monotonic() < give_up, [p for p in family if _alive(p)]
+        time.sleep(0.2)
+
+    # The lock went with the process; the folder now holds a run's output.
+    fresh = ["run", "--data", str(dataset), "--out", str(out)]
+    assert main(fresh) == 2
+    assert capsys.readouterr().err == (
+        f"error: run.out: {out} holds a run's output: --resume {out} to finish it, or "
+        "--overwrite to replace it\n"
+    )
+    for argv in (["run", "--resume", str(out)], [*fresh, "--overwrite"]):
+        assert main(argv) == 2  # past the lock and the folder's checks: the stack is next
+        assert "the test refuses to start the local stack" in capsys.readouterr().err
+    assert len(stack_starts) == 2
+    assert sink.read_text() == "" and (out / "journal.jsonl").read_text() == ""  # overwritten
 
 
 def test_malformed_dataset_line_is_named(tmp_path, capsys):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
+import signal
 import sys
 import time
 from collections import Counter
@@ -24,7 +26,10 @@ from .conftest import REGION, engine_config
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def _cli(*args: str, cwd: Path) -> asyncio.subprocess.Process:
+LIMIT = 16 * 1024  # bytes any one file may reach in a run that hits the limit: about 3 rows
+
+
+async def _cli(*args: str, cwd: Path, limited: bool = False) -> asyncio.subprocess.Process:
     env = {**os.environ, **LOCAL_CREDENTIALS, "AWS_DEFAULT_REGION": REGION, "PYTHONPATH": str(ROOT)}
     return await asyncio.create_subprocess_exec(
         sys.executable,
@@ -35,7 +40,19 @@ async def _cli(*args: str, cwd: Path) -> asyncio.subprocess.Process:
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        preexec_fn=_limit_file_size if limited else None,
     )
+
+
+async def _ended(proc: asyncio.subprocess.Process) -> tuple[int | None, str]:
+    _, stderr = await asyncio.wait_for(proc.communicate(), 120)
+    return proc.returncode, stderr.decode()
+
+
+def _limit_file_size() -> None:
+    """In the child: writes past LIMIT fail with EFBIG (SIGXFSZ ignored, as Python does)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
 
 
 async def test_sigkilled_run_resumes_without_running_an_agent_twice(
@@ -107,6 +124,71 @@ async def test_resume_collects_a_result_already_in_s3_without_invoking(moto, cha
     assert again.outcome == "ok" and again.reward == expected_reward(request.payload)
     assert again.started_at is None  # collected, not run
     assert emu.counts["invoke"] == 1
+
+
+async def test_a_failed_write_loses_nothing_and_resume_recovers_each_result_once(
+    moto, channel, emulator, tmp_path
+):
+    # Each start takes 0.3 s, so when a row fails a start is likely under way: it must not be
+    # cancelled mid-invocation (its session stopped unjournaled, its agent run again).
+    emu = await emulator(cold_start=0.3)
+    # Rows of ~4.6 KB (the agent returns a 4,000-byte trajectory): the fourth passes LIMIT.
+    rows = [{"a": i, "b": 1, "sleep": 0.5, "mode": "big", "size": 4000} for i in range(12)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    engine = engine_config(
+        moto, channel, emu, exp_id="full", start_rate=20.0, max_live_sessions=4
+    ).model_dump(mode="json")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"stack": "aws", "engine": engine}))
+    (tmp_path / "none.env").write_text("")
+    out = tmp_path / "out"
+    argv = ["--config", str(config), "--env-file", str(tmp_path / "none.env")]
+
+    # Requests too many to journal (their lines pass LIMIT): refused, nothing started.
+    padded = tmp_path / "padded.jsonl"
+    padded.write_text("".join(json.dumps({**r, "pad": "x" * 2000}) + "\n" for r in rows))
+    run = ["run", *argv, "--n", "1", "--out", str(out)]
+    code, stderr = await _ended(await _cli(*run, "--data", str(padded), cwd=tmp_path, limited=True))
+    assert (
+        code == 2
+        and "Traceback" not in stderr
+        and stderr.strip().splitlines()[-1]
+        == (f"error: run.out: cannot write {out}/journal.jsonl: File too large")
+    ), stderr[-3000:]
+    assert (out / "journal.jsonl").read_text() == "" and emu.started == []
+
+    # A fresh run may take the folder (nothing ran there); this one's rows pass LIMIT mid-run.
+    code, stderr = await _ended(await _cli(*run, "--data", str(data), cwd=tmp_path, limited=True))
+    assert code == 4, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f"error: cannot write {out}/rollouts.jsonl: File too large; no result is lost (they "
+        f"are in S3): once {out} is writable, agentcore-rollout run --resume {out}"
+    )
+    written = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert 0 < len(written) < 12  # every line whole: each parses
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["write_error"] == f"cannot write {out}/rollouts.jsonl: File too large"
+    # It stopped starting sessions, and every one it started finished into S3.
+    started = Counter(emu.started)
+    assert len(written) < len(started) < 12 and set(started.values()) == {1}
+    s3 = moto.client("s3")
+    in_s3 = s3.list_objects_v2(Bucket=channel.bucket, Prefix="rollouts/full/")["KeyCount"]
+    assert in_s3 == len(started)
+
+    code, stderr = await _ended(await _cli("run", *argv, "--resume", str(out), cwd=tmp_path))
+    assert code == 0, stderr[-3000:]
+    lines = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    per_request = Counter(line["request_id"] for line in lines)
+    assert len(per_request) == 12 and set(per_request.values()) == {1}  # no row twice
+    assert [line["outcome"] for line in lines] == ["ok"] * 12
+    # Collected from S3, not run again: one invocation per request across both runs.
+    invoked = Counter(emu.started)
+    assert len(invoked) == 12 and set(invoked.values()) == {1}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["outcomes"]["ok"] == 12 and summary["resumed_after"] == len(written)
+    assert "write_error" not in summary
 
 
 def _results(s3, bucket: str) -> int:

@@ -14,10 +14,13 @@ root), else the built-in defaults that configs/engine.yaml lists. Dotted overrid
 (`engine.key=value`) may go anywhere.
 
 Exit codes: 0 when at least `run.min_ok_fraction` of the requests ended `ok`; 3 when fewer
-did (rollouts.jsonl and summary.json are still written, the summary still printed); 130 when
-interrupted, after writing every request's outcome (the unfinished ones as `cancelled`); 2 for
-a usage, config, dataset or output-directory error, which is one line on stderr and is found
-before anything starts.
+did (rollouts.jsonl and summary.json are still written, the summary still printed); 4 when the
+output could not be written (disk full, read-only...): no new session was started, the running
+ones finished into S3, and `run --resume OUT` collects them once it is writable; 130 when
+interrupted, after writing every request's outcome (the unfinished ones as `cancelled`), or at
+once on a second Ctrl-C, with the summary of what ended; 2 for a usage, config, dataset or
+output-directory error (a folder another run holds, or one with a run's output without
+`--resume` or `--overwrite`), which is one line on stderr and is found before anything starts.
 
 One module per concept, `args` first (docs/ARCHITECTURE.md lists them); they use the public
 API only, so the CLI is a user of the engine like any trainer.

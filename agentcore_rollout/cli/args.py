@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             return infra_command(args)
         config = _load(args)
         if args.command == "run":
-            return run_command(config, args.resume)
+            return run_command(config, args.resume, args.overwrite)
         if args.command == "train":
             from .train import train_command  # lazily: numpy, the local trainer
 
@@ -114,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="take over the run that wrote OUT (after a crash): collect what its agents wrote, "
         "wait for what still runs, start only what never started",
+    )
+    run_p.add_argument(
+        "--overwrite", action="store_true", help="replace the output of an earlier run in --out"
     )
     train_p = sub.add_parser(
         "train", help="GRPO on the local toy policy through the whole pipeline; draws its curve"

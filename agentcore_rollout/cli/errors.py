@@ -1,7 +1,7 @@
 """How the CLI fails: the error for input it cannot use, and its exit codes (see the package's
 docstring for when each is returned)."""
 
-EXIT_ERROR, EXIT_TOO_FEW_OK, EXIT_INTERRUPTED = 2, 3, 130
+EXIT_ERROR, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, EXIT_INTERRUPTED = 2, 3, 4, 130
 
 
 class UsageError(ValueError):

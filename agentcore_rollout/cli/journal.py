@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from .. import RolloutRequest, RolloutStart
 from ..contract import new_run_secret
@@ -32,27 +34,44 @@ class Journaled:
     gateway_session_id: str | None = None
 
 
-class Journal:
-    """Appends events to the open journal.jsonl `sink`, one line each, flushed as written."""
+class Lines:
+    """An append-only JSONL file of whole lines: each write is one unit, and one cut short (a
+    full disk, a file-size limit) is cut back off, so no reader meets a torn line. A failed
+    write goes to `failed` and is not raised: the caller may be the engine's `on_start`, where
+    an error would stop a session that has started (and its agent would run again on resume)."""
 
-    def __init__(self, sink: IO[str]) -> None:
-        self._sink = sink
+    def __init__(self, path: Path, failed: Callable[[Path, OSError], None]) -> None:
+        self.path, self._failed = path, failed
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, *records: dict[str, Any]) -> None:
+        data = "".join(json.dumps(r) + "\n" for r in records).encode()
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError as e:
+            with suppress(OSError):
+                os.ftruncate(self._fd, end)
+            self._failed(self.path, e)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class Journal:
+    """Journals requests (all at once, before any is submitted) and the sessions started."""
+
+    def __init__(self, lines: Lines) -> None:
+        self._lines = lines
+        self.started_ids: set[str] = set()  # written or not: a session that started
 
     def submitted(self, requests: list[RolloutRequest], step: int) -> None:
-        for r in requests:
-            self._write(
-                {
-                    "kind": "request",
-                    "request_id": r.request_id,
-                    "input_id": r.input_id,
-                    "sample_index": r.sample_index,
-                    "step": step,
-                    "payload": r.payload,
-                }
-            )
+        self._lines.write(*({"kind": "request", "step": step, **vars(r)} for r in requests))
 
     def started(self, start: RolloutStart) -> None:
-        self._write(
+        self.started_ids.add(start.request.request_id)
+        self._lines.write(
             {
                 "kind": "started",
                 "request_id": start.request.request_id,
@@ -60,10 +79,6 @@ class Journal:
                 "gateway_session_id": start.gateway_session_id,
             }
         )
-
-    def _write(self, line: dict[str, Any]) -> None:
-        self._sink.write(json.dumps(line) + "\n")
-        self._sink.flush()
 
 
 def left_open(out: Path) -> tuple[list[Journaled], list[str]]:

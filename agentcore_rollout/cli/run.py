@@ -5,72 +5,109 @@ the exit code. Everything the user's input can get wrong is checked before the s
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 
-from .. import Config, RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome
+from .. import Config, EngineStats, RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome
 from .dataset import build_requests, read_dataset
-from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, UsageError
-from .journal import JOURNAL, ROLLOUTS, Journal, Journaled, left_open, run_secret
+from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, UsageError
+from .journal import JOURNAL, ROLLOUTS, Journal, Journaled, Lines, left_open, run_secret
+from .outdir import locked, prepare_out
 from .summary import SUMMARY, RunSummary
 from .views import console, print_summary, progress_bar, run_async
 
 
-def run_command(config: Config, resume: str | None) -> int:
+def run_command(config: Config, resume: str | None, overwrite: bool = False) -> int:
     """`run`, fresh or `--resume OUT`: the exit code."""
     if resume is None:
         out = Path(config.run.out)
         requests = build_requests(read_dataset(Path(config.run.data)), config.run.n)
-        prepare_out(out, fresh=True)
         jobs = [Journaled(r, config.run.step) for r in requests]
         ended_before: list[str] = []
     else:
         out = Path(resume)
-        prepare_out(out, fresh=False)
-        jobs, ended_before = left_open(out)
-    secret = run_secret(out, config.engine.run_secret, resume=resume is not None)
-    config = config.model_copy(
-        update={"engine": config.engine.model_copy(update={"run_secret": secret})}
-    )
-    summary = run_async(
-        lambda stop: roll_out(config, jobs, out, resumed=resume is not None, interrupted=stop)
-    ).counting_in(ended_before)
-    (out / SUMMARY).write_text(summary.to_json())
+    with locked(out, "run.out" if resume is None else "--resume"):
+        prepare_out(out, fresh=resume is None, overwrite=overwrite)
+        if resume is not None:
+            jobs, ended_before = left_open(out)
+        secret = run_secret(out, config.engine.run_secret, resume=resume is not None)
+        config = config.model_copy(
+            update={"engine": config.engine.model_copy(update={"run_secret": secret})}
+        )
+        run = RunState(out, ended_before)
+        summary = run_async(
+            lambda stop: roll_out(config, jobs, run, resumed=resume is not None, interrupted=stop),
+            forced=run.forced,
+        )
+        return _finish(summary, out, config.run.min_ok_fraction)
+
+
+class RunState:
+    """What a run has so far, so that even a forced exit writes its summary: the outcomes (in
+    rollouts.jsonl as they arrive), the first write error, the engine's figures."""
+
+    def __init__(self, out: Path, ended_before: list[str]) -> None:
+        self.out, self.ended_before = out, ended_before
+        self.outcomes: dict[str, RolloutOutcome] = {}
+        self.write_error: str | None = None
+        self.write_failed = asyncio.Event()
+        self.figures: Callable[[], tuple[int, EngineStats, float]] = lambda: (0, EngineStats(), 0)
+
+    def failed(self, path: Path, error: OSError) -> None:
+        if self.write_error is None:
+            self.write_error = f"cannot write {path}: {error.strerror}"
+            said = f"{self.write_error}: starting no more sessions; the running ones finish"
+            console.print(said, style="red", markup=False, soft_wrap=True)
+            self.write_failed.set()
+
+    def summary(self, *, interrupted: bool) -> RunSummary:
+        """The figures so far, written to summary.json if it can be."""
+        step, stats, wall_time = self.figures()
+        batch = RolloutBatch(step, list(self.outcomes.values()), stats, wall_time)
+        summary = RunSummary.of(batch, interrupted=interrupted).counting_in(self.ended_before)
+        summary = replace(summary, write_error=self.write_error)
+        try:
+            (self.out / SUMMARY).write_text(summary.to_json())
+        except OSError as e:
+            self.failed(self.out / SUMMARY, e)
+        return replace(summary, write_error=self.write_error)
+
+    def forced(self) -> str:
+        """A second Ctrl-C: the summary of what ended."""
+        return f"; {self.summary(interrupted=True).requests} requests ended, in {SUMMARY}"
+
+
+def _finish(summary: RunSummary, out: Path, min_ok_fraction: float) -> int:
+    """Print the tables and the exit code's one line; the exit code."""
     print_summary(summary)
+    code = exit_code(summary, min_ok_fraction)
+    if code == EXIT_WRITE_FAILED:
+        print(
+            f"error: {summary.write_error}; no result is lost (they are in S3): once {out} is "
+            f"writable, agentcore-rollout run --resume {out}",
+            file=sys.stderr,
+        )
+        return code
     console.print(f"wrote {out / ROLLOUTS} and {out / SUMMARY}")
-    code = exit_code(summary, config.run.min_ok_fraction)
     if code == EXIT_INTERRUPTED:
         console.print("[yellow]interrupted: unfinished requests were cancelled")
     elif code == EXIT_TOO_FEW_OK:
         print(
             f"error: {summary.ok} of {summary.requests} requests ended ok, fewer than "
-            f"run.min_ok_fraction={config.run.min_ok_fraction}",
+            f"run.min_ok_fraction={min_ok_fraction}",
             file=sys.stderr,
         )
     return code
 
 
-def prepare_out(out: Path, *, fresh: bool) -> None:
-    """Create the output directory and its files once, so a run never fails at its end (or
-    after the local stack started) for want of a place to write. A fresh run starts them
-    empty; a resumed one appends."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in (ROLLOUTS, SUMMARY, JOURNAL):
-            (out / name).open("w" if fresh else "a").close()
-    except FileExistsError:
-        raise UsageError(f"run.out: {out} exists and is not a directory") from None
-    except OSError as e:
-        raise UsageError(f"run.out: cannot write {e.filename}: {e.strerror}") from None
-
-
 async def roll_out(
     config: Config,
     jobs: list[Journaled],
-    out: Path,
+    run: RunState,
     *,
     resumed: bool = False,
     interrupted: asyncio.Event,
@@ -87,9 +124,14 @@ async def roll_out(
             engine_config = local.engine_config(config.engine)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
         began, before = time.monotonic(), engine.stats()
-        journal = Journal(stack.enter_context((out / JOURNAL).open("a")))
+        run.figures = lambda: (engine.step, engine.stats().since(before), time.monotonic() - began)
+        lines = Lines(run.out / JOURNAL, run.failed)
+        stack.callback(lines.close)
+        journal = Journal(lines)
         if not resumed:
             journal.submitted([j.request for j in jobs], config.run.step)
+            if run.write_error:  # none journaled (one write), none started: nothing to resume
+                raise UsageError(f"run.out: {run.write_error}")
         handles = [
             engine.resume(
                 j.request,
@@ -103,15 +145,18 @@ async def roll_out(
             else engine.submit(j.request, timeout=config.run.timeout, on_start=journal.started)
             for j in jobs
         ]
-        outcomes = await _collect(engine, handles, out / ROLLOUTS, interrupted)
-        wall_time = time.monotonic() - began
-        batch = RolloutBatch(engine.step, outcomes, engine.stats().since(before), wall_time)
-    return RunSummary.of(batch, interrupted=interrupted.is_set())
+        await _collect(engine, handles, run, journal, interrupted)
+        run.outcomes = {h.request.request_id: run.outcomes[h.request.request_id] for h in handles}
+        summary = run.summary(interrupted=interrupted.is_set())
+    return summary
 
 
 def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
-    """130 if interrupted; else 3 if fewer than `min_ok_fraction` of the requests ended `ok`,
-    so a script or CI job notices a run that produced little or nothing; else 0."""
+    """4 if a write failed; 130 if interrupted; else 3 if fewer than `min_ok_fraction` of the
+    requests ended `ok`, so a script or CI job notices a run that produced little or nothing;
+    else 0."""
+    if summary.write_error:
+        return EXIT_WRITE_FAILED
     if summary.interrupted:
         return EXIT_INTERRUPTED
     ok_fraction = summary.ok / summary.requests
@@ -119,26 +164,54 @@ def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
 
 
 async def _collect(
-    engine: RolloutEngine, handles: list[RolloutHandle], path: Path, interrupted: asyncio.Event
-) -> list[RolloutOutcome]:
-    """Write each outcome as it arrives; an interrupt cancels what is left."""
-    stop_all = asyncio.create_task(_cancel_on(interrupted, handles))
-    by_id: dict[str, RolloutOutcome] = {}
+    engine: RolloutEngine,
+    handles: list[RolloutHandle],
+    run: RunState,
+    journal: Journal,
+    interrupted: asyncio.Event,
+) -> None:
+    """Write each outcome as it arrives, until a write fails (then none: --resume takes the
+    rest from S3 and the journal); an interrupt cancels what is left."""
+    watchers = [
+        asyncio.create_task(_cancel_on(interrupted, handles)),
+        asyncio.create_task(_stop_starting(run.write_failed, engine, handles, journal)),
+    ]
+    rows = Lines(run.out / ROLLOUTS, run.failed)
     try:
-        with progress_bar(len(handles)) as update, path.open("a") as sink:
+        with progress_bar(len(handles)) as update:
             for next_done in asyncio.as_completed(handles):
                 outcome = await next_done
-                by_id[outcome.request.request_id] = outcome
-                sink.write(json.dumps(outcome.to_dict()) + "\n")
-                sink.flush()
+                run.outcomes[outcome.request.request_id] = outcome
+                if run.write_error is None:
+                    rows.write(outcome.to_dict())
                 update(outcome, engine.stats().live_sessions)
     finally:
-        stop_all.cancel()
-        await asyncio.gather(stop_all, return_exceptions=True)
-    return [by_id[h.request.request_id] for h in handles]
+        rows.close()
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
 
 
 async def _cancel_on(event: asyncio.Event, handles: list[RolloutHandle]) -> None:
     await event.wait()
     for h in handles:
         h.cancel()
+
+
+async def _stop_starting(
+    failed: asyncio.Event, engine: RolloutEngine, handles: list[RolloutHandle], journal: Journal
+) -> None:
+    """After a write error, cancel the requests whose sessions have not started; the running
+    ones finish, their results going to S3. Cancelled during its invocation, a session would be
+    stopped unjournaled and --resume would run its agent again, so this waits for a moment no
+    invocation is in flight (invoked, less started, less failed)."""
+    await failed.wait()
+    while _invoking(engine.stats(), journal):  # noqa: ASYNC110 (no event marks their end)
+        await asyncio.sleep(0.05)
+    for h in handles:
+        if h.request.request_id not in journal.started_ids:
+            h.cancel()
+
+
+def _invoking(stats: EngineStats, journal: Journal) -> bool:
+    return stats.invokes > len(journal.started_ids) + sum(stats.invoke_errors.values())

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from .. import EngineStats, Outcome, RolloutBatch, RolloutOutcome
 
 SUMMARY = "summary.json"
+_WHEN_SET = ("resumed_after", "write_error")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class RunSummary:
     engine: EngineStats
     interrupted: bool
     resumed_after: int = 0  # a resumed run: the requests that had ended before it, counted in
+    write_error: str | None = None  # what could not be written to the output folder
 
     @classmethod
     def of(cls, batch: RolloutBatch, *, interrupted: bool) -> RunSummary:
@@ -83,10 +85,8 @@ class RunSummary:
         )
 
     def to_json(self) -> str:
-        """summary.json's text."""
-        fields = asdict(self)
-        if not self.resumed_after:  # only a resumed run's summary has the key
-            del fields["resumed_after"]
+        """summary.json's text: `resumed_after` and `write_error` only when they happened."""
+        fields = {k: v for k, v in asdict(self).items() if v or k not in _WHEN_SET}
         return json.dumps(fields, indent=2) + "\n"
 
 

@@ -17,6 +17,7 @@ from ..local.trainer import METRICS, train
 from ..training import Group, GroupPolicy, GroupStatus
 from .dataset import read_dataset
 from .errors import EXIT_INTERRUPTED, UsageError
+from .outdir import locked
 from .views import console, run_async
 
 CURVE = "reward_curve.png"
@@ -32,8 +33,12 @@ def train_command(config: Config) -> int:
         raise UsageError(f"train: {e}") from None
     prompts = read_dataset(Path(config.train.data))
     out = Path(config.train.out)
+    with locked(out, "train.out"):
+        return _train(config, prompts, out)
+
+
+def _train(config: Config, prompts: list[tuple[str, dict[str, Any]]], out: Path) -> int:
     try:
-        out.mkdir(parents=True, exist_ok=True)
         (out / METRICS).open("w").close()
     except OSError as e:
         raise UsageError(f"train.out: cannot write {out}: {e.strerror or e}") from None

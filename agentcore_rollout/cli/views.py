@@ -4,6 +4,7 @@ what `run` shows (a progress bar while requests run, the summary tables at the e
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .. import Outcome, RolloutOutcome
+from .errors import EXIT_INTERRUPTED
 from .summary import RunSummary
 
 console = Console(stderr=True)  # stdout is for what scripts read (`local up`, `deploy`)
@@ -22,24 +24,29 @@ console = Console(stderr=True)  # stdout is for what scripts read (`local up`, `
 def run_async(
     make: Callable[[asyncio.Event], Coroutine[Any, Any, Any]],
     stopping: str = "stopping: cancelling unfinished rollouts (again to force)",
+    forced: Callable[[], str] = lambda: "",
 ) -> Any:
     """Run `make(stop)`. The first SIGINT/SIGTERM sets `stop` (the command stops cleanly and
-    still writes what it has; `stopping` says so), a second one interrupts for real."""
+    still writes what it has; `stopping` says so). A second one exits at once, quietly, in one
+    line and exit 130 (no traceback, no cleanup to wait for: the local stack's children exit
+    with us); `forced()` writes what it can first and says what. No write is ever cut: they
+    run on this loop, and this is one of its callbacks."""
 
     async def body() -> Any:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 
-        def on_signal(sig: int) -> None:
+        def on_signal() -> None:
             if stop.is_set():
-                loop.remove_signal_handler(sig)
-                signal.raise_signal(sig)
-                return
+                said = f"forced: exiting now{forced()}"
+                console.print(said, style="red", markup=False, soft_wrap=True)
+                console.show_cursor(True)
+                os._exit(EXIT_INTERRUPTED)
             console.print(f"[yellow]{stopping}")
             stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig)
+            loop.add_signal_handler(sig, on_signal)
         return await make(stop)
 
     return asyncio.run(body())
