@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
@@ -94,16 +96,28 @@ def _read_journal(out: Path) -> list[Journaled]:
         event = json.loads(line)
         rid = event["request_id"]
         if event["kind"] == "request":
-            request = RolloutRequest(
-                event["payload"], event["input_id"], event["sample_index"], rid
-            )
-            entries[rid] = Journaled(request, event["step"])
+            entries[rid] = _journaled(event)
         elif rid in entries:
             entries[rid].deadline = event["deadline"]
             entries[rid].gateway_session_id = event["gateway_session_id"]
     if not entries:
         raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())
+
+
+def journaled_requests(path: Path, count: int) -> Iterator[Journaled]:
+    """The first `count` requests journaled in `path`, read lazily (a fresh run submits them
+    from here as earlier ones end), ahead of the `started` lines the engine appends meanwhile."""
+    with path.open() as lines:
+        events = (json.loads(line) for line in lines)
+        yield from islice((_journaled(e) for e in events if e["kind"] == "request"), count)
+
+
+def _journaled(event: dict[str, Any]) -> Journaled:
+    request = RolloutRequest(
+        event["payload"], event["input_id"], event["sample_index"], event["request_id"]
+    )
+    return Journaled(request, event["step"])
 
 
 def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:

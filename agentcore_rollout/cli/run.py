@@ -8,14 +8,18 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
-from .. import Config, RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome
-from .dataset import build_requests, read_dataset
+from .. import Config, RolloutEngine, RolloutHandle
+from .dataset import journal_requests
 from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, UsageError
+from .feed import Feed
 from .journal import JOURNAL, ROLLOUTS, Journal, Journaled, left_open, run_secret
-from .summary import SUMMARY, RunSummary
+from .journal import journaled_requests as journaled
+from .summary import SUMMARY, RunSummary, Tally
 from .views import console, print_summary, progress_bar, run_async
 
 
@@ -23,20 +27,23 @@ def run_command(config: Config, resume: str | None) -> int:
     """`run`, fresh or `--resume OUT`: the exit code."""
     if resume is None:
         out = Path(config.run.out)
-        requests = build_requests(read_dataset(Path(config.run.data)), config.run.n)
         prepare_out(out, fresh=True)
-        jobs = [Journaled(r, config.run.step) for r in requests]
+        total = journal_dataset(config, out / JOURNAL)
+        jobs: Iterable[Journaled] = journaled(out / JOURNAL, total)
         ended_before: list[str] = []
     else:
         out = Path(resume)
         prepare_out(out, fresh=False)
         jobs, ended_before = left_open(out)
+        total = len(jobs)
     secret = run_secret(out, config.engine.run_secret, resume=resume is not None)
     config = config.model_copy(
         update={"engine": config.engine.model_copy(update={"run_secret": secret})}
     )
     summary = run_async(
-        lambda stop: roll_out(config, jobs, out, resumed=resume is not None, interrupted=stop)
+        lambda stop: roll_out(
+            config, jobs, total, out, resumed=resume is not None, interrupted=stop
+        )
     ).counting_in(ended_before)
     (out / SUMMARY).write_text(summary.to_json())
     print_summary(summary)
@@ -51,6 +58,21 @@ def run_command(config: Config, resume: str | None) -> int:
             file=sys.stderr,
         )
     return code
+
+
+def journal_dataset(config: Config, path: Path) -> int:
+    """Check the dataset and journal its requests before anything starts (one pass, a line at a
+    time); how many. A bad dataset leaves the journal empty, as prepare_out made it."""
+    try:
+        with path.open("w") as sink:
+            data = Path(config.run.data)
+            return journal_requests(data, config.run.n, config.run.step, Journal(sink))
+    except OSError as e:
+        path.open("w").close()
+        raise UsageError(f"run.out: cannot write {path}: {e.strerror}") from None
+    except UsageError:
+        path.open("w").close()
+        raise
 
 
 def prepare_out(out: Path, *, fresh: bool) -> None:
@@ -69,14 +91,16 @@ def prepare_out(out: Path, *, fresh: bool) -> None:
 
 async def roll_out(
     config: Config,
-    jobs: list[Journaled],
+    jobs: Iterable[Journaled],
+    total: int,
     out: Path,
     *,
     resumed: bool = False,
     interrupted: asyncio.Event,
 ) -> RunSummary:
-    """Roll out `jobs` (fresh requests, journaled before any starts, or what a resumed run left
-    open): submit or resume each, write rollouts.jsonl as outcomes arrive."""
+    """Roll out the `total` `jobs` (fresh requests, journaled before any starts, or what a
+    resumed run left open): submit or resume each as earlier ones end (`Feed`, a window of
+    twice the live sessions), write rollouts.jsonl as outcomes arrive."""
     async with AsyncExitStack() as stack:
         engine_config = config.engine
         if config.stack == "local":
@@ -88,25 +112,23 @@ async def roll_out(
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
         began, before = time.monotonic(), engine.stats()
         journal = Journal(stack.enter_context((out / JOURNAL).open("a")))
-        if not resumed:
-            journal.submitted([j.request for j in jobs], config.run.step)
-        handles = [
-            engine.resume(
+
+        def submit(j: Journaled) -> RolloutHandle:
+            started: dict[str, Any] = {"timeout": config.run.timeout, "on_start": journal.started}
+            if not resumed:
+                return engine.submit(j.request, **started)
+            return engine.resume(
                 j.request,
                 step=j.step,
                 deadline=j.deadline,
                 gateway_session_id=j.gateway_session_id,
-                timeout=config.run.timeout,
-                on_start=journal.started,
+                **started,
             )
-            if resumed
-            else engine.submit(j.request, timeout=config.run.timeout, on_start=journal.started)
-            for j in jobs
-        ]
-        outcomes = await _collect(engine, handles, out / ROLLOUTS, interrupted)
-        wall_time = time.monotonic() - began
-        batch = RolloutBatch(engine.step, outcomes, engine.stats().since(before), wall_time)
-    return RunSummary.of(batch, interrupted=interrupted.is_set())
+
+        feed = Feed(jobs, submit, window=2 * engine_config.dispatch.max_live_sessions)
+        tally = await _collect(engine, feed, total, out / ROLLOUTS, interrupted)
+        stats, wall_time = engine.stats().since(before), time.monotonic() - began
+    return RunSummary.of(tally, stats, wall_time, interrupted=interrupted.is_set())
 
 
 def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
@@ -119,26 +141,24 @@ def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
 
 
 async def _collect(
-    engine: RolloutEngine, handles: list[RolloutHandle], path: Path, interrupted: asyncio.Event
-) -> list[RolloutOutcome]:
+    engine: RolloutEngine, feed: Feed, total: int, path: Path, interrupted: asyncio.Event
+) -> Tally:
     """Write each outcome as it arrives; an interrupt cancels what is left."""
-    stop_all = asyncio.create_task(_cancel_on(interrupted, handles))
-    by_id: dict[str, RolloutOutcome] = {}
+    stop_all = asyncio.create_task(_cancel_on(interrupted, feed))
+    tally = Tally()
     try:
-        with progress_bar(len(handles)) as update, path.open("a") as sink:
-            for next_done in asyncio.as_completed(handles):
-                outcome = await next_done
-                by_id[outcome.request.request_id] = outcome
+        with progress_bar(total) as update, path.open("a") as sink:
+            async for outcome in feed:
+                tally.add(outcome)
                 sink.write(json.dumps(outcome.to_dict()) + "\n")
                 sink.flush()
                 update(outcome, engine.stats().live_sessions)
     finally:
         stop_all.cancel()
         await asyncio.gather(stop_all, return_exceptions=True)
-    return [by_id[h.request.request_id] for h in handles]
+    return tally
 
 
-async def _cancel_on(event: asyncio.Event, handles: list[RolloutHandle]) -> None:
+async def _cancel_on(event: asyncio.Event, feed: Feed) -> None:
     await event.wait()
-    for h in handles:
-        h.cancel()
+    feed.cancel()
