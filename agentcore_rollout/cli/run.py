@@ -63,9 +63,9 @@ def run_command(config: Config, resume: str | None) -> int:
 def journal_dataset(config: Config, path: Path) -> int:
     """Check the dataset and journal its requests before anything starts (one pass, a line at a
     time); how many. A bad dataset leaves the journal empty, as prepare_out made it."""
+    data = Path(config.run.data)
     try:
-        with path.open("w") as sink:
-            data = Path(config.run.data)
+        with path.open("w") as sink, console.status(f"checking and journaling {data}"):
             return journal_requests(data, config.run.n, config.run.step, Journal(sink))
     except OSError as e:
         path.open("w").close()
