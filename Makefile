@@ -35,6 +35,7 @@ bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 	$(PY) bench/gateway.py
 	$(PY) bench/scale.py
 	$(PY) bench/memory.py
+	$(PY) bench/run_memory.py
 
 clean:
 	rm -rf $(VENV) out

@@ -16,7 +16,7 @@ import pytest
 from agentcore_rollout import EngineStats
 from agentcore_rollout.cli import main
 from agentcore_rollout.cli import run as cli_run
-from agentcore_rollout.cli.dataset import read_dataset
+from agentcore_rollout.cli.dataset import read_rows
 from agentcore_rollout.cli.errors import UsageError
 from agentcore_rollout.cli.summary import RunSummary
 from agentcore_rollout.config import load_config
@@ -197,7 +197,7 @@ def dataset(tmp_path) -> Path:
 # makes: {latin1} is not UTF-8, {a_file} is a file, {dupes} repeats an id, {tmp} a directory.
 CARELESS = {
     "latin1 config": (["--config", "{latin1}"], "config: {latin1} is not UTF-8 text (byte 11)"),
-    "latin1 data": (["--data", "{latin1}"], "data: {latin1} is not UTF-8 text (byte 11)"),
+    "latin1 data": (["--data", "{latin1}"], "data: {latin1}:1: not UTF-8 text (byte 11)"),
     "latin1 env file": (["--env-file", "{latin1}"], "config: {latin1} is not UTF-8 text"),
     "missing env file": (["--env-file", "{tmp}/nope"], "--env-file {tmp}/nope: not a file"),
     "config is a directory": (["--config", "{tmp}"], "config: cannot read {tmp}: Is a directory"),
@@ -290,8 +290,8 @@ def test_default_config_is_configs_local_yaml_in_the_repository_only(
     anywhere else the built-in defaults (what configs/engine.yaml lists)."""
     seen = []
 
-    async def recording_run(config, requests, run, *, interrupted, resumed=False):
-        seen.append((config, len(requests)))
+    async def recording_run(config, jobs, total, run, *, interrupted, resumed=False):
+        seen.append((config, total))
         raise RuntimeError("the test stops here")
 
     monkeypatch.setattr(cli_run, "roll_out", recording_run)
@@ -324,11 +324,11 @@ def test_dataset_ids_name_groups(tmp_path):
     data = tmp_path / "ids.jsonl"
     rows = ['{"id": "g"}', '{"id": 7}', '{"id": null}', "{}", '{"id": ""}', '{"q": "a\u2028b"}']
     data.write_text("\ufeff" + "\n".join(rows) + "\n\n")  # a BOM, a U+2028 in a string
-    ids = [input_id for input_id, _ in read_dataset(data)]
+    ids = [input_id for input_id, _ in list(read_rows(data))]
     assert ids == ["g", "7", "line-3", "line-4", "line-5", "line-6"]
     data.write_text('{"id": [1]}\n')
     with pytest.raises(UsageError, match=r"ids.jsonl:1: id must be a string or a number"):
-        read_dataset(data)
+        list(read_rows(data))
 
 
 @pytest.mark.parametrize(

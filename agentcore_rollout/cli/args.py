@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dotenv import dotenv_values
 from rich.table import Table
 
 from .. import Config, ConfigError, load_config
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             return _verl(argv[1:])
         args = _parse(argv)
         if args.command in ("deploy", "destroy", "infra"):
+            _export_aws("agentcore.env")
             return infra_command(args)
         config = _load(args)
         if args.command == "run":
@@ -200,4 +202,19 @@ def _load(args: argparse.Namespace) -> Config:
     default = TRAIN_CONFIG if args.command == "train" else DEFAULT_CONFIG
     path = args.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
     path = path or (str(default) if default.is_file() else None)
-    return load_config(path, env_file=args.env_file or "agentcore.env", overrides=overrides)
+    config = load_config(path, env_file=args.env_file or "agentcore.env", overrides=overrides)
+    _export_aws(args.env_file or "agentcore.env")
+    return config
+
+
+def _export_aws(env_file: str) -> None:
+    """botocore reads AWS_* (credentials, profile, endpoints) from the process environment
+    only, so the env file's are put there, for every AWS client the CLI makes, the engine's
+    included; a variable already set wins, as it does over the file for the config."""
+    try:
+        values = dotenv_values(env_file, encoding="utf-8") if Path(env_file).is_file() else {}
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{env_file}: cannot read it: {e}") from None
+    for key, value in values.items():
+        if key.startswith("AWS_") and value:
+            os.environ.setdefault(key, value)

@@ -1,51 +1,79 @@
-"""The dataset `run` and `train` read: JSONL, one payload per line, and the requests it makes
-(`n` samples of each row, grouped by the row's id)."""
+"""The dataset `run` and `train` read: JSONL, one payload per line, read a line at a time and
+checked as it is read, so a bad row is named before anything starts and no copy of the whole
+file is ever held; and the requests it makes (`n` samples of each row, grouped by its id)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .. import RolloutRequest
+from ..contract import ID_MAX, ContractError, check_request
 from .errors import UsageError
+from .journal import Journal
+
+MAX_SHOWN = 20  # bad rows named, one line each; the rest are counted
+BOM = b"\xef\xbb\xbf"  # an editor's byte-order mark is not data
 
 
-def read_dataset(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(input_id, payload) per non-empty line. The id names the row's group (its `n` samples):
-    the row's `id`, as text (`7` -> "7"), or `line-<N>` if it has none (absent, null or "").
-    Two rows with one id are an error, not one bigger group: a group's rewards are compared
-    with each other, so mixing two prompts in one would be silently wrong."""
+def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(input_id, payload) per good non-empty line, lazily. The id names the row's group (its
+    `n` samples): the row's `id`, as text (`7` -> "7"), or `line-<N>` if it has none (absent,
+    null or ""). Bad rows are skipped and, once the file is read, raised as one UsageError
+    naming each (one line per row), so every mistake is found in one pass."""
+    bad: list[str] = []
+    seen: dict[str, int] = {}  # input_id -> its line; the only thing kept per row
     try:
-        text = path.read_text(encoding="utf-8-sig")  # -sig: an editor's BOM is not data
+        with path.open("rb") as lines:
+            for number, raw in enumerate(lines, start=1):  # splits on b"\n" only: U+2028 is data
+                checked = _check(raw[3:] if number == 1 and raw[:3] == BOM else raw, seen, number)
+                if isinstance(checked, tuple):
+                    yield checked
+                elif checked:
+                    bad.append(f"data: {path}:{number}: {checked}")
     except OSError as e:
         raise UsageError(f"data: cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise UsageError(f"data: {path} is not UTF-8 text (byte {e.start})") from None
-    rows: list[tuple[str, dict[str, Any]]] = []
-    first_seen: dict[str, int] = {}
-    for number, line in enumerate(text.split("\n"), start=1):  # JSON strings may hold U+2028
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"data: {path}:{number}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise UsageError(f"data: {path}:{number}: expected a JSON object")
-        input_id = _row_id(row.get("id"), number)
-        if input_id is None:
-            raise UsageError(f"data: {path}:{number}: id must be a string or a number")
-        if input_id in first_seen:
-            raise UsageError(
-                f"data: {path}:{number}: duplicate id {input_id!r} (first on line "
-                f"{first_seen[input_id]}); ids name groups, one row each"
-            )
-        first_seen[input_id] = number
-        rows.append((input_id, row))
-    if not rows:
+    if bad:
+        more = len(bad) - MAX_SHOWN
+        tail = [f"data: {path}: {len(bad)} bad rows, {more} more not shown"] if more > 0 else []
+        raise UsageError("\nerror: ".join(bad[:MAX_SHOWN] + tail))  # main() prints "error: "
+    if not seen:
         raise UsageError(f"data: {path} has no rows")
-    return rows
+
+
+def _check(raw: bytes, seen: dict[str, int], number: int) -> tuple[str, dict[str, Any]] | str:
+    """The row, or what is wrong with it ("": a blank line). Two rows with one id are an
+    error, not one bigger group: a group's rewards are compared with each other, so mixing two
+    prompts in one would be silently wrong."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text (byte {e.start})"
+    if not line.strip():
+        return ""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"not valid JSON ({e.msg})"
+    except RecursionError:
+        return "not valid JSON (nested too deeply)"
+    if not isinstance(row, dict):
+        return "expected a JSON object"
+    input_id = _row_id(row.get("id"), number)
+    if input_id is None:
+        return "id must be a string or a number"
+    if len(input_id) > ID_MAX:
+        return f"id is {len(input_id)} characters, more than {ID_MAX}"
+    try:  # what the engine's submit would refuse: a `_rollout` key, NaN or Infinity, ...
+        check_request("row", input_id, 0, row)
+    except ContractError as e:
+        return str(e)
+    if input_id in seen:
+        return f"duplicate id {input_id!r} (first on line {seen[input_id]}); ids name groups"
+    seen[input_id] = number
+    return input_id, row
 
 
 def _row_id(value: Any, number: int) -> str | None:
@@ -59,10 +87,12 @@ def _row_id(value: Any, number: int) -> str | None:
     return None
 
 
-def build_requests(rows: list[tuple[str, dict[str, Any]]], n: int) -> list[RolloutRequest]:
-    """`n` requests per row, its samples 0..n-1: one group each."""
-    return [
-        RolloutRequest(payload=row, input_id=input_id, sample_index=k)
-        for input_id, row in rows
-        for k in range(n)
-    ]
+def journal_requests(path: Path, n: int, step: int, journal: Journal) -> int:
+    """Check the dataset and journal its requests (`n` per row, samples 0..n-1: one group
+    each) in one pass, before anything starts; how many. `run` then submits them from the
+    journal as earlier ones end, so neither the dataset nor its requests are held whole."""
+    total = 0
+    for input_id, row in read_rows(path):
+        journal.submitted([RolloutRequest(row, input_id, k) for k in range(n)], step)
+        total += n
+    return total

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ class Lines:
 
 
 class Journal:
-    """Journals requests (all at once, before any is submitted) and the sessions started."""
+    """Journals requests (before any is submitted) and the sessions started."""
 
     def __init__(self, lines: Lines) -> None:
         self._lines = lines
@@ -109,16 +110,28 @@ def _read_journal(out: Path) -> list[Journaled]:
         event = json.loads(line)
         rid = event["request_id"]
         if event["kind"] == "request":
-            request = RolloutRequest(
-                event["payload"], event["input_id"], event["sample_index"], rid
-            )
-            entries[rid] = Journaled(request, event["step"])
+            entries[rid] = _journaled(event)
         elif rid in entries:
             entries[rid].deadline = event["deadline"]
             entries[rid].gateway_session_id = event["gateway_session_id"]
     if not entries:
         raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())
+
+
+def journaled_requests(path: Path, count: int) -> Iterator[Journaled]:
+    """The first `count` requests journaled in `path`, read lazily (a fresh run submits them
+    from here as earlier ones end), ahead of the `started` lines the engine appends meanwhile."""
+    with path.open() as lines:
+        events = (json.loads(line) for line in lines)
+        yield from islice((_journaled(e) for e in events if e["kind"] == "request"), count)
+
+
+def _journaled(event: dict[str, Any]) -> Journaled:
+    request = RolloutRequest(
+        event["payload"], event["input_id"], event["sample_index"], event["request_id"]
+    )
+    return Journaled(request, event["step"])
 
 
 def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:

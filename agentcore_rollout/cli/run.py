@@ -7,55 +7,86 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from .. import Config, EngineStats, RolloutBatch, RolloutEngine, RolloutHandle, RolloutOutcome
-from .dataset import build_requests, read_dataset
+from .. import Config, EngineStats, RolloutEngine, RolloutHandle
+from .dataset import journal_requests
 from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, UsageError
-from .journal import JOURNAL, ROLLOUTS, Journal, Journaled, Lines, left_open, run_secret
+from .feed import Feed
+from .journal import (
+    JOURNAL,
+    ROLLOUTS,
+    Journal,
+    Journaled,
+    Lines,
+    journaled_requests,
+    left_open,
+    run_secret,
+)
 from .outdir import locked, prepare_out
-from .summary import SUMMARY, RunSummary
+from .summary import SUMMARY, RunSummary, Tally
 from .views import console, print_summary, progress_bar, run_async
 
 
 def run_command(config: Config, resume: str | None, overwrite: bool = False) -> int:
     """`run`, fresh or `--resume OUT`: the exit code."""
-    if resume is None:
-        out = Path(config.run.out)
-        requests = build_requests(read_dataset(Path(config.run.data)), config.run.n)
-        jobs = [Journaled(r, config.run.step) for r in requests]
-        ended_before: list[str] = []
-    else:
-        out = Path(resume)
+    out = Path(config.run.out if resume is None else resume)
     with locked(out, "run.out" if resume is None else "--resume"):
         prepare_out(out, fresh=resume is None, overwrite=overwrite)
-        if resume is not None:
+        if resume is None:
+            total = journal_dataset(config, out / JOURNAL)
+            jobs: Iterable[Journaled] = journaled_requests(out / JOURNAL, total)
+            ended_before: list[str] = []
+        else:
             jobs, ended_before = left_open(out)
+            total = len(jobs)
         secret = run_secret(out, config.engine.run_secret, resume=resume is not None)
         config = config.model_copy(
             update={"engine": config.engine.model_copy(update={"run_secret": secret})}
         )
         run = RunState(out, ended_before)
         summary = run_async(
-            lambda stop: roll_out(config, jobs, run, resumed=resume is not None, interrupted=stop),
+            lambda stop: roll_out(
+                config, jobs, total, run, resumed=resume is not None, interrupted=stop
+            ),
             forced=run.forced,
         )
         return _finish(summary, out, config.run.min_ok_fraction)
 
 
+def journal_dataset(config: Config, path: Path) -> int:
+    """Check the dataset and journal its requests before anything starts (one pass, a line at a
+    time); how many. A bad dataset, or a journal that cannot take it, leaves the journal empty
+    (the folder fresh) and is one line."""
+
+    def cannot(_: Path, error: OSError) -> None:
+        raise UsageError(f"run.out: cannot write {path}: {error.strerror}")
+
+    data, lines = Path(config.run.data), Lines(path, cannot)
+    try:
+        with console.status(f"checking and journaling {data}"):
+            return journal_requests(data, config.run.n, config.run.step, Journal(lines))
+    except UsageError:
+        path.open("w").close()
+        raise
+    finally:
+        lines.close()
+
+
 class RunState:
-    """What a run has so far, so that even a forced exit writes its summary: the outcomes (in
-    rollouts.jsonl as they arrive), the first write error, the engine's figures."""
+    """What a run has so far, so that even a forced exit writes its summary: the figures of the
+    outcomes (in rollouts.jsonl as they arrive), the first write error, the engine's figures."""
 
     def __init__(self, out: Path, ended_before: list[str]) -> None:
         self.out, self.ended_before = out, ended_before
-        self.outcomes: dict[str, RolloutOutcome] = {}
+        self.tally = Tally()
         self.write_error: str | None = None
         self.write_failed = asyncio.Event()
-        self.figures: Callable[[], tuple[int, EngineStats, float]] = lambda: (0, EngineStats(), 0)
+        self.figures: Callable[[], tuple[EngineStats, float]] = lambda: (EngineStats(), 0.0)
 
     def failed(self, path: Path, error: OSError) -> None:
         if self.write_error is None:
@@ -66,10 +97,9 @@ class RunState:
 
     def summary(self, *, interrupted: bool) -> RunSummary:
         """The figures so far, written to summary.json if it can be."""
-        step, stats, wall_time = self.figures()
-        batch = RolloutBatch(step, list(self.outcomes.values()), stats, wall_time)
-        summary = RunSummary.of(batch, interrupted=interrupted).counting_in(self.ended_before)
-        summary = replace(summary, write_error=self.write_error)
+        stats, wall_time = self.figures()
+        summary = RunSummary.of(self.tally, stats, wall_time, interrupted=interrupted)
+        summary = replace(summary.counting_in(self.ended_before), write_error=self.write_error)
         try:
             (self.out / SUMMARY).write_text(summary.to_json())
         except OSError as e:
@@ -106,14 +136,15 @@ def _finish(summary: RunSummary, out: Path, min_ok_fraction: float) -> int:
 
 async def roll_out(
     config: Config,
-    jobs: list[Journaled],
+    jobs: Iterable[Journaled],
+    total: int,
     run: RunState,
     *,
     resumed: bool = False,
     interrupted: asyncio.Event,
 ) -> RunSummary:
     """Roll out `jobs` (fresh requests, journaled before any starts, or what a resumed run left
-    open): submit or resume each, write rollouts.jsonl as outcomes arrive."""
+    open), a window at a time: submit or resume each, write rollouts.jsonl as outcomes arrive."""
     async with AsyncExitStack() as stack:
         engine_config = config.engine
         if config.stack == "local":
@@ -124,29 +155,25 @@ async def roll_out(
             engine_config = local.engine_config(config.engine)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
         began, before = time.monotonic(), engine.stats()
-        run.figures = lambda: (engine.step, engine.stats().since(before), time.monotonic() - began)
+        run.figures = lambda: (engine.stats().since(before), time.monotonic() - began)
         lines = Lines(run.out / JOURNAL, run.failed)
         stack.callback(lines.close)
         journal = Journal(lines)
-        if not resumed:
-            journal.submitted([j.request for j in jobs], config.run.step)
-            if run.write_error:  # none journaled (one write), none started: nothing to resume
-                raise UsageError(f"run.out: {run.write_error}")
-        handles = [
-            engine.resume(
+
+        def submit(j: Journaled) -> RolloutHandle:
+            started: dict[str, Any] = {"timeout": config.run.timeout, "on_start": journal.started}
+            if not resumed:
+                return engine.submit(j.request, **started)
+            return engine.resume(
                 j.request,
                 step=j.step,
                 deadline=j.deadline,
                 gateway_session_id=j.gateway_session_id,
-                timeout=config.run.timeout,
-                on_start=journal.started,
+                **started,
             )
-            if resumed
-            else engine.submit(j.request, timeout=config.run.timeout, on_start=journal.started)
-            for j in jobs
-        ]
-        await _collect(engine, handles, run, journal, interrupted)
-        run.outcomes = {h.request.request_id: run.outcomes[h.request.request_id] for h in handles}
+
+        feed = Feed(jobs, submit, window=2 * engine_config.dispatch.max_live_sessions)
+        await _collect(engine, feed, total, run, journal, interrupted)
         summary = run.summary(interrupted=interrupted.is_set())
     return summary
 
@@ -165,7 +192,8 @@ def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
 
 async def _collect(
     engine: RolloutEngine,
-    handles: list[RolloutHandle],
+    feed: Feed,
+    total: int,
     run: RunState,
     journal: Journal,
     interrupted: asyncio.Event,
@@ -173,15 +201,14 @@ async def _collect(
     """Write each outcome as it arrives, until a write fails (then none: --resume takes the
     rest from S3 and the journal); an interrupt cancels what is left."""
     watchers = [
-        asyncio.create_task(_cancel_on(interrupted, handles)),
-        asyncio.create_task(_stop_starting(run.write_failed, engine, handles, journal)),
+        asyncio.create_task(_cancel_on(interrupted, feed)),
+        asyncio.create_task(_stop_starting(run.write_failed, engine, feed, journal)),
     ]
     rows = Lines(run.out / ROLLOUTS, run.failed)
     try:
-        with progress_bar(len(handles)) as update:
-            for next_done in asyncio.as_completed(handles):
-                outcome = await next_done
-                run.outcomes[outcome.request.request_id] = outcome
+        with progress_bar(total) as update:
+            async for outcome in feed:
+                run.tally.add(outcome)
                 if run.write_error is None:
                     rows.write(outcome.to_dict())
                 update(outcome, engine.stats().live_sessions)
@@ -192,25 +219,26 @@ async def _collect(
         await asyncio.gather(*watchers, return_exceptions=True)
 
 
-async def _cancel_on(event: asyncio.Event, handles: list[RolloutHandle]) -> None:
+async def _cancel_on(event: asyncio.Event, feed: Feed) -> None:
     await event.wait()
-    for h in handles:
-        h.cancel()
+    feed.cancel()
 
 
 async def _stop_starting(
-    failed: asyncio.Event, engine: RolloutEngine, handles: list[RolloutHandle], journal: Journal
+    failed: asyncio.Event, engine: RolloutEngine, feed: Feed, journal: Journal
 ) -> None:
-    """After a write error, cancel the requests whose sessions have not started; the running
-    ones finish, their results going to S3. Cancelled during its invocation, a session would be
-    stopped unjournaled and --resume would run its agent again, so this waits for a moment no
-    invocation is in flight (invoked, less started, less failed)."""
+    """After a write error, submit no more and cancel the requests whose sessions have not
+    started; the running ones finish, their results going to S3. Cancelled during its
+    invocation, a session would be stopped unjournaled and --resume would run its agent again,
+    so this waits for a moment no invocation is in flight (invoked, less started, less
+    failed)."""
     await failed.wait()
+    feed.close()
     while _invoking(engine.stats(), journal):  # noqa: ASYNC110 (no event marks their end)
         await asyncio.sleep(0.05)
-    for h in handles:
-        if h.request.request_id not in journal.started_ids:
-            h.cancel()
+    for handle in list(feed.running.values()):
+        if handle.request.request_id not in journal.started_ids:
+            handle.cancel()
 
 
 def _invoking(stats: EngineStats, journal: Journal) -> bool:

@@ -1,13 +1,16 @@
 """The figures of a run: what `summary.json` holds and the tables show, typed, and built once
-the run's outcomes are all in (a resumed run's count in what ended before the crash)."""
+the run's outcomes are all in (a resumed run's count in what ended before the crash), from a
+tally taken as they ended."""
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import math
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
+from itertools import chain
 
-from .. import EngineStats, Outcome, RolloutBatch, RolloutOutcome
+from .. import EngineStats, Outcome, RolloutOutcome
 
 SUMMARY = "summary.json"
 _WHEN_SET = ("resumed_after", "write_error")
@@ -20,6 +23,19 @@ class GroupFigures:
     n: int
     ok: int
     reward_mean: float | None
+
+
+class Tally:
+    """What the summary needs of each outcome, taken as it ends; not the outcomes, which hold
+    trajectories and traces (kilobytes each): a long run's memory would grow with them."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.groups: dict[str, list[tuple[Outcome, float | None]]] = {}  # (outcome, reward) each
+
+    def add(self, o: RolloutOutcome) -> None:
+        self.latencies.append(o.latency)
+        self.groups.setdefault(o.request.input_id, []).append((o.outcome, o.reward))
 
 
 @dataclass(frozen=True)
@@ -42,28 +58,22 @@ class RunSummary:
     write_error: str | None = None  # what could not be written to the output folder
 
     @classmethod
-    def of(cls, batch: RolloutBatch, *, interrupted: bool) -> RunSummary:
-        groups: dict[str, list[RolloutOutcome]] = defaultdict(list)
-        for o in batch.outcomes:
-            groups[o.request.input_id].append(o)
+    def of(
+        cls, tally: Tally, stats: EngineStats, wall_time: float, *, interrupted: bool
+    ) -> RunSummary:
+        requests, ended = len(tally.latencies), list(chain.from_iterable(tally.groups.values()))
+        counts = Counter(o for o, _ in ended)
         return cls(
-            requests=len(batch.outcomes),
-            outcomes=batch.counts,
-            reward_mean=batch.reward_mean,
-            groups={
-                gid: GroupFigures(
-                    n=len(members),
-                    ok=sum(m.outcome is Outcome.OK for m in members),
-                    reward_mean=_mean([m.reward for m in members if m.reward is not None]),
-                )
-                for gid, members in groups.items()
-            },
-            latency_s=batch.latency(),
-            wall_time_s=batch.wall_time,
-            throughput_per_s=batch.throughput,
-            api_calls=batch.api_calls,
-            api_calls_per_rollout=batch.api_calls_per_rollout,
-            engine=batch.stats,
+            requests=requests,
+            outcomes={str(k): counts[k] for k in Outcome},
+            reward_mean=_mean([r for _, r in ended if r is not None]),
+            groups={g: _group(members) for g, members in tally.groups.items()},
+            latency_s=_quantiles(tally.latencies),
+            wall_time_s=wall_time,
+            throughput_per_s=requests / wall_time if wall_time > 0 else 0.0,
+            api_calls=stats.api_calls,
+            api_calls_per_rollout=sum(stats.api_calls.values()) / requests if requests else 0.0,
+            engine=stats,
             interrupted=interrupted,
         )
 
@@ -90,5 +100,18 @@ class RunSummary:
         return json.dumps(fields, indent=2) + "\n"
 
 
+def _group(members: list[tuple[Outcome, float | None]]) -> GroupFigures:
+    rewards = [r for _, r in members if r is not None]
+    return GroupFigures(len(members), sum(o is Outcome.OK for o, _ in members), _mean(rewards))
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    """p50, p95, p99 by nearest rank, as `RolloutBatch.latency` has them."""
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+    return {f"p{q}": ordered[max(0, math.ceil(q * len(ordered) / 100) - 1)] for q in (50, 95, 99)}

@@ -15,7 +15,7 @@ from rich.table import Table
 from .. import Config, Outcome
 from ..local.trainer import METRICS, train
 from ..training import Group, GroupPolicy, GroupStatus
-from .dataset import read_dataset
+from .dataset import read_rows
 from .errors import EXIT_INTERRUPTED, UsageError
 from .outdir import locked
 from .views import console, run_async
@@ -31,7 +31,7 @@ def train_command(config: Config) -> int:
         GroupPolicy(config.train.n, config.train.extra, config.train.min_ok)
     except ValueError as e:
         raise UsageError(f"train: {e}") from None
-    prompts = read_dataset(Path(config.train.data))
+    prompts = list(read_rows(Path(config.train.data)))  # each step samples from all
     out = Path(config.train.out)
     with locked(out, "train.out"):
         return _train(config, prompts, out)
