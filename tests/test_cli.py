@@ -298,6 +298,7 @@ def test_default_config_is_configs_local_yaml_in_the_repository_only(
     env_file = tmp_path / "empty.env"
     env_file.write_text("")
     argv = ["run", "--data", str(dataset), "--env-file", str(env_file), "--out", str(tmp_path)]
+    argv.append("--overwrite")  # each attempt journals the dataset before it stops
     other = tmp_path / "other.yaml"
     other.write_text("engine:\n  exp_id: from-the-variable\n")
     for cwd, variable in [(ROOT, ""), (tmp_path, None), (tmp_path, str(other))]:
@@ -434,7 +435,10 @@ def test_one_run_per_folder_and_a_second_ctrl_c_exits_quietly(
         assert main(argv) == 2  # past the lock and the folder's checks: the stack is next
         assert "the test refuses to start the local stack" in capsys.readouterr().err
     assert len(stack_starts) == 2
-    assert sink.read_text() == "" and (out / "journal.jsonl").read_text() == ""  # overwritten
+    # Overwritten: no row is left, and the journal holds only the new dataset's requests.
+    journal = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    assert sink.read_text() == "" and {e["kind"] for e in journal} == {"request"}
+    assert journal and not any("sleep" in e["payload"] for e in journal)  # none of the old run
 
 
 def test_malformed_dataset_line_is_named(tmp_path, capsys):
