@@ -1,10 +1,12 @@
 """A results queue polluted with notifications that are not ours (keys outside the prefix,
-another experiment's, malformed ones) costs a run little: each is received once or twice and
-never looked up in S3, nothing of it is destroyed, and results do not wait behind it."""
+another experiment's, malformed ones) costs a run little: each is received a few times at
+most and never looked up in S3, nothing of it is destroyed, and results do not wait behind
+it."""
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,15 +17,16 @@ from .conftest import engine_config
 
 ROLLOUTS = 32
 OUTSIDE, OTHER_EXP, MALFORMED = 150, 150, 20  # 300 foreign notifications, 20 malformed
-# Seconds each agent works: longer than a foreign message's first hide (2 s) and the pass over
-# them when they come back, so the ratio is that of a run going on while they are set aside,
-# and the machine's noise (shared cores) is small beside it.
+# Seconds each agent works: longer than another experiment's first two hides (2 s each) and
+# the passes over them when they come back, so the ratio is that of a run going on while they
+# are set aside, and the machine's noise (shared cores) is small beside it.
 WORK = 7.0
 
 
 async def _run(cfg: Any, tag: str, n: int, work: float) -> tuple[RolloutBatch, list[str]]:
     """One run; returns its batch and every key its S3 client asked GetObject for."""
     asked: list[str] = []
+    RECEIVED.clear()
     requests = [
         RolloutRequest({"a": i, "b": 1, "sleep": work}, input_id=f"{tag}{i}") for i in range(n)
     ]
@@ -31,9 +34,22 @@ async def _run(cfg: Any, tag: str, n: int, work: float) -> tuple[RolloutBatch, l
         engine._clients.s3.meta.events.register(
             "before-parameter-build.s3.GetObject", lambda params, **_: asked.append(params["Key"])
         )
+        engine._clients.sqs.meta.events.register("after-call.sqs.ReceiveMessage", _received)
         batch = await engine.rollout(requests)
     assert [o.outcome for o in batch.outcomes] == [Outcome.OK] * n
     return batch, asked
+
+
+RECEIVED: Counter[tuple[str, str]] = Counter()  # (kind, message id) -> receipts in this run
+
+
+def _received(parsed: dict[str, Any], **_: Any) -> None:
+    for m in parsed.get("Messages", []):
+        body = m["Body"]
+        kind = next(
+            (k for k in ("elsewhere", "another-exp", "not a notification") if k in body), "ours"
+        )
+        RECEIVED[kind, m["MessageId"]] += 1
 
 
 def _notify_elsewhere_too(moto: Any, channel: Any) -> None:
@@ -91,12 +107,19 @@ async def test_foreign_and_malformed_notifications_cost_a_run_little(moto, chann
     # No S3 call for a key that is not ours: only this run's results were read.
     ours = listing_prefix(channel.prefix) + "exp1/"
     assert len(asked) == ROLLOUTS and all(k.startswith(ours) for k in asked), asked
-    # Each foreign message was received once, and once more after its first, short, hide;
-    # each malformed one once (hidden a visibility timeout first). Receives: those messages,
-    # ten to a call, on top of the clean run's.
-    assert stats.foreign_messages <= 2 * (OUTSIDE + OTHER_EXP), stats.foreign_messages
-    assert stats.malformed_messages == MALFORMED
-    assert receives[1] - receives[0] <= (3 * (OUTSIDE + OTHER_EXP) + MALFORMED) // 10, receives
+    # No engine's (outside the prefix, malformed): received once in the run. Another
+    # experiment's: three times, two short hides (its engine may share the queue) then a long
+    # one. The old code received all of them every 2 s.
+    most = {}
+    for (kind, _), n in RECEIVED.items():
+        most[kind] = max(most.get(kind, 0), n)
+    assert most == {"elsewhere": 1, "not a notification": 1, "another-exp": 3, "ours": 1}, most
+    assert (
+        stats.foreign_messages <= OUTSIDE + 3 * OTHER_EXP and stats.malformed_messages <= MALFORMED
+    )
+    # Receives: those messages, ten to a call, on top of the clean run's.
+    extra = (OUTSIDE + 3 * OTHER_EXP + MALFORMED) // 10
+    assert receives[1] - receives[0] <= extra * 1.2, receives
     # Nothing was destroyed: their owners find them on the queue (or its dead-letter queue).
     sqs = moto.client("sqs")
     left = _on_queue(sqs, channel.queue_url) + _on_queue(sqs, channel.dlq_url)
