@@ -309,10 +309,10 @@ class RolloutBuffer:
         Ours, not expected here (`release`): `foreign_visibility`, for another engine of this
         experiment. Another experiment's result (`other_exp`): that too the first two times, as
         its engine may share this queue and takes it within a receive or two; then 4x longer
-        each time it comes back, as nobody is listening. No engine's (another
-        bucket, outside the prefix, malformed): a visibility timeout, then 4x longer each
-        time. A backlog not taken thus stops taking receives from results, and is never
-        deleted: a later owner, or a redrive policy, still gets it. Capped at SQS's 12 h."""
+        each time it comes back, as nobody is listening. No engine's (another bucket, outside
+        the prefix, malformed): a visibility timeout, then 4x longer each time. A backlog
+        nobody takes thus stops taking receives from results, yet is never deleted: a later
+        owner, or a redrive policy, still gets it. Capped at SQS's 12 h."""
         cfg = self._cfg.results
         if fate == "release":
             return cfg.foreign_visibility
