@@ -6,7 +6,8 @@ late, lost, foreign or malformed, so the buffer:
   (in batches: a handled message waits up to `delete_window` for others to share a call),
 - after a receive that brought a partial batch, waits `receive_gather` before the next,
   so at moderate traffic one call brings several messages,
-- leaves another experiment's messages on the queue (visible again after a short delay),
+- leaves messages that are not its own on the queue, hidden longer each time they come back
+  (`_hidden_for`): a polluted queue costs a few receives per message, no S3 call,
 - verifies every object (size, schema, signature, key) before a request sees it,
 - looks a request's key up in S3 directly when its deadline nears with no notification,
 - remembers ended requests (per step, for a window of steps), so duplicates and late results
@@ -45,9 +46,12 @@ from .contract import (
 
 log = logging.getLogger("agentcore_rollout.buffer")
 
-_MessageFate = Literal["delete", "release", "keep"]
+# keep: back after the visibility timeout; the others: see `_hidden_for`
+_MessageFate = Literal["delete", "release", "other_exp", "foreign", "malformed", "keep"]
 _MAX_BATCHES = 4  # received batches being downloaded at once, per poller
 _CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
+_SQS_MAX_VISIBILITY = 12 * 3600  # counted from the receive
+_SET_ASIDE_GROWTH = 4  # each return of a message nobody takes hides it this much longer
 
 
 @dataclass(frozen=True)
@@ -259,6 +263,7 @@ class RolloutBuffer:
                         MaxNumberOfMessages=10,
                         WaitTimeSeconds=self._cfg.results.wait_time,
                         VisibilityTimeout=self._cfg.results.visibility_timeout,
+                        MessageSystemAttributeNames=["ApproximateReceiveCount"],
                     )
                     failures = 0
                 except Exception as e:  # the poller must outlive any one bad call
@@ -292,50 +297,69 @@ class RolloutBuffer:
             log.error("handling message %s failed: %r", message.get("MessageId"), e)
             self._counts["handler_errors"] += 1
             return
+        entry = {"ReceiptHandle": message["ReceiptHandle"]}
         if fate == "delete":
-            self._deletes.add({"ReceiptHandle": message["ReceiptHandle"]})
-        elif fate == "release":
-            self._releases.add(
-                {
-                    "ReceiptHandle": message["ReceiptHandle"],
-                    "VisibilityTimeout": self._cfg.results.foreign_visibility,
-                }
-            )
+            self._deletes.add(entry)
+        elif fate != "keep":
+            self._releases.add(entry | {"VisibilityTimeout": self._hidden_for(fate, message)})
+
+    def _hidden_for(self, fate: _MessageFate, message: dict[str, Any]) -> int:
+        """Seconds a released message stays hidden, by whose it may be.
+
+        Ours, not expected here (`release`): `foreign_visibility`, for another engine of this
+        experiment. Another experiment's result (`other_exp`): that too the first two times, as
+        its engine may share this queue and takes it within a receive or two; then 4x longer
+        each time it comes back, as nobody is listening. No engine's (another bucket, outside
+        the prefix, malformed): a visibility timeout, then 4x longer each time. A backlog
+        nobody takes thus stops taking receives from results, yet is never deleted: a later
+        owner, or a redrive policy, still gets it. Capped at SQS's 12 h."""
+        cfg = self._cfg.results
+        if fate == "release":
+            return cfg.foreign_visibility
+        returns = int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1)) - 1
+        if fate == "other_exp":
+            first, returns = cfg.foreign_visibility, max(0, returns - 1)
+        else:
+            first = cfg.visibility_timeout
+        longest = _SQS_MAX_VISIBILITY - cfg.visibility_timeout  # handled within the timeout
+        return min(longest, first * _SET_ASIDE_GROWTH ** min(returns, 8))  # 4**8 s > 12 h
 
     async def _handle(self, message: dict[str, Any]) -> _MessageFate:
         try:
             refs = parse_notification(message["Body"])
         except ContractError as e:
-            # Not ours to destroy: it returns after the visibility timeout, and a redrive
-            # policy moves it to the dead-letter queue.
+            # Not ours to destroy: another consumer of this queue may read it.
             self._counts["malformed_messages"] += 1
             log.warning("malformed message %s: %s", message.get("MessageId"), e)
-            return "keep"
+            return "malformed"
         if not refs:
             self._counts["test_events"] += 1
             return "delete"
-        own = [k for ref in refs if (k := self._own_key(ref)) is not None]
+        keys = [self._result_key(ref) for ref in refs]
+        own = [k for k in keys if k is not None and k.exp_id == self._cfg.exp_id]
+        if not own:  # no S3 call for what is not ours
+            self._counts["foreign_messages"] += 1
+            return "other_exp" if any(keys) else "foreign"
         try:
             expected = [await self._ingest(key, via="notification") for key in own]
         except _Transient:
             return "keep"
-        if len(own) < len(refs):
+        if len(own) < len(refs):  # partly ours: the rest's owner needs it soon
             self._counts["foreign_messages"] += 1
             return "release"
         # Ours, but nobody here expects it: another engine of this experiment on the same
         # queue, or one resuming after a restart, may. Let it come back for them.
         return "delete" if all(expected) else "release"
 
-    def _own_key(self, ref: ObjectRef) -> ResultKey | None:
+    def _result_key(self, ref: ObjectRef) -> ResultKey | None:
+        """The result key `ref` names in our bucket and prefix, of any experiment."""
         if ref.bucket != self._cfg.bucket:
             return None
         try:
             key = parse_result_key(ref.key)
         except ContractError:
             return None
-        if key.prefix != self._prefix or key.exp_id != self._cfg.exp_id:
-            return None
-        return key
+        return key if key.prefix == self._prefix else None
 
     # ----------------------------------------------------------------- results
 

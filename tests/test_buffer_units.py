@@ -46,6 +46,7 @@ class FakeSQS:
         self.batches = batches
         self.deleted: list[str] = []
         self.released: list[str] = []
+        self.hidden: dict[str, int] = {}  # receipt handle -> the visibility it was released with
 
     async def receive_message(self, **_: object) -> dict:
         if not self.batches:
@@ -61,6 +62,7 @@ class FakeSQS:
 
     async def change_message_visibility_batch(self, QueueUrl: str, Entries: list[dict]) -> None:
         self.released += [e["ReceiptHandle"] for e in Entries]
+        self.hidden |= {e["ReceiptHandle"]: e["VisibilityTimeout"] for e in Entries}
 
 
 def _event(key: str) -> str:
@@ -201,3 +203,52 @@ async def test_large_objects_are_checked_off_the_event_loop_and_still_refused_wh
     assert forged.outcome is Outcome.INVALID_RESULT and "signature" in (forged.error or "")
     assert buffer.stats()["invalid_results"] == {"signature": 1}
     assert len(threads) == 2 and threading.main_thread().name not in threads
+
+
+async def test_messages_not_ours_are_hidden_longer_each_time_they_come_back():
+    """Messages not ours: no S3 call, released (never deleted) for a time that grows with
+    their receive count, up to SQS's maximum; another experiment's after two short hides
+    (its engine may share the queue). Ours that nobody here expects: short."""
+    cfg = flat_config(
+        bucket="bkt",
+        queue_url="q",
+        runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
+        exp_id="e",
+        foreign_visibility=2,
+        visibility_timeout=60,
+    )
+    other_exp, outside = _event(result_key("rollouts", "other", 0, "r")), _event("elsewhere/x.json")
+    unexpected = _event(result_key("rollouts", "e", 0, "nobody"))
+    received = {  # handle: (body, ApproximateReceiveCount, seconds hidden)
+        "other-1": (other_exp, 1, 2),
+        "other-2": (other_exp, 2, 2),
+        "other-3": (other_exp, 3, 8),
+        "other-4": (other_exp, 4, 32),
+        "outside-1": (outside, 1, 60),
+        "outside-2": (outside, 2, 240),
+        "outside-40": (outside, 40, 12 * 3600 - 60),
+        "malformed-1": ("not json", 1, 60),
+        "malformed-2": ('{"Records": "nope"}', 2, 240),
+        "ours-5": (unexpected, 5, 2),
+    }
+    batch = [
+        {
+            "MessageId": h,
+            "ReceiptHandle": h,
+            "Body": b,
+            "Attributes": {"ApproximateReceiveCount": str(n)},
+        }
+        for h, (b, n, _) in received.items()
+    ]
+    sqs = FakeSQS([batch])
+    buffer = RolloutBuffer(FakeS3({}, set()), sqs, cfg)  # any S3 read would fail the handler
+    await buffer.start()
+    give_up, kinds = time.monotonic() + 5, ("foreign_messages", "malformed_messages", "unmatched")
+    while sum(buffer.stats()[k] for k in kinds) < len(received):
+        assert time.monotonic() < give_up, "messages not handled"  # a guard
+        await asyncio.sleep(0.01)
+    await buffer.close()
+    stats = buffer.stats()
+    assert sqs.hidden == {h: hidden for h, (_, _, hidden) in received.items()}
+    assert sqs.deleted == [] and stats["downloads"] == 0 and stats["handler_errors"] == 0
+    assert (stats["foreign_messages"], stats["malformed_messages"], stats["unmatched"]) == (7, 2, 1)
