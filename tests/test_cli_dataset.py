@@ -6,12 +6,8 @@ measures the memory). An interrupted run leaves what it never submitted to `--re
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -30,25 +26,14 @@ from agentcore_rollout.cli.journal import Journaled
 from agentcore_rollout.cli.summary import GroupFigures, RunSummary, Tally
 
 from .conftest import engine_config
+from .test_cli import _cli
 
-ROOT = Path(__file__).resolve().parent.parent
 FAST_STACK = (  # the local stack, quick to start: one in-process agent app, no policy calls
     "local.app=tests.agents.basic:app",
     "local.mode=in_process",
     "local.policy_workers=1",
     "local.gateway=false",
 )
-
-
-def _cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "agentcore_rollout.cli", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
 
 
 @pytest.fixture
