@@ -391,17 +391,20 @@ async def test_bad_session_parameters_are_400(admin: GatewayAdmin) -> None:
 # -- limits --------------------------------------------------------------------------------------
 
 
-async def test_turn_limit_answers_429_once_without_sdk_retries(
+async def test_past_the_turn_limit_a_turn_ends_at_once_with_length(
     char_gateway: Gateway, admin: GatewayAdmin
 ) -> None:
+    """Not a 429, which SDKs retry for minutes of the rollout's deadline: an empty `length`
+    turn, which agent loops stop on, costing no sample and no backend call."""
     session = await admin.create_session("limited", max_turns=2)
-    client = agent(char_gateway, session.api_key)  # default max_retries=2: must not retry
+    client = agent(char_gateway, session.api_key)
     messages = [{"role": "user", "content": "What is 5 + 5?"}]
     for _ in range(2):
         await client.chat.completions.create(model="m", messages=messages)
-    with pytest.raises(openai.RateLimitError) as limited:
-        await client.chat.completions.create(model="m", messages=messages)
-    assert "turn limit (2)" in str(limited.value)
+    over = await client.chat.completions.create(model="m", messages=messages)
+    assert over.choices[0].finish_reason == "length"
+    assert over.choices[0].message.content == "" and not over.choices[0].message.tool_calls
+    assert over.usage.completion_tokens == 0
     trace = await admin.finish_session(session.session_id)
     await client.close()
     assert trace["num_turns"] == 2 and trace["limits"]["rejected_turns"] == 1

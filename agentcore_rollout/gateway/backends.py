@@ -27,6 +27,7 @@ import aiohttp
 
 from . import _fastjson
 from .sampling import to_sglang
+from .turns import ToolChoice
 
 
 class BackendError(Exception):
@@ -43,8 +44,12 @@ class TurnRequest:
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
     sampling: dict[str, Any] = field(default_factory=dict)
+    json_schema: dict[str, Any] | None = None  # decode only JSON matching it
+    logprobs: bool = False  # pass-through backends: token-capture ones always return them
+    top_logprobs: int = 0
     prompt_ids: list[int] | None = None  # rendered by the gateway (token-capture backends)
     stop_token_ids: tuple[int, ...] = ()  # the renderer's end-of-turn ids
     model: str = ""
@@ -63,6 +68,9 @@ class Completion:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     weight_version: str | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per output token: (id, logprob)
+    logprob_entries: list[dict[str, Any]] | None = None  # pass-through: the upstream's own
+    stop_sequence: str | None = None  # the stop string that ended generation
 
 
 class Backend(ABC):
@@ -148,14 +156,19 @@ class SGLangBackend(_HTTPBackend):
     async def complete(self, request: TurnRequest) -> Completion:
         if request.prompt_ids is None:
             raise ValueError("the SGLang backend needs rendered prompt ids")
+        params = to_sglang(request.sampling, request.stop_token_ids)
+        if request.json_schema is not None:  # SGLang's grammar backend constrains decoding
+            params["json_schema"] = json.dumps(request.json_schema)
         body = {
             "input_ids": request.prompt_ids,
-            "sampling_params": to_sglang(request.sampling, request.stop_token_ids),
+            "sampling_params": params,
             "return_logprob": True,
             "logprob_start_len": -1,  # output tokens only: no prompt log-probs to compute
             "rid": request.rid,
             "stream": False,
         }
+        if request.top_logprobs:
+            body["top_logprobs_num"] = request.top_logprobs
         return parse_generate(await self._post("/generate", body))
 
 
@@ -185,6 +198,7 @@ def parse_generate(data: Any) -> Completion:
         message = finish.get("message") if isinstance(finish, Mapping) else None
         raise BackendError(f"SGLang aborted the generation: {message or 'no reason given'}")
     version = meta.get("weight_version")
+    matched = finish.get("matched") if isinstance(finish, Mapping) else None
     return Completion(
         finish_reason="length" if kind == "length" else "stop",
         output_ids=ids,
@@ -192,7 +206,24 @@ def parse_generate(data: Any) -> Completion:
         prompt_tokens=meta.get("prompt_tokens"),
         completion_tokens=len(ids),
         weight_version=None if version is None else str(version),
+        top_logprobs=_top_logprobs(meta.get("output_top_logprobs"), len(ids)),
+        stop_sequence=matched if isinstance(matched, str) else None,
     )
+
+
+def _top_logprobs(entries: Any, n: int) -> list[list[tuple[int, float]]] | None:
+    """SGLang's `output_top_logprobs` (per token: [logprob, id, text] entries) as (id, logprob)."""
+    if entries is None:
+        return None
+    try:
+        tops = [[(int(e[1]), float(e[0])) for e in step or ()] for step in entries]
+    except (TypeError, ValueError, IndexError):
+        raise BackendError(
+            "SGLang output_top_logprobs entries are not [logprob, id, ...]"
+        ) from None
+    if len(tops) != n:
+        raise BackendError("SGLang output_top_logprobs do not match the output tokens")
+    return tops
 
 
 class OpenAIBackend(_HTTPBackend):
@@ -236,8 +267,14 @@ class OpenAIBackend(_HTTPBackend):
         }
         if request.tools:
             body["tools"] = request.tools
-            if request.tool_choice is not None:
-                body["tool_choice"] = request.tool_choice
+            body["tool_choice"] = _openai_tool_choice(request.tool_choice)
+            body["parallel_tool_calls"] = request.parallel_tool_calls
+        if request.json_schema is not None:
+            schema = {"name": "response", "schema": request.json_schema}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        if request.logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = request.top_logprobs
         data = await self._post("/chat/completions", body)
         try:
             choice = data["choices"][0]
@@ -251,7 +288,16 @@ class OpenAIBackend(_HTTPBackend):
             message={k: message.get(k) for k in ("role", "content", "tool_calls") if k in message},
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
+            logprob_entries=((choice.get("logprobs") or {}).get("content") or None)
+            if request.logprobs
+            else None,
         )
+
+
+def _openai_tool_choice(choice: ToolChoice) -> Any:
+    if choice.name is None:
+        return choice.mode
+    return {"type": "function", "function": {"name": choice.name}}
 
 
 def _error_detail(text: str) -> str:

@@ -1,7 +1,8 @@
-"""Gateway: the OpenAI-compatible endpoint agents call, which records exact token traces.
+"""Gateway: the endpoint agents call, in the API they already speak, which records exact traces.
 
-Agents speak plain OpenAI chat completions (any SDK, streaming or not, with tools); the gateway
-renders each conversation to token ids itself, samples through a backend that returns token ids
+Agents speak OpenAI chat completions (any SDK, streaming or not, with tools); each API is a
+`turns.Dialect` that turns its request into one `ChatTurn`, so the gateway renders each
+conversation to token ids itself, samples through a backend that returns token ids
 and log-probs, parses the sampled ids back into an assistant message (with tool calls), and
 appends the turn to the session's trajectory. The trainer gets the ids the policy actually saw and
 sampled, with a loss mask and the sampling log-probs, instead of re-tokenized text.
@@ -9,10 +10,12 @@ sampled, with a loss mask and the sampling log-probs, instead of re-tokenized te
 Built on aiohttp.web (`serving.Server`, as the local policy server and runtime emulator are):
 already a core dependency, and it runs inside the engine's event loop without uvicorn.
 
-Routes (agent routes take `Authorization: Bearer <per-session key>`, admin routes the admin token;
-every error is one line of OpenAI-style JSON, `{"error": {"message", "type", "param", "code"}}`):
+Routes (agent routes take `Authorization: Bearer <per-session key>` or `x-api-key`, admin routes
+the admin token; every error is one line of JSON in the shape of the API called, and an unknown
+route's 404 names the routes served):
 
-  POST   /v1/chat/completions             OpenAI chat; `stream`, `tools`, `logprobs` supported
+  POST   /v1/chat/completions             OpenAI chat (`chat.ChatDialect`); every field honoured
+                                          or refused
   GET    /v1/models                       the served model name
   GET    /health                          liveness, no auth: {"status": "ok", "sessions": n, ...}
   POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?}
@@ -23,9 +26,11 @@ every error is one line of OpenAI-style JSON, `{"error": {"message", "type", "pa
   GET    /admin/stats                     -> 200 {"sessions", "turns", "render", "prompt_tokens"}
                                           (see client.GatewayAdmin.stats)
 
-Limits: past `max_turns` a turn is refused with 429 (and `x-should-retry: false`, so OpenAI SDKs
-do not retry it); a prompt that reaches `max_context` gets an empty answer with finish_reason
-`length` without calling the backend, and shorter prompts get max_tokens capped to what fits.
+Limits end a turn the way agent loops stop on, never with a retryable error: past `max_turns` a
+turn gets an empty answer with finish_reason `length` (unrecorded; the trace counts it under
+`rejected_turns`), as does a prompt that reaches `max_context` (recorded); shorter prompts get
+max_tokens capped to what fits. Refusals that retrying cannot change carry
+`x-should-retry: false`, which the OpenAI and Anthropic SDKs obey.
 
 Per turn the gateway renders incrementally when the renderer can (`render.IncrementalRenderer`):
 each session keeps the states of its last few renders, and a prompt that extends one of them
@@ -44,30 +49,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+import uuid
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from ..serving.http import (
-    Handler,
-    boolean,
-    chat_chunks,
-    openai_usage,
-    read_json_object,
-    sse_response,
-)
+from ..serving.http import Handler, read_json_object, sse_events
 from ..serving.server import Server
 from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
+from .chat import ChatDialect
 from .render import IncrementalRenderer, Parsed, Renderer
-from .sampling import request_sampling
 from .sessions import Session, SessionLimitError, SessionStore
 from .trajectory import RENDER_KINDS, Turn
+from .turns import ChatTurn, Dialect, ToolChoice, TurnAnswer
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Gateway(Server):
         self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
+        self.dialects: tuple[Dialect, ...] = (ChatDialect(),)
 
     def __repr__(self) -> str:
         return f"Gateway(url={self.url!r}, backend={self.backend.name!r}, admin_token='***')"
@@ -130,10 +132,12 @@ class Gateway(Server):
         log.info("gateway listening on %s (backend %s)", self.url, self.backend.name)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY_BYTES)
+        for dialect in self.dialects:
+            handler = functools.partial(self._serve, dialect=dialect)
+            app.add_routes([web.post(path, handler) for path in dialect.paths])
         app.add_routes(
             [
-                web.post("/v1/chat/completions", self._chat),
                 web.get("/v1/models", self._models),
                 web.get("/health", self._health),
                 web.post("/admin/sessions", self._create),
@@ -167,7 +171,7 @@ class Gateway(Server):
     # -- auth ---------------------------------------------------------------------------------
 
     def _agent_session(self, request: web.Request) -> Session:
-        session = self.sessions.by_key(_bearer(request))
+        session = self.sessions.by_key(_bearer(request) or request.headers.get("x-api-key"))
         if session is None:
             log.info("rejected an agent request with a missing, unknown or closed key")
             raise GatewayHTTPError(
@@ -200,42 +204,54 @@ class Gateway(Server):
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "gateway"}
         return _json({"object": "list", "data": [card]})
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
+        """One turn in any dialect: check and convert the request, answer it, reply."""
         session = self._agent_session(request)
         body = await read_json_object(request, _fastjson.loads)
-        tools = _tools(body.get("tools"))
-        sampling = request_sampling(body, session.sampling)
-        stream = boolean(body.get("stream"), "stream")
-        want_logprobs = boolean(body.get("logprobs"), "logprobs")
-        model = body["model"] if isinstance(body.get("model"), str) else self.model_name
-        messages = body.get("messages")
+        turn = dialect.turn(body, session.sampling, self.model_name)
+        answer = await self.answer(session, turn)
+        if turn.stream:
+            return await sse_events(request, dialect.events(answer, turn))
+        return _json(dialect.reply(answer, turn))
+
+    async def answer(self, session: Session, turn: ChatTurn) -> TurnAnswer:
+        """Render, sample, parse and record one turn of `session`. Past the session's turn
+        limit the turn ends at once as `length` (what agent loops stop on), unrecorded."""
         # Render before reserving a turn: a malformed request is a 400 and costs no turn.
-        prompt_ids, render, reused = self._render(session, messages, tools)
+        prompt_ids, render, reused = self._render(session, turn.messages, turn.tools)
         try:
             index = session.begin_turn()
-        except SessionLimitError as exc:
-            raise GatewayHTTPError(
-                429, str(exc), code="turn_limit", headers={"x-should-retry": "false"}
-            ) from None
-        turn: Turn | None = None
+        except SessionLimitError:
+            message = {"role": "assistant", "content": ""}
+            return TurnAnswer(uuid.uuid4().hex, message, "length", len(prompt_ids or ()))
+        recorded: Turn | None = None
         try:
-            request_ = TurnRequest(
-                messages=messages,
-                tools=tools,
-                tool_choice=body.get("tool_choice"),
-                sampling=sampling,
+            request = TurnRequest(
+                messages=turn.messages,
+                tools=turn.tools,
+                tool_choice=turn.tool_choice,
+                parallel_tool_calls=turn.parallel_tool_calls,
+                sampling=dict(turn.sampling),
+                json_schema=turn.json_schema,
+                logprobs=turn.logprobs,
+                top_logprobs=turn.top_logprobs,
                 prompt_ids=prompt_ids,
                 stop_token_ids=self.renderer.stop_token_ids if self.renderer else (),
-                model=model,
+                model=turn.model,
             )
-            turn, completion, parsed = await self._run_turn(session, index, request_)
-            turn.render, turn.reused_prompt_tokens = render, reused
+            recorded, completion, parsed = await self._run_turn(session, index, request)
+            recorded.render, recorded.reused_prompt_tokens = render, reused
         finally:
-            session.end_turn(turn)
-        answer = self._answer(turn, completion, parsed, model, want_logprobs)
-        if stream:
-            return await sse_response(request, _chunks(answer, body.get("stream_options")))
-        return _json(answer)
+            session.end_turn(recorded)
+        return TurnAnswer(
+            id=recorded.rid,
+            message=parsed.message,
+            finish_reason=recorded.finish_reason,
+            prompt_tokens=recorded.prompt_tokens or 0,
+            completion_tokens=recorded.completion_tokens or 0,
+            logprobs=self._logprobs(completion) if turn.logprobs else None,
+            stop_sequence=completion.stop_sequence,
+        )
 
     def _render(
         self, session: Session, messages: Any, tools: list[dict[str, Any]] | None
@@ -272,10 +288,7 @@ class Gateway(Server):
             completion = Completion("length", [], [], prompt_tokens=len(prompt_ids or []))
         else:
             completion = await self.backend.complete(request)
-        if completion.output_ids is not None and self.renderer is not None:
-            parsed = self.renderer.parse(completion.output_ids, tools_enabled=bool(request.tools))
-        else:
-            parsed = Parsed(completion.message or {"role": "assistant", "content": ""})
+        parsed = self._parse(completion, request)
         finish = completion.finish_reason
         if parsed.tool_calls and finish == "stop":
             finish = "tool_calls"
@@ -299,34 +312,75 @@ class Gateway(Server):
         )
         return turn, completion, parsed
 
-    def _answer(
-        self, turn: Turn, completion: Completion, parsed: Parsed, model: str, logprobs: bool
-    ) -> dict[str, Any]:
-        """The chat.completion object for a finished turn."""
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.message.get("content")}
-        if parsed.tool_calls:
-            message["tool_calls"] = parsed.tool_calls
-        content_logprobs = None
-        if logprobs and completion.output_ids is not None and self.renderer is not None:
-            content_logprobs = [
-                _logprob_entry(self.renderer.token_text(t), lp)
-                for t, lp in zip(completion.output_ids, completion.logprobs or [], strict=True)
-            ]
-        return {
-            "id": f"chatcmpl-{turn.rid}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": None if content_logprobs is None else {"content": content_logprobs},
-                    "finish_reason": turn.finish_reason,
-                }
-            ],
-            "usage": openai_usage(turn.prompt_tokens or 0, turn.completion_tokens or 0),
-        }
+    def _parse(self, completion: Completion, request: TurnRequest) -> Parsed:
+        """The assistant message of a completion, held to the request's tool rules: a turn
+        that breaks them is the model's text, ill-formed (see `turns`)."""
+        if completion.output_ids is None or self.renderer is None:
+            return Parsed(completion.message or {"role": "assistant", "content": ""})
+        choice = request.tool_choice
+        tools_enabled = bool(request.tools) and choice.mode != "none"
+        parsed = self.renderer.parse(completion.output_ids, tools_enabled=tools_enabled)
+        broken = _broken_rule(parsed, choice, request.parallel_tool_calls)
+        if broken is None or parsed.ill_formed:
+            return parsed
+        text = self.renderer.parse(completion.output_ids, tools_enabled=False).message
+        return Parsed(text, ill_formed=True, error=broken)
+
+    def _logprobs(self, completion: Completion) -> list[dict[str, Any]] | None:
+        """OpenAI chat log-prob entries for the sampled tokens (and their top alternatives)."""
+        if completion.logprob_entries is not None:
+            return completion.logprob_entries
+        if completion.output_ids is None or self.renderer is None:
+            return None
+        text = self.renderer.token_text
+        tops = completion.top_logprobs or [()] * len(completion.output_ids)
+        pairs = zip(completion.output_ids, completion.logprobs or [], tops, strict=True)
+        entry = _logprob_entry
+        return [
+            {**entry(text(t), lp), "top_logprobs": [entry(text(i), x) for i, x in alt]}
+            for t, lp, alt in pairs
+        ]
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every failure becomes one line of error JSON in the shape of the API called, with
+        the right status; a refusal that retrying cannot change says so (`x-should-retry`)."""
+        try:
+            return await handler(request)
+        except GatewayHTTPError as exc:
+            return self._error(request, exc.status, str(exc), exc.code, exc.headers)
+        except BackendError as exc:
+            return self._error(request, exc.status, str(exc), "backend_error")
+        except ValueError as exc:
+            return self._error(request, 400, str(exc), None)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            reason = exc.reason
+            if exc.status in (404, 405):
+                reason = f"no route {request.method} {request.path[:100]}: {self._route_list()}"
+            return self._error(request, exc.status, reason, None)
+        except Exception:
+            log.exception("gateway error on %s %s", request.method, request.path)
+            return self._error(request, 500, "internal gateway error", None)
+
+    def _error(
+        self,
+        request: web.Request,
+        status: int,
+        message: str,
+        code: str | None,
+        headers: Mapping[str, str] | None = None,
+    ) -> web.Response:
+        line = " ".join(message.split()) or "error"
+        dialect = next((d for d in self.dialects if request.path in d.paths), self.dialects[0])
+        final = 400 <= status < 500 and status not in (408, 409, 429)
+        extra = {"x-should-retry": "false"} if final else {}
+        return _json(dialect.error(status, line, code), status, {**extra, **(headers or {})})
+
+    def _route_list(self) -> str:
+        posts = [f"POST {p}" for d in self.dialects for p in d.paths]
+        return "the gateway serves " + ", ".join([*posts, "GET /v1/models", "GET /health"])
 
     # -- admin routes -------------------------------------------------------------------------
 
@@ -388,14 +442,16 @@ def _bearer(request: web.Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list) or not all(
-        isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools
-    ):
-        raise ValueError("tools must be a list of {'type': 'function', 'function': {...}}")
-    return tools
+def _broken_rule(parsed: Parsed, choice: ToolChoice, parallel: bool) -> str | None:
+    """Which of the request's tool rules a parsed turn breaks, if any (one line)."""
+    calls = parsed.tool_calls
+    if choice.mode == "required" and not calls:
+        return f"tool_choice {choice} asked for a tool call; the model wrote none"
+    if choice.name is not None and any(c["function"]["name"] != choice.name for c in calls):
+        return f"tool_choice {choice} allows only that tool; the model called another"
+    if not parallel and len(calls) > 1:
+        return f"parallel_tool_calls is false; the model made {len(calls)} calls"
+    return None
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -407,49 +463,4 @@ def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None
 
 
 def _logprob_entry(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
-
-
-def _chunks(answer: dict[str, Any], options: Any) -> Iterator[dict[str, Any]]:
-    """The SSE chunks of a finished answer: its content, then one chunk per tool call."""
-    choice = answer["choices"][0]
-    message = choice["message"]
-    deltas = [({"content": message["content"]}, choice["logprobs"])] if message["content"] else []
-    for i, call in enumerate(message.get("tool_calls") or []):
-        deltas.append(({"tool_calls": [{"index": i, **call}]}, None))
-    head = {k: answer[k] for k in ("id", "created", "model")}
-    finish = {"finish_reason": choice["finish_reason"]}
-    return chat_chunks(head, deltas, finish, answer["usage"], options)
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure becomes one line of OpenAI-style error JSON with the right status."""
-    try:
-        return await handler(request)
-    except GatewayHTTPError as exc:
-        return _error(exc.status, str(exc), "invalid_request_error", exc.code, exc.headers)
-    except BackendError as exc:
-        kind = "invalid_request_error" if exc.status < 500 else "api_error"
-        return _error(exc.status, str(exc), kind, "backend_error")
-    except ValueError as exc:
-        return _error(400, str(exc), "invalid_request_error", None)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _error(exc.status, exc.reason, "invalid_request_error", None)
-    except Exception:
-        log.exception("gateway error on %s %s", request.method, request.path)
-        return _error(500, "internal gateway error", "api_error", None)
-
-
-def _error(
-    status: int,
-    message: str,
-    kind: str,
-    code: str | None,
-    headers: Mapping[str, str] | None = None,
-) -> web.Response:
-    line = " ".join(message.split()) or "error"
-    body = {"error": {"message": line, "type": kind, "param": None, "code": code}}
-    return _json(body, status, headers)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}

@@ -35,7 +35,7 @@ MAX_RENDER_STATES = 4
 
 
 class SessionLimitError(Exception):
-    """The session's turn limit is reached (the gateway answers 429)."""
+    """The session's turn limit is reached (the turn ends at once as `length`)."""
 
 
 def _digest(key: str) -> str:

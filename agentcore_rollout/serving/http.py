@@ -74,12 +74,27 @@ async def sse_response(
     request: web.Request, events: Iterable[dict[str, Any]]
 ) -> web.StreamResponse:
     """Stream `events` as `data:` lines, closed by `data: [DONE]`, as OpenAI streams are."""
+    return await sse_events(request, _openai_stream(events))
+
+
+def _openai_stream(events: Iterable[dict[str, Any]]) -> Iterator[tuple[None, Any]]:
+    for event in events:
+        yield None, event
+    yield None, "[DONE]"
+
+
+async def sse_events(
+    request: web.Request, events: Iterable[tuple[str | None, Any]]
+) -> web.StreamResponse:
+    """Stream `(name, data)` events: an `event:` line when named (Anthropic's and the Responses
+    API's streams), then `data:`, JSON unless it is a string (OpenAI's closing `[DONE]`)."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    for event in events:
-        await response.write(f"data: {dumps(event)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
+    for name, data in events:
+        head = f"event: {name}\n" if name else ""
+        line = data if isinstance(data, str) else dumps(data)
+        await response.write(f"{head}data: {line}\n\n".encode())
     await response.write_eof()
     return response

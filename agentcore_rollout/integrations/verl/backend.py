@@ -35,6 +35,9 @@ class VerlServerBackend(Backend):
         refused = _UNSUPPORTED.intersection(request.sampling)
         if refused:
             raise BackendError(f"veRL backend: unsupported sampling fields {sorted(refused)}", 400)
+        if request.json_schema is not None or request.top_logprobs:
+            what = "response_format" if request.json_schema is not None else "top_logprobs"
+            raise BackendError(f"veRL backend: {what} is not supported by its server manager", 400)
         params: dict[str, Any] = dict(request.sampling)
         if request.stop_token_ids:
             ids = list(params.get("stop_token_ids") or [])

@@ -1,0 +1,145 @@
+"""OpenAI chat completions (`POST /v1/chat/completions`): the gateway's first dialect.
+
+Every field of the request is honoured, accepted as having no effect on the turn (`user`,
+`metadata`, `store`, `service_tier`), or refused with a 400 that names it; see `turns` for what
+the shared options mean.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ..serving.http import boolean, chat_chunks, openai_usage
+from .sampling import SGLANG_NAMES, request_sampling
+from .turns import (
+    ChatTurn,
+    ToolChoice,
+    TurnAnswer,
+    json_schema_of,
+    named_choice,
+    refuse_fields,
+    top_logprobs_of,
+)
+
+_HONOURED = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls", "stream"}
+_HONOURED |= {"stream_options", "logprobs", "top_logprobs", "response_format", "n"}
+_HONOURED |= {"max_completion_tokens", *SGLANG_NAMES}
+_NO_EFFECT = {"user", "metadata", "store", "service_tier"}
+_REFUSED = {
+    "logit_bias": "the backends sample from the policy's own distribution",
+    "functions": "use tools (function calling's legacy form is not served)",
+    "function_call": "use tool_choice (function calling's legacy form is not served)",
+    "audio": "the gateway's renderer is text-only",
+    "prediction": "predicted outputs are not served",
+    "web_search_options": "the gateway hosts no search tool",
+    "reasoning_effort": "the policy's reasoning is not steered by the gateway",
+}
+
+
+class ChatDialect:
+    name = "chat"
+    paths = ("/v1/chat/completions",)
+
+    def turn(self, body: dict[str, Any], sampling: Mapping[str, Any], model: str) -> ChatTurn:
+        unknown = sorted(set(body) - _HONOURED - _NO_EFFECT - set(_REFUSED))
+        if unknown:
+            raise ValueError(f"unknown field {unknown[0]!r}: the gateway does not serve it")
+        refuse_fields(body, _REFUSED)
+        modalities = body.get("modalities")
+        if modalities not in (None, ["text"]):
+            raise ValueError("modalities must be ['text']: the gateway's renderer is text-only")
+        tools = _tools(body.get("tools"))
+        fmt = body.get("response_format")
+        if fmt is not None and not isinstance(fmt, Mapping):
+            raise ValueError("response_format must be an object")
+        fmt = fmt or {}
+        inner = fmt.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, Mapping) else None
+        logprobs = boolean(body.get("logprobs"), "logprobs")
+        top = top_logprobs_of(body.get("top_logprobs"))
+        if top and not logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        parallel = body.get("parallel_tool_calls")
+        return ChatTurn(
+            messages=body.get("messages"),  # type: ignore[arg-type]  # the renderer checks them
+            model=body["model"] if isinstance(body.get("model"), str) else model,
+            tools=tools,
+            tool_choice=_tool_choice(body.get("tool_choice"), tools),
+            parallel_tool_calls=parallel is None or boolean(parallel, "parallel_tool_calls"),
+            sampling=request_sampling(body, sampling),
+            json_schema=json_schema_of(fmt.get("type"), schema, "response_format"),
+            logprobs=logprobs,
+            top_logprobs=top,
+            stream=boolean(body.get("stream"), "stream"),
+            body=body,
+        )
+
+    def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": answer.message.get("content")}
+        if answer.reasoning:
+            message["reasoning_content"] = answer.reasoning
+        if answer.tool_calls:
+            message["tool_calls"] = answer.tool_calls
+        logprobs = None if answer.logprobs is None else {"content": answer.logprobs}
+        choice = {"index": 0, "message": message, "logprobs": logprobs}
+        return {
+            "id": f"chatcmpl-{answer.id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": turn.model,
+            "choices": [{**choice, "finish_reason": answer.finish_reason}],
+            "usage": openai_usage(answer.prompt_tokens, answer.completion_tokens),
+        }
+
+    def events(self, answer: TurnAnswer, turn: ChatTurn) -> Iterator[tuple[str | None, Any]]:
+        """Reasoning, content, then one chunk per tool call, closed by `[DONE]`."""
+        reply = self.reply(answer, turn)
+        message, logprobs = reply["choices"][0]["message"], reply["choices"][0]["logprobs"]
+        deltas: list[tuple[dict[str, Any], Any]] = []
+        if answer.reasoning:
+            deltas.append(({"reasoning_content": answer.reasoning}, None))
+        if message["content"]:
+            deltas.append(({"content": message["content"]}, logprobs))
+        for i, call in enumerate(answer.tool_calls):
+            deltas.append(({"tool_calls": [{"index": i, **call}]}, None))
+        head = {k: reply[k] for k in ("id", "created", "model")}
+        finish = {"finish_reason": answer.finish_reason}
+        options = turn.body.get("stream_options")
+        for chunk in chat_chunks(head, deltas, finish, reply["usage"], options):
+            yield None, chunk
+        yield None, "[DONE]"
+
+    def error(self, status: int, message: str, code: str | None) -> dict[str, Any]:
+        kind = "invalid_request_error" if status < 500 else "api_error"
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(
+        isinstance(t, dict)
+        and t.get("type", "function") == "function"
+        and isinstance(t.get("function"), dict)
+        for t in tools
+    ):
+        raise ValueError("tools must be a list of {'type': 'function', 'function': {...}}")
+    return tools
+
+
+def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
+    if value is None:
+        return ToolChoice("auto" if tools else "none")
+    if value in ("none", "auto", "required"):
+        if value == "required" and not tools:
+            raise ValueError("tool_choice 'required' needs tools")
+        return ToolChoice(value)
+    function = value.get("function") if isinstance(value, Mapping) else None
+    if isinstance(function, Mapping) and value.get("type") == "function":
+        return named_choice(function.get("name"), tools, "tool_choice")
+    raise ValueError(
+        "tool_choice must be 'none', 'auto', 'required' or "
+        "{'type': 'function', 'function': {'name': ...}}"
+    )

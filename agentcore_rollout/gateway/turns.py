@@ -1,0 +1,152 @@
+"""One turn in the gateway's own terms, whatever API the agent speaks.
+
+Each API the gateway serves (OpenAI chat, OpenAI Responses, Anthropic Messages) is a `Dialect`:
+it checks its request and turns it into a `ChatTurn` (OpenAI chat messages and tools, plus the
+request's options, every one of them honoured or refused), and turns the `TurnAnswer` the gateway
+produced back into its reply, its stream events and its errors. The sessions, keys, limits,
+rendering, sampling and traces behind them are the same for all of them, so a rollout's trace
+does not depend on the SDK its agent was written with.
+
+What "honoured" means for the options the dialects share:
+  - `tool_choice`: `none` parses no tool call (the model's text is the content), `required` and a
+    named tool make a turn without a call (or with another tool's) ill-formed: the model's text
+    comes back as content and the trace says why. `parallel_tool_calls: false` does the same for
+    a turn with more than one call. Backends that pass requests through get the fields as sent.
+  - `response_format`: JSON constraints go to the backend (SGLang decodes against the schema);
+    a backend that cannot constrain refuses the request (a 400), never ignores it.
+  - `top_logprobs`: asked of the backend and returned per token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+ToolMode = Literal["none", "auto", "required"]
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """Which tool calls a turn may make: `mode`, narrowed to one tool by `name`."""
+
+    mode: ToolMode = "auto"
+    name: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.name!r}" if self.name else self.mode
+
+
+@dataclass
+class ChatTurn:
+    """A request, checked and converted: what the gateway renders, samples and parses."""
+
+    messages: list[dict[str, Any]]  # OpenAI chat messages
+    model: str
+    tools: list[dict[str, Any]] | None = None  # OpenAI chat tool definitions
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    sampling: dict[str, Any] = field(default_factory=dict)  # checked; session defaults applied
+    json_schema: dict[str, Any] | None = None  # the JSON the reply must be (response_format)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    stream: bool = False
+    body: Mapping[str, Any] = field(default_factory=dict)  # the request as sent, for echoes
+
+
+@dataclass
+class TurnAnswer:
+    """A finished turn: the assistant message as the agent sees it (`content`, `tool_calls`,
+    `reasoning_content`), why it ended, its usage and, if asked, its tokens' log-probs."""
+
+    id: str
+    message: dict[str, Any]
+    finish_reason: str  # stop | length | tool_calls
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[dict[str, Any]] | None = None  # OpenAI chat entries: token, logprob, bytes, top
+    stop_sequence: str | None = None  # the stop string that ended it, when the backend says
+
+    @property
+    def content(self) -> str:
+        return self.message.get("content") or ""
+
+    @property
+    def reasoning(self) -> str:
+        return self.message.get("reasoning_content") or ""
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return self.message.get("tool_calls") or []
+
+
+class Dialect(Protocol):
+    """An API the gateway serves at `paths` (POST)."""
+
+    name: str
+    paths: tuple[str, ...]
+
+    def turn(self, body: dict[str, Any], sampling: Mapping[str, Any], model: str) -> ChatTurn:
+        """The request as a ChatTurn; ValueError (a 400) naming the first field refused."""
+        ...
+
+    def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]: ...
+
+    def events(self, answer: TurnAnswer, turn: ChatTurn) -> Iterator[tuple[str | None, Any]]:
+        """The reply as the API streams it: (SSE event name or None, data) pairs."""
+        ...
+
+    def error(self, status: int, message: str, code: str | None) -> dict[str, Any]: ...
+
+
+# -- checks the dialects share --------------------------------------------------------------------
+
+
+def refuse_fields(body: Mapping[str, Any], refused: Mapping[str, str]) -> None:
+    """A 400 for the first field of `refused` set in `body` (not null, not false): the gateway
+    cannot honour it, and says why rather than ignoring it."""
+    for name, why in refused.items():
+        if body.get(name) not in (None, False):
+            raise ValueError(f"{name} is not supported: {why}")
+
+
+def json_schema_of(kind: Any, schema: Any, where: str) -> dict[str, Any] | None:
+    """The JSON schema a `response_format`-like option asks for: None for plain text, `{"type":
+    "object"}` for JSON mode."""
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        if not isinstance(schema, dict):
+            raise ValueError(f"{where}: a json_schema format needs its schema as an object")
+        return schema
+    raise ValueError(f"{where}: type must be text, json_object or json_schema, not {kind!r}")
+
+
+def top_logprobs_of(value: Any, where: str = "top_logprobs") -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"{where} must be an integer from 0 to {MAX_TOP_LOGPROBS}")
+    return value
+
+
+def function_names(tools: list[dict[str, Any]] | None) -> set[str]:
+    return {t["function"].get("name") for t in tools or ()}
+
+
+def named_choice(name: Any, tools: list[dict[str, Any]] | None, where: str) -> ToolChoice:
+    if not isinstance(name, str) or name not in function_names(tools):
+        raise ValueError(f"{where} names {name!r}, which is not one of the request's tools")
+    return ToolChoice("required", name)
+
+
+def arguments_object(arguments: str) -> Any:
+    """A tool call's JSON arguments as a value (Anthropic's `input`); `{}` if not JSON."""
+    try:
+        return json.loads(arguments or "{}")
+    except ValueError:
+        return {}
