@@ -24,7 +24,7 @@ from .turns import (
 )
 
 _HONOURED = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls", "stream"}
-_HONOURED |= {"stream_options", "logprobs", "top_logprobs", "response_format", "n"}
+_HONOURED |= {"stream_options", "logprobs", "top_logprobs", "response_format", "n", "modalities"}
 _HONOURED |= {"max_completion_tokens", *SGLANG_NAMES}
 _NO_EFFECT = {"user", "metadata", "store", "service_tier"}
 _REFUSED = {
