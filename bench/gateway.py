@@ -145,6 +145,77 @@ async def drive(
     return latencies
 
 
+def dialect_body(dialect: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """One turn's request in a dialect's own shape, from chat `messages` whose assistant
+    entries are that dialect's replies (kept as `{"role": "assistant", "reply": ...}`)."""
+    if dialect == "chat":
+        history = [m.get("reply", m) for m in messages]
+        return {"model": "policy", "messages": history, "tools": TOOLS, **SAMPLING}
+    if dialect == "responses":
+        items: list[dict[str, Any]] = []
+        for m in messages[1:]:
+            items += m.get("reply", [m])
+        tools = [{"type": "function", **t["function"]} for t in TOOLS]
+        return {
+            "model": "policy",
+            "instructions": SYSTEM,
+            "input": items,
+            "tools": tools,
+            "temperature": 1.0,
+            "max_output_tokens": SAMPLING["max_tokens"],
+        }
+    history = [
+        {"role": "assistant", "content": m["reply"]} if "reply" in m else m for m in messages[1:]
+    ]
+    tools = [
+        {
+            "name": "add",
+            "description": "Add two integers.",
+            "input_schema": TOOLS[0]["function"]["parameters"],
+        }
+    ]
+    return {
+        "model": "policy",
+        "system": SYSTEM,
+        "messages": history,
+        "tools": tools,
+        "temperature": 1.0,
+        "max_tokens": SAMPLING["max_tokens"],
+    }
+
+
+DIALECT_PATHS = {
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+}
+
+
+def dialect_reply(dialect: str, data: dict[str, Any]) -> Any:
+    if dialect == "chat":
+        return data["choices"][0]["message"]
+    return data["output"] if dialect == "responses" else data["content"]
+
+
+async def drive_dialect(
+    http: aiohttp.ClientSession, url: str, dialect: str, keys: list[str], turns: int
+) -> None:
+    """Part 4: `long_conversation`s through one dialect's route, replies kept as history."""
+
+    async def one(session: int, key: str) -> None:
+        history: list[dict[str, Any]] = []
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        for turn in range(turns):
+            messages = long_conversation(session, turn, history)
+            body = orjson.dumps(dialect_body(dialect, messages))
+            async with http.post(url + DIALECT_PATHS[dialect], data=body, headers=headers) as r:
+                data = orjson.loads(await r.read())
+            assert r.status == 200, data
+            history = [*messages, {"role": "assistant", "reply": dialect_reply(dialect, data)}]
+
+    await asyncio.gather(*(one(i, key) for i, key in enumerate(keys)))
+
+
 async def drive_generate(
     http: aiohttp.ClientSession, url: str, prompts: list[list[list[int]]]
 ) -> list[float]:
@@ -403,11 +474,57 @@ async def instant_part(
     return {"cpu": cpu, "latency": latency, "final_prompt_tokens": len(direct_prompts[0][-1])}
 
 
+async def dialect_part(turns: int, sessions: int, rounds: int) -> dict[str, Any]:
+    """The gateway's CPU per turn for the same conversations in each API it speaks, in
+    alternating rounds against the instant backend; the ratio to chat's is what an API costs."""
+    token = secrets.token_urlsafe(32)
+    backend = ServiceProcess(
+        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
+    )
+    backend.start()
+    gateway: ServiceProcess | None = None
+    used = dict.fromkeys(DIALECT_PATHS, 0.0)
+    served = dict.fromkeys(DIALECT_PATHS, 0)
+    try:
+        gateway = start_gateway(backend.url, str(TOKENIZER_DIR), token)
+        assert gateway.pid is not None
+        async with aiohttp.ClientSession() as http, GatewayAdmin(gateway.url, token) as admin:
+            for round_ in range(rounds + 1):  # round 0 warms up
+                for dialect in DIALECT_PATHS:
+                    created = [
+                        await admin.create_session(f"d-{i}", sampling=SAMPLING)
+                        for i in range(sessions)
+                    ]
+                    before = cpu_seconds(gateway.pid)
+                    await drive_dialect(
+                        http, gateway.url, dialect, [s.api_key for s in created], turns
+                    )
+                    if round_:
+                        used[dialect] += cpu_seconds(gateway.pid) - before
+                        served[dialect] += sessions * turns
+                    for s in created:
+                        trace = await admin.finish_session(s.session_id)
+                        assert trace["num_turns"] == turns and trace["num_samples"] == 1, dialect
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        backend.stop()
+    per_turn = {d: used[d] * 1000 / served[d] for d in used}
+    return {
+        "setup": f"{sessions} concurrent sessions of {turns} turns (about 250 prompt tokens a "
+        f"turn), HF renderer with one tool, instant backend, {rounds} alternating rounds; gateway "
+        "utime+stime per turn; each trace checked to be one sample",
+        "cpu_ms_per_turn": {d: round(v, 3) for d, v in per_turn.items()},
+        "ratio_to_chat": {d: round(v / per_turn["chat"], 3) for d, v in per_turn.items()},
+    }
+
+
 async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
     concurrent = await policy_part(sessions, turns, rounds)
     cpu_sessions = 16
     instant = await instant_part(sessions, turns, rounds, [turns, 4 * turns], cpu_sessions)
     cpu = instant["cpu"]
+    dialects = await dialect_part(turns, cpu_sessions, max(rounds, 3))
     return {
         "setup": "policy server and gateway in separate processes on 127.0.0.1, aiohttp client, "
         f"{turns} turns per session, {rounds} alternating rounds, max_tokens 8",
@@ -427,6 +544,7 @@ async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
             f"prompt ids; alternating rounds, at least {rounds} and {MIN_TURNS} turns per arm",
             "concurrent_sessions": instant["latency"],
         },
+        "dialects": dialects,
     }
 
 
@@ -505,9 +623,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--serve-instant", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--dialects-only", action="store_true", help="only part 4: CPU per turn by API"
+    )
     args = parser.parse_args()
     if args.serve_instant:  # the instant backend's own process
         serve_instant()
+        return
+    if args.dialects_only:
+        print(json.dumps(asyncio.run(dialect_part(args.turns, 16, args.rounds + 1)), indent=2))
         return
     figures = asyncio.run(run(args.sessions, args.turns, args.rounds))
     args.out.mkdir(parents=True, exist_ok=True)
