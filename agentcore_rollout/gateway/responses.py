@@ -204,7 +204,7 @@ class ResponsesDialect:
     def _response(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
         body = turn.body
         incomplete = answer.finish_reason == "length"
-        now = time.time()
+        now = int(time.time())
         fmt = (body.get("text") or {}).get("format") or {"type": "text"}
         prompt, completion = answer.prompt_tokens, answer.completion_tokens
         return {
