@@ -345,9 +345,11 @@ def _messages(value: Any) -> list[dict[str, Any]]:
 
     for i, item in enumerate(value):
         where = f"input[{i}]"
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):  # JSON's: skip the ABC
             raise ValueError(f"{where} must be an object")
-        kind = item.get("type", "message" if "role" in item else None)
+        kind = item.get("type")
+        if kind is None and "role" in item:
+            kind = "message"
         if kind == "message":
             role = item.get("role")
             if role == "assistant":
@@ -365,8 +367,8 @@ def _messages(value: Any) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "function_call":
-            call_id, name, arguments = (item.get(k) for k in ("call_id", "name", "arguments"))
-            if not all(isinstance(v, str) for v in (call_id, name, arguments)):
+            call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+            if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
                 raise ValueError(f"{where}: a function_call needs string call_id, name, arguments")
             if assistant is None:
                 assistant = open_assistant()
@@ -376,7 +378,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             continue
         elif kind == "function_call_output":
             call_id = item.get("call_id")
-            if not isinstance(call_id, str):
+            if type(call_id) is not str:
                 raise ValueError(f"{where}: a function_call_output needs a string call_id")
             content = _text(item.get("output"), f"{where}.output")
             out.append({"role": "tool", "tool_call_id": call_id, "content": content})
