@@ -344,6 +344,15 @@ async def test_the_store_keeps_the_last_responses_of_its_session_only() -> None:
         assert session.responses[made[-1].id][-1] == {"role": "assistant", "content": f"r{n - 1}"}
         with pytest.raises(openai.BadRequestError, match=made[0].id):
             await s.client.responses.create(model="m", input="x", previous_response_id=made[0].id)
+        other = await s.admin.create_session("other")
+        async with openai.AsyncOpenAI(
+            base_url=f"{s.gateway.url}/v1", api_key=other.api_key, max_retries=0
+        ) as stranger:
+            with pytest.raises(openai.BadRequestError, match=made[-1].id):  # not its session's
+                await stranger.responses.create(
+                    model="m", input="x", previous_response_id=made[-1].id
+                )
+        await s.admin.drop_session(other.session_id)
         await s.trace()
     assert len(s.gateway.sessions) == 0  # the store went with its session
 
@@ -433,9 +442,9 @@ def test_reasoning_text_and_calls_stream_as_sdk_events_that_assemble_the_reply()
 # -- the OpenAI Agents SDK, its default model ----------------------------------------------------
 
 
-@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize(("streamed", "chained"), [(False, False), (True, False), (False, True)])
 async def test_the_openai_agents_sdk_default_model_runs_a_tool_round_trip_exactly(
-    streamed: bool,
+    streamed: bool, chained: bool
 ) -> None:
     """Unmodified: only the client (base URL, key) and the model name are set."""
     agents = pytest.importorskip("agents")
@@ -458,16 +467,18 @@ async def test_the_openai_agents_sdk_default_model_runs_a_tool_round_trip_exactl
                 pass
             final = run.final_output
         else:
-            final = (await agents.Runner.run(agent, "What is 2 + 3?")).final_output
+            run = agents.Runner.run(agent, "What is 2 + 3?", auto_previous_response_id=chained)
+            final = (await run).final_output
         assert final == "The answer is 5."
         trace = await s.trace()
     sent = [json.loads(r.content) for r in s.requests]
     assert [r.url.path for r in s.requests] == ["/v1/responses"] * 2
-    assert [i.get("type") for i in sent[1]["input"]] == [
-        None,
-        "function_call",
-        "function_call_output",
-    ]
+    if chained:  # only the new item, the rest from the gateway's store
+        assert [i.get("type") for i in sent[1]["input"]] == ["function_call_output"]
+        assert sent[1]["previous_response_id"].startswith("resp_")
+    else:
+        kinds = [i.get("type") for i in sent[1]["input"]]
+        assert kinds == [None, "function_call", "function_call_output"]
     assert all(body.get("stream", False) is streamed for body in sent)
     check_exact_single_sample(trace, s.worker)
     assert [t["finish_reason"] for t in trace["turns"]] == ["tool_calls", "stop"]
