@@ -86,7 +86,8 @@ _TEXT_PARTS = {"input_text", "output_text"}
 @dataclass
 class ResponsesTurn(ChatTurn):
     """A ChatTurn with what the Responses API keeps between turns: the conversation without the
-    instructions (what `store` keeps), the response it continues, and its session (`bind`)."""
+    instructions (what `store` keeps, the continued response's included once `bind` ran), the
+    instructions' system message, whether to store, and the session (`bind`)."""
 
     conversation: list[dict[str, Any]] = field(default_factory=list)
     instructions: dict[str, Any] | None = None
