@@ -16,6 +16,9 @@ route's 404 names the routes served):
 
   POST   /v1/chat/completions             OpenAI chat (`chat.ChatDialect`); every field honoured
                                           or refused
+  POST   /v1/responses                    OpenAI Responses (`responses.ResponsesDialect`): items,
+                                          function calls, reasoning, its event stream;
+                                          `previous_response_id` within the session
   GET    /v1/models                       the served model name
   GET    /health                          liveness, no auth: {"status": "ok", "sessions": n, ...}
   POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?}
@@ -66,6 +69,7 @@ from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
 from .chat import ChatDialect
 from .render import IncrementalRenderer, Parsed, Renderer
+from .responses import ResponsesDialect
 from .sessions import Session, SessionLimitError, SessionStore
 from .trajectory import RENDER_KINDS, Turn
 from .turns import ChatTurn, Dialect, ToolChoice, TurnAnswer
@@ -120,7 +124,7 @@ class Gateway(Server):
         self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
-        self.dialects: tuple[Dialect, ...] = (ChatDialect(),)
+        self.dialects: tuple[Dialect, ...] = (ChatDialect(), ResponsesDialect())
 
     def __repr__(self) -> str:
         return f"Gateway(url={self.url!r}, backend={self.backend.name!r}, admin_token='***')"
@@ -209,6 +213,9 @@ class Gateway(Server):
         session = self._agent_session(request)
         body = await read_json_object(request, _fastjson.loads)
         turn = dialect.turn(body, session.sampling, self.model_name)
+        bind = getattr(dialect, "bind", None)  # a dialect with state in the session (Responses)
+        if bind is not None:
+            bind(turn, session)
         answer = await self.answer(session, turn)
         if turn.stream:
             return await sse_events(request, dialect.events(answer, turn))

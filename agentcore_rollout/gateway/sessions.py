@@ -59,6 +59,8 @@ class Session:
     rejected_turns: int = 0
     closed: bool = False
     render_states: list[RenderState] = field(default_factory=list, repr=False)  # newest first
+    # Responses API `store`: response id -> its conversation as chat messages, oldest first
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     _digest: str = field(default="", repr=False)
 
     def begin_turn(self) -> int:

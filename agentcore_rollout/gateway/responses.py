@@ -1,0 +1,511 @@
+"""OpenAI Responses API (`POST /v1/responses`): the dialect of the OpenAI Agents SDK's default
+model, pydantic-ai's Responses model and `client.responses.create`.
+
+The request becomes one `ChatTurn`: `instructions` a system message first; `input` a string (a
+user message) or items, converted to chat messages in order: messages (string or text parts;
+`developer` becomes `system`), `function_call` items joined to the assistant message before them
+as its `tool_calls` (`call_id` is the tool call's id), `function_call_output` items as `tool`
+messages, and `reasoning` items carried as the next assistant message's `reasoning_content`. So a
+conversation sent back item by item renders exactly as it was sampled, and its trace stays one
+sample. The reply's output items are `reasoning` (the parsed reasoning, as `reasoning_text`
+content), `message` (`output_text`) and `function_call`; a `length` finish is status
+`incomplete` with reason `max_output_tokens`.
+
+Every request field is honoured, has no effect on the turn, or is refused with a 400 naming it:
+  - honoured: `model`, `input`, `instructions`, function `tools`, `tool_choice` (none, auto,
+    required, a named function), `parallel_tool_calls`, `max_output_tokens`, `temperature`,
+    `top_p`, `text.format` (text, json_object, json_schema: see `turns`), `top_logprobs`,
+    `include: ["message.output_text.logprobs"]`, `stream`, `store` and `previous_response_id`
+    (below), `truncation: "disabled"` (what the gateway does: a prompt past the session's
+    context ends the turn with `length`), `background: false`, `text.verbosity: "medium"`.
+  - no effect (echoed where the Response has them): `user`, `metadata`, `service_tier`,
+    `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`
+    (the gateway reuses prefixes by itself), `stream_options` (no obfuscation is added: the
+    stream is on loopback or the agent's own network), `max_tool_calls` (it bounds built-in
+    tools; the gateway hosts none), a function tool's `strict` (not enforced while sampling: a
+    call that does not parse is flagged ill-formed in the trace), `reasoning` with every
+    setting null. Item metadata (`id`, `status`, annotations, logprobs) is not read.
+  - refused: `conversation` (no conversation objects: send items or `previous_response_id`),
+    `prompt` (no stored prompts), `background: true`, `truncation: "auto"` (the gateway never
+    drops input), any `reasoning` setting: effort, summary, context, mode (the policy's
+    reasoning is not steered; its text is returned as is), other `include` values,
+    `text.verbosity` other than medium,
+    `context_management`, `moderation`, `image`, `access_programs`; input and output parts
+    other than text (the renderer is text-only), `item_reference` and items of any type other
+    than the four above, tools and tool choices other than functions.
+
+`store` (default true) keeps the response's whole conversation (input, without the
+instructions, plus output) in its session, the last `MAX_STORED_RESPONSES` of them; a request
+naming one as `previous_response_id` continues it (instructions are not carried over, as in
+OpenAI's API). An id its session does not hold is a 400; `store: false` stores nothing; the store
+goes with the session. Usage: `input_tokens`, `output_tokens`, `total_tokens`; `cached_tokens`
+and `reasoning_tokens` are 0 because the turn's answer does not count them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..serving.http import boolean
+from .sampling import request_sampling
+from .sessions import Session
+from .turns import (
+    ChatTurn,
+    ToolChoice,
+    TurnAnswer,
+    json_schema_of,
+    named_choice,
+    refuse_fields,
+    top_logprobs_of,
+)
+
+MAX_STORED_RESPONSES = 8  # per session: a few agents' threads, bounded
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+_HONOURED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls"}
+_HONOURED |= {"max_output_tokens", "temperature", "top_p", "text", "top_logprobs", "include"}
+_HONOURED |= {"stream", "store", "previous_response_id", "truncation", "background", "reasoning"}
+_NO_EFFECT = {"user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key"}
+_NO_EFFECT |= {"prompt_cache_retention", "prompt_cache_options", "stream_options"}
+_NO_EFFECT |= {"max_tool_calls"}
+_REFUSED = {
+    "conversation": "the gateway keeps no conversation objects; send the items, or "
+    "previous_response_id within the session",
+    "prompt": "stored prompt templates are not served",
+    "context_management": "the gateway never compacts a conversation",
+    "moderation": "the gateway does not moderate",
+    "image": "the gateway's renderer is text-only",
+    "access_programs": "not served by the gateway",
+}
+_TEXT_PARTS = {"input_text", "output_text"}
+
+
+@dataclass
+class ResponsesTurn(ChatTurn):
+    """A ChatTurn with what the Responses API keeps between turns: the conversation without the
+    instructions (what `store` keeps, the continued response's included once `bind` ran), the
+    instructions' system message, whether to store, and the session (`bind`)."""
+
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    instructions: dict[str, Any] | None = None
+    store: bool = True
+    session: Session | None = None
+
+
+class ResponsesDialect:
+    name = "responses"
+    paths = ("/v1/responses",)
+
+    def turn(self, body: dict[str, Any], sampling: Mapping[str, Any], model: str) -> ChatTurn:
+        unknown = sorted(set(body) - _HONOURED - _NO_EFFECT - set(_REFUSED))
+        if unknown:
+            raise ValueError(f"unknown field {unknown[0]!r}: the gateway does not serve it")
+        refuse_fields(body, _REFUSED)
+        _check_modes(body)
+        tools = _tools(body.get("tools"))
+        include = body.get("include") or []
+        if not isinstance(include, list) or any(i != LOGPROBS_INCLUDE for i in include):
+            raise ValueError(
+                f"include may only hold {LOGPROBS_INCLUDE!r}: the gateway has nothing else to add"
+            )
+        top = top_logprobs_of(body.get("top_logprobs"))
+        logprobs = LOGPROBS_INCLUDE in include
+        if top and not logprobs:
+            raise ValueError(f"top_logprobs needs include: [{LOGPROBS_INCLUDE!r}]")
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise ValueError("instructions must be a string")
+        system = {"role": "system", "content": instructions} if instructions else None
+        conversation = _messages(body.get("input"))
+        parallel = body.get("parallel_tool_calls")
+        picked = {k: body.get(k) for k in ("temperature", "top_p")}
+        picked["max_tokens"] = body.get("max_output_tokens")
+        store = body.get("store")
+        return ResponsesTurn(
+            messages=[system, *conversation] if system else conversation,
+            model=body["model"] if isinstance(body.get("model"), str) else model,
+            tools=tools,
+            tool_choice=_tool_choice(body.get("tool_choice"), tools),
+            parallel_tool_calls=parallel is None or boolean(parallel, "parallel_tool_calls"),
+            sampling=request_sampling(picked, sampling),
+            json_schema=_text_format(body.get("text")),
+            logprobs=logprobs,
+            top_logprobs=top,
+            stream=boolean(body.get("stream"), "stream"),
+            body=body,
+            conversation=conversation,
+            instructions=system,
+            store=store is None or boolean(store, "store"),
+        )
+
+    def bind(self, turn: ChatTurn, session: Session) -> None:
+        """Give the turn its session: continue `previous_response_id` from the session's store
+        (a 400 if the session does not hold it), and let the reply be stored there."""
+        if not isinstance(turn, ResponsesTurn):
+            return
+        turn.session = session
+        previous = turn.body.get("previous_response_id")
+        if previous is None:
+            return
+        earlier = session.responses.get(previous) if isinstance(previous, str) else None
+        if earlier is None:
+            raise ValueError(
+                f"previous_response_id {str(previous)[:80]!r} is not a stored response of this "
+                f"session (it keeps its last {MAX_STORED_RESPONSES} responses made with store)"
+            )
+        turn.conversation = earlier + turn.conversation
+        system = turn.instructions
+        turn.messages = [system, *turn.conversation] if system else turn.conversation
+
+    def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
+        response = self._response(answer, turn)
+        if isinstance(turn, ResponsesTurn):
+            _store(answer, turn, response["id"])
+        return response
+
+    def events(self, answer: TurnAnswer, turn: ChatTurn) -> Iterator[tuple[str | None, Any]]:
+        """response.created and .in_progress, each output item added, its content streamed
+        (one delta each) and done, then response.completed or .incomplete."""
+        final = self.reply(answer, turn)
+        started = {**final, "status": "in_progress", "output": [], "usage": None}
+        started["incomplete_details"] = started["completed_at"] = None
+        seq = 0
+
+        def event(kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
+            nonlocal seq
+            seq += 1
+            return kind, {"type": kind, "sequence_number": seq - 1, **data}
+
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
+        for index, item in enumerate(final["output"]):
+            kind = item["type"]
+            at = {"item_id": item["id"], "output_index": index}
+            if kind == "function_call":
+                yield event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "arguments": "", "status": "in_progress"},
+                )
+                yield event("response.function_call_arguments.delta", delta=item["arguments"], **at)
+                done = {"arguments": item["arguments"], "name": item["name"]}
+                yield event("response.function_call_arguments.done", **done, **at)
+            else:
+                parts = item["content"]
+                added = {**item, "content": [], "status": "in_progress"}
+                yield event("response.output_item.added", output_index=index, item=added)
+                for content_index, part in enumerate(parts):
+                    yield from _part_events(event, part, {**at, "content_index": content_index})
+            yield event("response.output_item.done", output_index=index, item=item)
+        yield event(f"response.{final['status']}", response=final)
+
+    def _response(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
+        body = turn.body
+        incomplete = answer.finish_reason == "length"
+        now = int(time.time())
+        fmt = (body.get("text") or {}).get("format") or {"type": "text"}
+        prompt, completion = answer.prompt_tokens, answer.completion_tokens
+        return {
+            "id": f"resp_{answer.id}",
+            "object": "response",
+            "created_at": now,
+            "completed_at": now,
+            "status": "incomplete" if incomplete else "completed",
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": body.get("instructions"),
+            "model": turn.model,
+            "output": _output(answer),
+            "parallel_tool_calls": turn.parallel_tool_calls,
+            "previous_response_id": body.get("previous_response_id"),
+            "temperature": turn.sampling.get("temperature"),
+            "top_p": turn.sampling.get("top_p"),
+            "max_output_tokens": turn.sampling.get("max_tokens"),
+            "tool_choice": _choice_echo(turn.tool_choice),
+            "tools": body.get("tools") or [],
+            "text": {"format": fmt, "verbosity": "medium"},
+            "top_logprobs": turn.top_logprobs,
+            "truncation": "disabled",
+            "background": False,
+            "store": isinstance(turn, ResponsesTurn) and turn.store,
+            "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default",
+            "metadata": body.get("metadata") or {},
+            "user": body.get("user"),
+            "usage": {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens": completion,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + completion,
+            },
+        }
+
+    def error(self, status: int, message: str, code: str | None) -> dict[str, Any]:
+        kind = "invalid_request_error" if status < 500 else "api_error"
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+# -- the request ----------------------------------------------------------------------------------
+
+
+def _check_modes(body: Mapping[str, Any]) -> None:
+    """The fields that are honoured in one setting (the gateway's) and refused in the others."""
+    if body.get("truncation") not in (None, "disabled"):
+        raise ValueError("truncation must be 'disabled': the gateway never drops input items")
+    if body.get("background") not in (None, False):
+        raise ValueError("background is not supported: every turn is answered while it waits")
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, Mapping):
+        raise ValueError("reasoning must be an object")
+    for name, value in (reasoning or {}).items():
+        if value is not None:
+            raise ValueError(
+                f"reasoning.{name} is not supported: the policy's reasoning is not steered by the "
+                "gateway, and its text comes back as is"
+            )
+
+
+def _text_format(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    if not isinstance(text, Mapping):
+        raise ValueError("text must be an object")
+    if text.get("verbosity") not in (None, "medium"):
+        raise ValueError("text.verbosity is not supported: the gateway does not steer the policy")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, Mapping):
+        raise ValueError("text.format must be an object")
+    return json_schema_of(fmt.get("type"), fmt.get("schema"), "text.format")
+
+
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Responses function tools as chat tools (name, description, parameters)."""
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise ValueError("tools must be a list")
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if kind != "function":
+            raise ValueError(
+                f"tools[{i}] is of type {kind!r}: only function tools are served (the gateway "
+                "hosts no built-in tools)"
+            )
+        if not isinstance(tool.get("name"), str):
+            raise ValueError(f"tools[{i}] needs a string name")
+        function = {"name": tool["name"]}
+        for key in ("description", "parameters"):
+            if tool.get(key) is not None:
+                function[key] = tool[key]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
+    if value is None:
+        return ToolChoice("auto" if tools else "none")
+    if value in ("none", "auto", "required"):
+        if value == "required" and not tools:
+            raise ValueError("tool_choice 'required' needs tools")
+        return ToolChoice(value)
+    if isinstance(value, Mapping) and value.get("type") == "function":
+        return named_choice(value.get("name"), tools, "tool_choice")
+    kind = value.get("type") if isinstance(value, Mapping) else value
+    raise ValueError(
+        f"tool_choice {kind!r} is not supported: use 'none', 'auto', 'required' or "
+        "{'type': 'function', 'name': ...}"
+    )
+
+
+def _choice_echo(choice: ToolChoice) -> Any:
+    return {"type": "function", "name": choice.name} if choice.name else choice.mode
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    """`input` as OpenAI chat messages (see the module docstring)."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise ValueError("input must be a string or a non-empty list of items")
+    out: list[dict[str, Any]] = []
+    assistant: dict[str, Any] | None = None  # the assistant message items are joining
+
+    def open_assistant(reasoning: str | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        out.append(message)
+        return message
+
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if type(item) is not dict and not isinstance(item, Mapping):  # JSON's: skip the ABC
+            raise ValueError(f"{where} must be an object")
+        kind = item.get("type")
+        if kind is None and "role" in item:
+            kind = "message"
+        if kind == "message":
+            role = item.get("role")
+            if role == "assistant":
+                text = _text(item.get("content"), where, allow_refusal=True)
+                if assistant is None or assistant["content"] or "tool_calls" in assistant:
+                    assistant = open_assistant()
+                assistant["content"] = text
+                continue
+            if role not in ("user", "system", "developer"):
+                raise ValueError(f"{where}.role must be user, assistant, system or developer")
+            out.append(
+                {
+                    "role": "system" if role == "developer" else role,
+                    "content": _text(item.get("content"), where),
+                }
+            )
+        elif kind == "function_call":
+            call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+            if type(call_id) is not str or type(name) is not str or type(arguments) is not str:
+                raise ValueError(f"{where}: a function_call needs string call_id, name, arguments")
+            if assistant is None:
+                assistant = open_assistant()
+            function = {"name": name, "arguments": arguments}
+            call = {"id": call_id, "type": "function", "function": function}
+            assistant.setdefault("tool_calls", []).append(call)
+            continue
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if type(call_id) is not str:
+                raise ValueError(f"{where}: a function_call_output needs a string call_id")
+            content = _text(item.get("output"), f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": content})
+        elif kind == "reasoning":
+            assistant = open_assistant(_reasoning_text(item, where))
+            continue
+        elif kind == "item_reference":
+            raise ValueError(
+                f"{where}: item_reference is not supported: send the item itself, or "
+                "previous_response_id"
+            )
+        else:
+            raise ValueError(
+                f"{where}: items of type {kind!r} are not supported: the gateway serves "
+                "messages, function_call, function_call_output and reasoning items"
+            )
+        assistant = None
+    return out
+
+
+def _text(content: Any, where: str, *, allow_refusal: bool = False) -> str:
+    """A message's (or a tool output's) text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(f"{where}.content must be a string or a list of parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and allow_refusal and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        else:
+            raise ValueError(
+                f"{where}.content[{j}] of type {kind!r} is not supported: the gateway's renderer "
+                "is text-only"
+            )
+    return "".join(texts)
+
+
+def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
+    """A reasoning item's text: its reasoning_text content, else its summary."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if parts:
+            if not isinstance(parts, list) or not all(
+                isinstance(p, Mapping) and p.get("type") == kind and isinstance(p.get("text"), str)
+                for p in parts
+            ):
+                raise ValueError(f"{where}.{key} must be a list of {kind} parts")
+            return "\n\n".join(p["text"] for p in parts)
+    if item.get("encrypted_content"):
+        raise ValueError(f"{where}: a reasoning item with only encrypted_content cannot render")
+    return ""
+
+
+# -- the reply ------------------------------------------------------------------------------------
+
+
+def _output(answer: TurnAnswer) -> list[dict[str, Any]]:
+    """The answer's output items: reasoning, the message, then one item per tool call."""
+    rid = answer.id
+    status = "incomplete" if answer.finish_reason == "length" else "completed"
+    output: list[dict[str, Any]] = []
+    if answer.reasoning:
+        content = [{"type": "reasoning_text", "text": answer.reasoning}]
+        output.append({"id": f"rs_{rid}", "type": "reasoning", "summary": [], "content": content})
+    calls = answer.tool_calls
+    if answer.content or not calls:
+        part = {"type": "output_text", "text": answer.content, "annotations": []}
+        if answer.logprobs is not None:
+            part["logprobs"] = answer.logprobs
+        output.append(
+            {
+                "id": f"msg_{rid}",
+                "type": "message",
+                "role": "assistant",
+                "status": status,
+                "content": [part],
+            }
+        )
+    for i, call in enumerate(calls):
+        function = call["function"]
+        output.append(
+            {
+                "id": f"fc_{rid}_{i}",
+                "type": "function_call",
+                "call_id": call["id"],
+                "name": function["name"],
+                "arguments": function["arguments"],
+                "status": "completed",
+            }
+        )
+    return output
+
+
+def _store(answer: TurnAnswer, turn: ResponsesTurn, response_id: str) -> None:
+    """Keep the response's conversation in its session (`store`), the newest few."""
+    session = turn.session
+    if not turn.store or session is None:
+        return
+    message: dict[str, Any] = {"role": "assistant", "content": answer.message.get("content")}
+    if answer.reasoning:
+        message["reasoning_content"] = answer.reasoning
+    if answer.tool_calls:
+        message["tool_calls"] = answer.tool_calls
+    stored = session.responses
+    stored[response_id] = [*turn.conversation, message]
+    while len(stored) > MAX_STORED_RESPONSES:
+        del stored[next(iter(stored))]
+
+
+def _part_events(event: Any, part: dict[str, Any], at: dict[str, Any]) -> Iterator[Any]:
+    """A content part's events: added (empty), its text in one delta, its text done, done."""
+    text = part["text"]
+    if part["type"] == "reasoning_text":
+        yield event("response.content_part.added", part={**part, "text": ""}, **at)
+        if text:
+            yield event("response.reasoning_text.delta", delta=text, **at)
+        yield event("response.reasoning_text.done", text=text, **at)
+    else:
+        logprobs = part.get("logprobs") or []
+        empty = {**part, "text": "", "logprobs": []}
+        yield event("response.content_part.added", part=empty, **at)
+        if text:
+            yield event("response.output_text.delta", delta=text, logprobs=logprobs, **at)
+        yield event("response.output_text.done", text=text, logprobs=logprobs, **at)
+    yield event("response.content_part.done", part=part, **at)
