@@ -26,6 +26,7 @@ from pydantic import TypeAdapter
 
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, SGLangBackend
 from agentcore_rollout.gateway.responses import MAX_STORED_RESPONSES, ResponsesDialect
+from agentcore_rollout.gateway.sessions import Session
 from agentcore_rollout.gateway.turns import TurnAnswer
 
 from .gateway_support import ScriptedWorker, hf_renderer
@@ -360,6 +361,10 @@ async def test_the_store_keeps_the_last_responses_of_its_session_only() -> None:
 # -- reasoning, through the dialect (the fixture template has no reasoning syntax) --------------
 
 
+def _session() -> Session:
+    return Session("s", "r", sampling={}, max_context=None, max_turns=None)
+
+
 def test_reasoning_items_become_the_next_assistant_messages_reasoning_content() -> None:
     dialect = ResponsesDialect()
     turn = dialect.turn(
@@ -385,7 +390,7 @@ def test_reasoning_items_become_the_next_assistant_messages_reasoning_content() 
                 {"type": "function_call_output", "call_id": "c1", "output": "5"},
             ],
         },
-        {},
+        _session(),
         "policy",
     )
     assert turn.messages == [
@@ -405,7 +410,7 @@ def test_reasoning_items_become_the_next_assistant_messages_reasoning_content() 
 
 def test_reasoning_text_and_calls_stream_as_sdk_events_that_assemble_the_reply() -> None:
     dialect = ResponsesDialect()
-    turn = dialect.turn({"model": "m", "input": "2 + 3?", "tools": TOOLS}, {}, "policy")
+    turn = dialect.turn({"model": "m", "input": "2 + 3?", "tools": TOOLS}, _session(), "policy")
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
     message = {
         "role": "assistant",

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..serving.http import boolean, chat_chunks, openai_usage
 from .sampling import SGLANG_NAMES, request_sampling
+from .sessions import Session
 from .turns import (
     ChatTurn,
     ToolChoice,
@@ -42,7 +43,7 @@ class ChatDialect:
     name = "chat"
     paths = ("/v1/chat/completions",)
 
-    def turn(self, body: dict[str, Any], sampling: Mapping[str, Any], model: str) -> ChatTurn:
+    def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
         unknown = sorted(set(body) - _HONOURED - _NO_EFFECT - set(_REFUSED))
         if unknown:
             raise ValueError(f"unknown field {unknown[0]!r}: the gateway does not serve it")
@@ -68,7 +69,7 @@ class ChatDialect:
             tools=tools,
             tool_choice=_tool_choice(body.get("tool_choice"), tools),
             parallel_tool_calls=parallel is None or boolean(parallel, "parallel_tool_calls"),
-            sampling=request_sampling(body, sampling),
+            sampling=request_sampling(body, session.sampling),
             json_schema=json_schema_of(fmt.get("type"), schema, "response_format"),
             logprobs=logprobs,
             top_logprobs=top,

@@ -86,8 +86,8 @@ _TEXT_PARTS = {"input_text", "output_text"}
 @dataclass
 class ResponsesTurn(ChatTurn):
     """A ChatTurn with what the Responses API keeps between turns: the conversation without the
-    instructions (what `store` keeps, the continued response's included once `bind` ran), the
-    instructions' system message, whether to store, and the session (`bind`)."""
+    instructions (what `store` keeps, the continued response's included), the instructions'
+    system message, whether to store, and the session that stores it."""
 
     conversation: list[dict[str, Any]] = field(default_factory=list)
     instructions: dict[str, Any] | None = None
@@ -99,7 +99,7 @@ class ResponsesDialect:
     name = "responses"
     paths = ("/v1/responses",)
 
-    def turn(self, body: dict[str, Any], sampling: Mapping[str, Any], model: str) -> ChatTurn:
+    def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
         unknown = sorted(set(body) - _HONOURED - _NO_EFFECT - set(_REFUSED))
         if unknown:
             raise ValueError(f"unknown field {unknown[0]!r}: the gateway does not serve it")
@@ -119,7 +119,8 @@ class ResponsesDialect:
         if instructions is not None and not isinstance(instructions, str):
             raise ValueError("instructions must be a string")
         system = {"role": "system", "content": instructions} if instructions else None
-        conversation = _messages(body.get("input"))
+        conversation = _continued(body.get("previous_response_id"), session)
+        conversation += _messages(body.get("input"))
         parallel = body.get("parallel_tool_calls")
         picked = {k: body.get(k) for k in ("temperature", "top_p")}
         picked["max_tokens"] = body.get("max_output_tokens")
@@ -130,7 +131,7 @@ class ResponsesDialect:
             tools=tools,
             tool_choice=_tool_choice(body.get("tool_choice"), tools),
             parallel_tool_calls=parallel is None or boolean(parallel, "parallel_tool_calls"),
-            sampling=request_sampling(picked, sampling),
+            sampling=request_sampling(picked, session.sampling),
             json_schema=_text_format(body.get("text")),
             logprobs=logprobs,
             top_logprobs=top,
@@ -139,26 +140,8 @@ class ResponsesDialect:
             conversation=conversation,
             instructions=system,
             store=store is None or boolean(store, "store"),
+            session=session,
         )
-
-    def bind(self, turn: ChatTurn, session: Session) -> None:
-        """Give the turn its session: continue `previous_response_id` from the session's store
-        (a 400 if the session does not hold it), and let the reply be stored there."""
-        if not isinstance(turn, ResponsesTurn):
-            return
-        turn.session = session
-        previous = turn.body.get("previous_response_id")
-        if previous is None:
-            return
-        earlier = session.responses.get(previous) if isinstance(previous, str) else None
-        if earlier is None:
-            raise ValueError(
-                f"previous_response_id {str(previous)[:80]!r} is not a stored response of this "
-                f"session (it keeps its last {MAX_STORED_RESPONSES} responses made with store)"
-            )
-        turn.conversation = earlier + turn.conversation
-        system = turn.instructions
-        turn.messages = [system, *turn.conversation] if system else turn.conversation
 
     def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
         response = self._response(answer, turn)
@@ -250,6 +233,20 @@ class ResponsesDialect:
 
 
 # -- the request ----------------------------------------------------------------------------------
+
+
+def _continued(previous: Any, session: Session) -> list[dict[str, Any]]:
+    """The stored conversation `previous_response_id` continues (a 400 if the session does not
+    hold it), or none."""
+    if previous is None:
+        return []
+    earlier = session.responses.get(previous) if isinstance(previous, str) else None
+    if earlier is None:
+        raise ValueError(
+            f"previous_response_id {str(previous)[:80]!r} is not a stored response of this "
+            f"session (it keeps its last {MAX_STORED_RESPONSES} responses made with store)"
+        )
+    return list(earlier)
 
 
 def _check_modes(body: Mapping[str, Any]) -> None:

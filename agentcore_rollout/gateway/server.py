@@ -212,10 +212,7 @@ class Gateway(Server):
         """One turn in any dialect: check and convert the request, answer it, reply."""
         session = self._agent_session(request)
         body = await read_json_object(request, _fastjson.loads)
-        turn = dialect.turn(body, session.sampling, self.model_name)
-        bind = getattr(dialect, "bind", None)  # a dialect with state in the session (Responses)
-        if bind is not None:
-            bind(turn, session)
+        turn = dialect.turn(body, session, self.model_name)
         answer = await self.answer(session, turn)
         if turn.stream:
             return await sse_events(request, dialect.events(answer, turn))

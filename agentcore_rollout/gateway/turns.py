@@ -22,7 +22,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from .sessions import Session
 
 ToolMode = Literal["none", "auto", "required"]
 MAX_TOP_LOGPROBS = 20
@@ -88,8 +91,9 @@ class Dialect(Protocol):
     name: str
     paths: tuple[str, ...]
 
-    def turn(self, body: dict[str, Any], sampling: Mapping[str, Any], model: str) -> ChatTurn:
-        """The request as a ChatTurn; ValueError (a 400) naming the first field refused."""
+    def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
+        """The request as a ChatTurn for `session` (its sampling defaults; state a dialect keeps
+        there, such as stored responses); ValueError (a 400) naming the first field refused."""
         ...
 
     def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]: ...
