@@ -300,6 +300,27 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
         "redacted_thinking",
     ),
     ({"tool_choice": {"type": "tool", "name": "mul"}}, "'mul', which is not one of"),
+    (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Look:"},
+                        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]},
+                    ],
+                }
+            ]
+        },
+        "messages[0].content[1].content[0]: image blocks are not supported",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x": 1}]}]},
+        "messages[0].content[0]: unknown field 'x' in a text block",
+    ),
+    ({"system": [{"type": "document"}]}, "system[0]: document blocks are not supported"),
+    ({"tools": [{**TOOLS[0], "defer_loading": True}]}, "tools[0].defer_loading"),
+    ({"thinking": {"type": "adaptive", "display": "omitted"}}, "thinking.display"),
 ]
 
 

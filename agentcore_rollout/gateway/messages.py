@@ -209,31 +209,38 @@ def _system(system: Any) -> str | None:
     if system is None or isinstance(system, str):
         return system or None
     if isinstance(system, list):
-        return "\n".join(_text_blocks(system, "system")) or None
+        try:
+            return "\n".join(_text_blocks(system)) or None
+        except ValueError as exc:
+            raise ValueError(f"system{exc}") from None
     raise ValueError("system must be a string or a list of text blocks")
 
 
-def _text_blocks(blocks: list[Any], where: str) -> list[str]:
+# The block checks below raise errors relative to the block ("[2]: ..."); their callers add
+# where the block sits, so the path of a block is only written out when it is wrong.
+
+
+def _text_blocks(blocks: list[Any]) -> list[str]:
     texts = []
     for i, block in enumerate(blocks):
-        if _block_type(block, f"{where}[{i}]") != "text":
-            raise ValueError(f"{where}[{i}]: {_refusal(block['type'])}")
+        kind = _block_type(block, i)
+        if kind != "text":
+            raise ValueError(f"[{i}]: {_refusal(kind)}")
         texts.append(block["text"])
     return texts
 
 
-def _block_type(block: Any, where: str) -> str:
+def _block_type(block: Any, i: int) -> str:
     """A content block's type, its fields checked if it is one the gateway renders."""
-    kind = block.get("type") if isinstance(block, dict) else None
+    kind = block.get("type") if type(block) is dict else None
     if not isinstance(kind, str):
-        raise ValueError(f"{where} must be a content block with a string 'type'")
+        raise ValueError(f"[{i}] must be a content block with a string 'type'")
     keys = _BLOCK_KEYS.get(kind)
-    if keys is not None:
-        extra = block.keys() - keys
-        if extra:
-            raise ValueError(f"{where}: unknown field {sorted(extra)[0]!r} in a {kind} block")
+    if keys is not None and not keys.issuperset(block):
+        extra = sorted(set(block) - keys)[0]
+        raise ValueError(f"[{i}]: unknown field {extra!r} in a {kind} block")
     if kind == "text" and not isinstance(block.get("text"), str):
-        raise ValueError(f"{where}: a text block needs a string 'text'")
+        raise ValueError(f"[{i}]: a text block needs a string 'text'")
     return kind
 
 
@@ -250,20 +257,24 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
         raise ValueError("messages must be a non-empty list")
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, dict) else None
-        content = message.get("content") if isinstance(message, dict) else None
-        if role not in ("user", "assistant", "system") or set(message) - {"role", "content"}:
+        role = message.get("role") if type(message) is dict else None
+        if role not in ("user", "assistant", "system") or len(message) != 2:
             raise ValueError(f"messages[{i}] must be {{'role': 'user' | 'assistant', 'content'}}")
-        if role == "system":
-            out.append({"role": "system", "content": _system(content) or ""})
-        elif isinstance(content, str):
+        content = message.get("content")
+        if isinstance(content, str):
             out.append({"role": role, "content": content})
         elif not isinstance(content, list):
             raise ValueError(f"messages[{i}].content must be a string or a list of blocks")
-        elif role == "user":
-            out.extend(_user(content, f"messages[{i}].content"))
         else:
-            out.append(_assistant(content, f"messages[{i}].content"))
+            try:
+                if role == "user":
+                    out.extend(_user(content))
+                elif role == "assistant":
+                    out.append(_assistant(content))
+                else:
+                    out.append({"role": "system", "content": "\n".join(_text_blocks(content))})
+            except ValueError as exc:
+                raise ValueError(f"messages[{i}].content{exc}") from None
     if out[-1]["role"] == "assistant":
         raise ValueError(
             "a final assistant message (prefill) is not supported: the gateway always "
@@ -272,54 +283,57 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _user(blocks: list[Any], where: str) -> list[dict[str, Any]]:
+def _user(blocks: list[Any]) -> list[dict[str, Any]]:
     """One `tool` message per tool_result, in order, then the user's text, if any."""
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     for i, block in enumerate(blocks):
-        kind = _block_type(block, f"{where}[{i}]")
+        kind = _block_type(block, i)
         if kind == "text":
             texts.append(block["text"])
         elif kind == "tool_result":
-            out.append(_tool_result(block, f"{where}[{i}]"))
+            out.append(_tool_result(block, i))
         else:
-            raise ValueError(f"{where}[{i}]: {_refusal(kind)} in a user message")
+            raise ValueError(f"[{i}]: {_refusal(kind)} in a user message")
     if texts or not out:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
 
 
-def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_result(block: dict[str, Any], i: int) -> dict[str, Any]:
     call_id, content = block.get("tool_use_id"), block.get("content")
     if not isinstance(call_id, str):
-        raise ValueError(f"{where}: a tool_result needs a string 'tool_use_id'")
+        raise ValueError(f"[{i}]: a tool_result needs a string 'tool_use_id'")
     if content is None or isinstance(content, str):
         text = content or ""
     elif isinstance(content, list):
-        text = "\n".join(_text_blocks(content, f"{where}.content"))
+        try:
+            text = "\n".join(_text_blocks(content))
+        except ValueError as exc:
+            raise ValueError(f"[{i}].content{exc}") from None
     else:
-        raise ValueError(f"{where}.content must be a string or a list of text blocks")
-    if boolean(block.get("is_error"), f"{where}.is_error"):
+        raise ValueError(f"[{i}].content must be a string or a list of text blocks")
+    if boolean(block.get("is_error"), f"[{i}].is_error"):
         text = f"Error: {text}"
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
+def _assistant(blocks: list[Any]) -> dict[str, Any]:
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for i, block in enumerate(blocks):
-        kind = _block_type(block, f"{where}[{i}]")
+        kind = _block_type(block, i)
         if kind == "text":
             texts.append(block["text"])
         elif kind == "thinking":
             if not isinstance(block.get("thinking"), str):
-                raise ValueError(f"{where}[{i}]: a thinking block needs a string 'thinking'")
+                raise ValueError(f"[{i}]: a thinking block needs a string 'thinking'")
             thoughts.append(block["thinking"])
         elif kind == "tool_use":
-            calls.append(_tool_use(block, f"{where}[{i}]"))
+            calls.append(_tool_use(block, i))
         else:
-            raise ValueError(f"{where}[{i}]: {_refusal(kind)} in an assistant message")
+            raise ValueError(f"[{i}]: {_refusal(kind)} in an assistant message")
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
     if thoughts:
         message["reasoning_content"] = "\n".join(thoughts)
@@ -328,15 +342,15 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
     return message
 
 
-def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_use(block: dict[str, Any], i: int) -> dict[str, Any]:
     call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
     if not isinstance(call_id, str) or not isinstance(name, str):
-        raise ValueError(f"{where}: a tool_use block needs a string 'id' and 'name'")
+        raise ValueError(f"[{i}]: a tool_use block needs a string 'id' and 'name'")
     if not isinstance(arguments, dict):
-        raise ValueError(f"{where}: a tool_use block's input must be an object")
+        raise ValueError(f"[{i}]: a tool_use block's input must be an object")
     caller = block.get("caller")
     if caller is not None and caller != {"type": "direct"}:
-        raise ValueError(f"{where}: a tool_use caller other than 'direct' is not supported")
+        raise ValueError(f"[{i}]: a tool_use caller other than 'direct' is not supported")
     function = {"name": name, "arguments": json.dumps(arguments)}  # as the parser writes it
     return {"id": call_id, "type": "function", "function": function}
 
