@@ -530,3 +530,23 @@ async def test_litellm_anthropic_provider_tool_round_trip_is_exact() -> None:
 
 def _openai(tool: dict[str, Any]) -> dict[str, Any]:
     return {"description": tool["description"], "parameters": tool["input_schema"]}
+
+
+async def test_the_beta_route_claude_code_calls() -> None:
+    """Claude Code and the Claude Agent SDK call the beta Messages API: the same path (the
+    TypeScript SDK adds `?beta=true`) and `anthropic-beta` headers, which name features, not
+    request fields."""
+    async with stack([ids("Hi.")]) as (_, gateway, admin):
+        session = await admin.create_session("beta")
+        sent: list[str] = []
+        agent = client(f"{gateway.url}/v1", session.api_key, sent)
+        reply = await agent.beta.messages.create(
+            model="policy",
+            max_tokens=8,
+            messages=QUESTION,
+            betas=["interleaved-thinking-2025-05-14"],
+            extra_query={"beta": "true"},  # what the TypeScript SDK, Claude Code's, adds
+        )
+        await agent.close()
+    assert sent == [f"{gateway.url}/v1/v1/messages?beta=true"]
+    assert isinstance(reply, anthropic.types.beta.BetaMessage) and reply.content[0].text == "Hi."
