@@ -82,8 +82,8 @@ def test_the_engine_reads_in_short_functions() -> None:
 # (one run per output folder, whole-line writes, a streamed and checked dataset, the emulator's
 # idleness, the SDK's leak check, foreign notifications set aside) added about 430. Raise it
 # only with a reason in the same commit. Issue 20: the Anthropic Messages dialect
-# (gateway/messages.py and its registration) added 452.
-MAX_LINES = 11_900 + 452
+# (gateway/messages.py and its registration) added 453.
+MAX_LINES = 11_900 + 453
 
 
 def test_the_package_did_not_grow() -> None:

@@ -55,6 +55,7 @@ _REFUSED = {
     "context_management": "the gateway does not edit the conversation's context",
 }
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_STOP_REASONS["content_filter"] = "refusal"  # a pass-through backend's filter
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -122,14 +123,14 @@ class MessagesDialect:
 
     def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
         stop_sequence = _stop_sequence(answer, turn)
-        reason = "stop_sequence" if stop_sequence else _STOP_REASONS[answer.finish_reason]
+        reason = _STOP_REASONS.get(answer.finish_reason, "end_turn")
         return {
             "id": f"msg_{answer.id}",
             "type": "message",
             "role": "assistant",
             "model": turn.model,
             "content": _content(answer),
-            "stop_reason": reason,
+            "stop_reason": "stop_sequence" if stop_sequence else reason,
             "stop_sequence": stop_sequence,
             "usage": _usage(answer.prompt_tokens, answer.completion_tokens),
         }
