@@ -19,6 +19,8 @@ route's 404 names the routes served):
   POST   /v1/responses                    OpenAI Responses (`responses.ResponsesDialect`): items,
                                           function calls, reasoning, its event stream;
                                           `previous_response_id` within the session
+  POST   /v1/messages, /v1/v1/messages    Anthropic Messages (`messages.MessagesDialect`), at the
+                                          root URL and at the agents' base URL (gateway + /v1)
   GET    /v1/models                       the served model name
   GET    /health                          liveness, no auth: {"status": "ok", "sessions": n, ...}
   POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?}
@@ -68,6 +70,7 @@ from ..serving.server import Server
 from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
 from .chat import ChatDialect
+from .messages import MessagesDialect
 from .render import IncrementalRenderer, Parsed, Renderer
 from .responses import ResponsesDialect
 from .sessions import Session, SessionLimitError, SessionStore
@@ -124,7 +127,7 @@ class Gateway(Server):
         self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
-        self.dialects: tuple[Dialect, ...] = (ChatDialect(), ResponsesDialect())
+        self.dialects: tuple[Dialect, ...] = (ChatDialect(), ResponsesDialect(), MessagesDialect())
 
     def __repr__(self) -> str:
         return f"Gateway(url={self.url!r}, backend={self.backend.name!r}, admin_token='***')"
