@@ -551,3 +551,24 @@ async def test_the_beta_route_claude_code_calls() -> None:
         await agent.close()
     assert sent == [f"{gateway.url}/v1/v1/messages?beta=true"]
     assert isinstance(reply, anthropic.types.beta.BetaMessage) and reply.content[0].text == "Hi."
+
+
+async def test_count_tokens_counts_the_prompt_the_request_renders_to() -> None:
+    async with stack([ids("Five.")]) as (worker, gateway, admin):
+        session = await admin.create_session("count")
+        agent = client(f"{gateway.url}/v1", session.api_key)
+        counted = await agent.messages.count_tokens(
+            model="policy", system="Be brief.", messages=QUESTION
+        )
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await agent.messages.count_tokens(
+                model="policy",
+                messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}],
+            )
+        await agent.messages.create(
+            model="policy", max_tokens=8, system="Be brief.", messages=QUESTION
+        )
+        await agent.close()
+    assert counted.input_tokens == len(worker.calls[0]["input_ids"])
+    assert "image blocks are not supported" in str(refused.value)
+    assert refused.value.body["type"] == "error"  # Anthropic's shape on this route too

@@ -20,7 +20,8 @@ route's 404 names the routes served):
                                           function calls, reasoning, its event stream;
                                           `previous_response_id` within the session
   POST   /v1/messages, /v1/v1/messages    Anthropic Messages (`messages.MessagesDialect`), at the
-                                          root URL and at the agents' base URL (gateway + /v1)
+                                          root URL and at the agents' base URL (gateway + /v1);
+                                          `.../count_tokens` renders and counts the prompt
   GET    /v1/models                       the served model name
   GET    /health                          liveness, no auth: {"status": "ok", "sessions": n, ...}
   POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?}
@@ -127,7 +128,8 @@ class Gateway(Server):
         self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
-        self.dialects: tuple[Dialect, ...] = (ChatDialect(), ResponsesDialect(), MessagesDialect())
+        self._messages = MessagesDialect()
+        self.dialects: tuple[Dialect, ...] = (ChatDialect(), ResponsesDialect(), self._messages)
 
     def __repr__(self) -> str:
         return f"Gateway(url={self.url!r}, backend={self.backend.name!r}, admin_token='***')"
@@ -143,6 +145,8 @@ class Gateway(Server):
         for dialect in self.dialects:
             handler = functools.partial(self._serve, dialect=dialect)
             app.add_routes([web.post(path, handler) for path in dialect.paths])
+        counts = [web.post(f"{p}/count_tokens", self._count_tokens) for p in self._messages.paths]
+        app.add_routes(counts)
         app.add_routes(
             [
                 web.get("/v1/models", self._models),
@@ -259,6 +263,15 @@ class Gateway(Server):
             logprobs=self._logprobs(completion) if turn.logprobs else None,
             stop_sequence=completion.stop_sequence,
         )
+
+    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's `count_tokens`: the prompt a Messages request renders to, counted."""
+        session = self._agent_session(request)
+        if self.renderer is None:
+            raise GatewayHTTPError(400, "count_tokens needs a renderer", code="no_renderer")
+        body = await read_json_object(request, _fastjson.loads)
+        turn = self._messages.turn({**body, "max_tokens": 1}, session, self.model_name)
+        return _json({"input_tokens": len(self.renderer.render(turn.messages, turn.tools))})
 
     def _render(
         self, session: Session, messages: Any, tools: list[dict[str, Any]] | None
@@ -380,7 +393,11 @@ class Gateway(Server):
         headers: Mapping[str, str] | None = None,
     ) -> web.Response:
         line = " ".join(message.split()) or "error"
-        dialect = next((d for d in self.dialects if request.path in d.paths), self.dialects[0])
+        path = request.path
+        dialect = next(
+            (d for d in self.dialects if any(path.startswith(p) for p in d.paths)),
+            self.dialects[0],
+        )
         final = 400 <= status < 500 and status not in (408, 409, 429)
         extra = {"x-should-retry": "false"} if final else {}
         return _json(dialect.error(status, line, code), status, {**extra, **(headers or {})})
