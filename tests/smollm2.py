@@ -35,7 +35,7 @@ FAMILY_TOKENS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "</tool_call>",
             "<tool_response>",
             "</tool_response>",
-        ),  # noqa: E501
+        ),
     ),
     "llama3": (
         (
@@ -106,7 +106,7 @@ FAMILY_TOKENS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "<|constrain|>",
             "<|return|>",
             "<|call|>",
-        ),  # noqa: E501
+        ),
         (),
     ),
 }

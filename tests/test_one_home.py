@@ -80,9 +80,10 @@ def test_the_engine_reads_in_short_functions() -> None:
 
 # 11,500 before the layout was redrawn (issue 18), which left 11,445; the edge cases of issue 19
 # (one run per output folder, whole-line writes, a streamed and checked dataset, the emulator's
-# idleness, the SDK's leak check, foreign notifications set aside) added about 430. Raise it
-# only with a reason in the same commit.
-MAX_LINES = 11_900
+# idleness, the SDK's leak check, foreign notifications set aside) added about 430; issue 20's
+# parsers per model family (gateway/parsers.py, and the renderer choosing one) about 530. Raise
+# it only with a reason in the same commit.
+MAX_LINES = 12_400
 
 
 def test_the_package_did_not_grow() -> None:
