@@ -83,7 +83,7 @@ def test_the_engine_reads_in_short_functions() -> None:
 # idleness, the SDK's leak check, foreign notifications set aside) added about 430; issue 20's
 # parsers per model family (gateway/parsers.py, and the renderer choosing one) about 530. Raise
 # it only with a reason in the same commit.
-MAX_LINES = 12_400
+MAX_LINES = 12_430
 
 
 def test_the_package_did_not_grow() -> None:

@@ -9,10 +9,12 @@ text. A renderer is the one place that knows a model's chat template and its too
 
 `parse` never raises on model output: a tool call the model botched (bad JSON, no name, an
 unclosed tag) is returned as plain content with `ill_formed=True`, which the trajectory records,
-so a bad sample is a training signal and never an HTTP 500. `TextRenderer` implements `parse` for
-the Hermes / Qwen tool-call syntax `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; a
-model with a different syntax gets its own renderer behind the same interface, and
-`load_renderer("module:attribute")` is how the gateway's command line picks it up.
+so a bad sample is a training signal and never an HTTP 500. `TextRenderer` implements `parse` by
+its `parser`, a model family's tool-call and reasoning syntax (`parsers.py`: Hermes / Qwen2.5
+by default, Qwen3, Llama 3.x, Mistral, DeepSeek V3, GLM-4.5, gpt-oss harmony); reasoning comes
+back as the message's `reasoning_content`, and templates that render it read it from history.
+A model with a syntax of its own gets its own renderer behind the same interface, and
+`load_renderer("module:attribute", parser=...)` is how the gateway's command line picks it up.
 
 `HFRenderer` wraps a Hugging Face fast tokenizer (its Jinja chat template, with tools); it only
 loads from local files, never from the hub. The gateway knows no particular model beyond that: the
