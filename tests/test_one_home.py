@@ -81,9 +81,11 @@ def test_the_engine_reads_in_short_functions() -> None:
 # 11,500 before the layout was redrawn (issue 18), which left 11,445; the edge cases of issue 19
 # (one run per output folder, whole-line writes, a streamed and checked dataset, the emulator's
 # idleness, the SDK's leak check, foreign notifications set aside) added about 430. Issue 20
-# (any agent: the gateway's dialects, per-family parsing) is counted at its merge. Raise it only
-# with a reason in the same commit.
-MAX_LINES = 13_500
+# (any agent unchanged) added about 1,860: the OpenAI Responses (520) and Anthropic Messages
+# (470) dialects, the one turn they share with chat (turns.py, chat.py: 330), each model
+# family's tool-call and reasoning syntax (parsers.py: 530). Raise it only with a reason in the
+# same commit.
+MAX_LINES = 13_800
 
 
 def test_the_package_did_not_grow() -> None:

@@ -9,7 +9,7 @@
 
 Modules, one concept each: `server` (the aiohttp app and its routes), `sessions` (per-session
 keys, limits, expiry, render states), `render` (messages <-> token ids, incremental per session,
-tool-call parsing, choosing a renderer),
+choosing a renderer), `parsers` (each model family's tool-call and reasoning syntax -> message),
 `backends` (SGLang /generate with log-probs; OpenAI pass-through), `sampling` (which sampling
 fields pass, and how), `trajectory` (turns -> training samples with loss masks), `router`
 (sglang-router as a managed subprocess), `_fastjson` (orjson when installed, for the per-turn
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         SGLangBackend,
         TurnRequest,
     )
+    from .parsers import Family, detect_family
     from .render import (
         AnchoredRenderer,
         HFRenderer,
@@ -63,6 +64,8 @@ _SUBMODULE = {
     "OpenAIBackend": "backends",
     "SGLangBackend": "backends",
     "TurnRequest": "backends",
+    "Family": "parsers",
+    "detect_family": "parsers",
     "AnchoredRenderer": "render",
     "HFRenderer": "render",
     "IncrementalRenderer": "render",
@@ -85,6 +88,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "Completion",
+    "Family",
     "Gateway",
     "GatewayAdmin",
     "GatewayError",
@@ -104,6 +108,7 @@ __all__ = [
     "Trajectory",
     "Turn",
     "TurnRequest",
+    "detect_family",
     "load_renderer",
 ]
 

@@ -7,7 +7,9 @@ The admin token comes from the environment (never the command line, which `ps` s
 user); the process prints only its URL, on one line, once it is listening, so a parent (the local
 stack, a benchmark) can wait for that line. `--renderer` is a local directory holding a Hugging
 Face tokenizer with a chat template, or `module:attribute` naming a Renderer class or factory
-(the local stack passes `agentcore_rollout.local.policy.render:CharRenderer`).
+(the local stack passes `agentcore_rollout.local.policy.render:CharRenderer`). `--parser` names
+the model family whose tool-call and reasoning syntax the gateway parses (`parsers.FAMILIES`);
+by default a tokenizer's chat template decides, and Hermes is the fallback.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 from ..serving.flags import add_flags, from_flags
 from ..serving.process import serve_until_signalled
 from .backends import Backend, OpenAIBackend, SGLangBackend
+from .parsers import FAMILIES, family
 from .render import Renderer, load_renderer
 from .server import Gateway
 
@@ -33,6 +36,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--renderer", help="a tokenizer directory or module:attribute (sglang: required)"
     )
+    parser.add_argument(
+        "--parser",
+        help="the model family whose tool calls and reasoning to parse (default: detected "
+        f"from the chat template, else hermes): one of {', '.join(sorted(FAMILIES))}",
+    )
     parser.add_argument("--upstream-model", help="openai backend: model name sent upstream")
     add_flags(parser, Gateway, exclude={"renderer", "admin_token"})
     args = parser.parse_args(argv)
@@ -40,9 +48,16 @@ def main(argv: list[str] | None = None) -> None:
     if not token:
         parser.error(f"set {TOKEN_ENV} to the admin token (at least 16 characters)")
     renderer: Renderer | None = None
+    if args.parser is not None:
+        try:
+            family(args.parser)
+        except ValueError as exc:
+            parser.error(f"--parser: {exc}")
+        if not args.renderer:
+            parser.error("--parser needs --renderer (the openai backend parses upstream)")
     if args.renderer:
         try:
-            renderer = load_renderer(args.renderer)
+            renderer = load_renderer(args.renderer, parser=args.parser)
         except ValueError as exc:
             parser.error(f"--renderer: {exc}")
     backend: Backend

@@ -9,10 +9,12 @@ text. A renderer is the one place that knows a model's chat template and its too
 
 `parse` never raises on model output: a tool call the model botched (bad JSON, no name, an
 unclosed tag) is returned as plain content with `ill_formed=True`, which the trajectory records,
-so a bad sample is a training signal and never an HTTP 500. `TextRenderer` implements `parse` for
-the Hermes / Qwen tool-call syntax `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; a
-model with a different syntax gets its own renderer behind the same interface, and
-`load_renderer("module:attribute")` is how the gateway's command line picks it up.
+so a bad sample is a training signal and never an HTTP 500. `TextRenderer` implements `parse` by
+its `parser`, a model family's tool-call and reasoning syntax (`parsers.py`: Hermes / Qwen2.5
+by default, Qwen3, Llama 3.x, Mistral, DeepSeek V3, GLM-4.5, gpt-oss harmony); reasoning comes
+back as the message's `reasoning_content`, and templates that render it read it from history.
+A model with a syntax of its own gets its own renderer behind the same interface, and
+`load_renderer("module:attribute", parser=...)` is how the gateway's command line picks it up.
 
 `HFRenderer` wraps a Hugging Face fast tokenizer (its Jinja chat template, with tools); it only
 loads from local files, never from the hub. The gateway knows no particular model beyond that: the
@@ -50,35 +52,20 @@ import importlib
 import json
 import logging
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from .parsers import HERMES, Family, Parsed, detect_family, family
+from .parsers import parse_tool_calls as parse_tool_calls  # re-exported: the toy policy's
+
 log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 Messages = Sequence[Mapping[str, Any]]  # OpenAI chat messages, as an agent sends them
 Tools = Sequence[Mapping[str, Any]] | None  # OpenAI tool definitions
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-TOOL_OPEN = "<tool_call>"
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """An assistant turn as the agent will see it. `message` is an OpenAI assistant message
-    (`content`, and `tool_calls` when the model called tools); `error` says why a turn is
-    `ill_formed` (one line)."""
-
-    message: Message
-    ill_formed: bool = False
-    error: str | None = None
-
-    @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        return self.message.get("tool_calls") or []
 
 
 @runtime_checkable
@@ -155,8 +142,7 @@ def normalize_messages(messages: Any) -> list[Message]:
         norm = message if plain else dict(message)
         content = message.get("content")
         if isinstance(content, list):
-            texts = [p.get("text") for p in content if isinstance(p, Mapping)]
-            norm = {**message, "content": "".join(t for t in texts if isinstance(t, str))}
+            norm = {**message, "content": _text_of_parts(content, i)}
         elif content is not None and not isinstance(content, str):
             raise ValueError(f"messages[{i}].content must be a string, null or a list of parts")
         calls = message.get("tool_calls")
@@ -173,61 +159,39 @@ def normalize_messages(messages: Any) -> list[Message]:
     return out
 
 
-def parse_tool_calls(text: str) -> Parsed:
-    """Split model text into content and Hermes-style tool calls.
-
-    Inverse of the fixture template: content, then each call, separated by one "\\n". Content is
-    the text before the first call minus one trailing "\\n"; whitespace between calls is the
-    separator; any other text outside the calls is appended to the content. `arguments` is
-    returned as a JSON string (OpenAI's shape); if the model wrote an object it is serialized
-    with json.dumps defaults, which is what the template's `tojson` re-renders.
-    """
-    if TOOL_OPEN not in text:
-        return Parsed({"role": "assistant", "content": text})
-    calls: list[dict[str, Any]] = []
-    pieces: list[str] = []
-    last = 0
-    for match in TOOL_CALL_RE.finditer(text):
-        pieces.append(text[last : match.start()])
-        last = match.end()
-        call, error = _tool_call(match.group(1))
-        if error is not None:
-            return _ill_formed(text, error)
-        calls.append(call)
-    tail = text[last:]
-    if TOOL_OPEN in tail or not calls:
-        return _ill_formed(text, "unterminated <tool_call> block")
-    content = pieces[0].removesuffix("\n")
-    extra = [p.strip() for p in [*pieces[1:], tail] if p.strip()]
-    content = "\n".join([content, *extra]) if extra else content
-    message: Message = {"role": "assistant", "content": content or None, "tool_calls": calls}
-    return Parsed(message)
+TEXT_PARTS = frozenset({"text", "input_text", "output_text"})  # OpenAI chat's, Responses'
 
 
-def _tool_call(raw: str) -> tuple[dict[str, Any], str | None]:
-    try:
-        payload = json.loads(raw)
-    except ValueError as exc:
-        return {}, f"tool call is not valid JSON: {exc}"
-    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-        return {}, "tool call must be an object with a string 'name'"
-    arguments = payload.get("arguments", {})
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments)
-    function = {"name": payload["name"], "arguments": arguments}
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": function}, None
-
-
-def _ill_formed(text: str, error: str) -> Parsed:
-    return Parsed({"role": "assistant", "content": text}, ill_formed=True, error=error)
+def _text_of_parts(parts: list[Any], i: int) -> str:
+    """The text of a list of content parts; any other part (image_url, input_audio, file, ...)
+    is refused: the template would render nothing for it, and the model would answer a question
+    about an image it was never shown."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type", "text") if isinstance(part, Mapping) else None
+        if kind not in TEXT_PARTS:
+            if not isinstance(kind, str):
+                raise ValueError(f"messages[{i}].content[{j}] must be an object with a 'type'")
+            article = "an" if kind[:1] and kind[0] in "aeiou" else "a"
+            raise ValueError(
+                f"messages[{i}].content[{j}] is {article} {kind} part: "
+                "the gateway's renderer is text-only"
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"messages[{i}].content[{j}].text must be a string")
+        texts.append(text)
+    return "".join(texts)
 
 
 class TextRenderer:
-    """A renderer's `parse` for models that write Hermes tool calls as text: drop a trailing stop
-    token, `decode`, then split tool calls if enabled. Subclasses supply `name`,
-    `stop_token_ids`, `render`, `decode` and `token_text`."""
+    """A renderer's `parse` for models that write their tool calls as text: drop a trailing stop
+    token, `decode`, then parse with the renderer's `parser`, a model family (Hermes unless set:
+    `parsers.FAMILIES`). Subclasses supply `name`, `stop_token_ids`, `render`, `decode` and
+    `token_text`."""
 
     stop_token_ids: tuple[int, ...] = ()
+    parser: Family = HERMES
 
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
@@ -236,10 +200,7 @@ class TextRenderer:
         ids = list(output_ids)
         if ids and ids[-1] in self.stop_token_ids:
             ids.pop()
-        text = self.decode(ids)
-        if tools_enabled:
-            return parse_tool_calls(text)
-        return Parsed({"role": "assistant", "content": text})
+        return self.parser.parse(self.decode(ids), tools_enabled=tools_enabled)
 
 
 class AnchoredRenderer(TextRenderer):
@@ -342,13 +303,18 @@ class HFRenderer(AnchoredRenderer):
 
     The template is rendered to text and then encoded without adding BOS/EOS, which is what
     `apply_chat_template(tokenize=True)` does (by the Rust tokenizer's offset-free batch call,
-    about twice as fast as `tokenizer.encode`); decoding skips special tokens, so a template's
-    control tokens never reach the agent. `<tool_call>` must decode as text (an added token that
-    is not special, as in Qwen2.5) for tool calls to be parsed. Renders are incremental when the
-    tokenizer has anchors (`hf_anchors`) and they pass a probe conversation.
+    about twice as fast as `tokenizer.encode`). Sampled ids are parsed by a model family's parser
+    (`parser`: a name from `parsers.FAMILIES`, or None to detect it from the chat template's
+    markers, Hermes when none is found); decoding skips special tokens, so a template's control
+    tokens never reach the agent, except those the family's parser reads (Mistral's
+    `[TOOL_CALLS]`, harmony's channels). The family's end-of-turn tokens join EOS as stop ids.
+    Renders are incremental when the tokenizer has anchors (`hf_anchors`) and they pass a probe
+    conversation.
     """
 
-    def __init__(self, tokenizer: Any, *, name: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, *, name: str | None = None, parser: str | Family | None = None
+    ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the tokenizer has no chat_template")
         self.tokenizer = tokenizer
@@ -359,8 +325,7 @@ class HFRenderer(AnchoredRenderer):
             self._backend.no_truncation()
         if self._backend.padding is not None:
             self._backend.no_padding()
-        eos = tokenizer.eos_token_id
-        self.stop_token_ids = () if eos is None else (int(eos),)
+        self.use_parser(parser)
         self.anchors = hf_anchors(tokenizer)
         try:
             sound = all(self.check_incremental(PROBE_CHAT, tools) for tools in (None, PROBE_TOOLS))
@@ -373,6 +338,18 @@ class HFRenderer(AnchoredRenderer):
             )
             self.anchors = {}
 
+    def use_parser(self, parser: str | Family | None) -> None:
+        """Parse with `parser` (a family or its name; None: the chat template's family), and
+        take that family's stop tokens and the special tokens it reads."""
+        if parser is None:
+            parser = detect_family(self.tokenizer.chat_template)
+        self.parser = family(parser) if isinstance(parser, str) else parser
+        added = self._backend.get_added_tokens_decoder()
+        self._special_ids = frozenset(i for i, t in added.items() if t.special)
+        self._keep = {i: t.content for i, t in added.items() if t.content in self.parser.keep}
+        stops = [self.tokenizer.eos_token_id, *map(self._backend.token_to_id, self.parser.stop)]
+        self.stop_token_ids = tuple(dict.fromkeys(int(i) for i in stops if i is not None))
+
     @classmethod
     def from_pretrained(cls, path: str | PathLike[str]) -> HFRenderer:
         """Load a tokenizer saved with `save_pretrained` from a local directory (never the hub:
@@ -383,6 +360,8 @@ class HFRenderer(AnchoredRenderer):
         return cls(tokenizer)
 
     def render_text(self, messages: list[Message], tools: Tools) -> str:
+        if self.parser.object_arguments:
+            messages = _object_arguments(messages)
         try:
             return self.tokenizer.apply_chat_template(
                 messages,
@@ -397,10 +376,52 @@ class HFRenderer(AnchoredRenderer):
         return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        """The text of `ids` without special tokens, except those the parser reads."""
+        ids = list(ids)
+        keep = self._keep
+        if not keep or not any(i in keep for i in ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        pieces: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            if i in keep or i in self._special_ids:
+                pieces.append(self.tokenizer.decode(run, skip_special_tokens=True))
+                pieces.append(keep.get(i, ""))
+                run = []
+            else:
+                run.append(i)
+        pieces.append(self.tokenizer.decode(run, skip_special_tokens=True))
+        return "".join(pieces)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+
+def _object_arguments(messages: list[Message]) -> list[Message]:
+    """Messages whose tool calls carry `arguments` as objects, for templates that read them so
+    (Llama 3.1's `| tojson`, GLM-4.5's `.items()`), as vLLM and SGLang pass them. An agent sends
+    OpenAI's JSON strings; one that is not a JSON object is the request's fault."""
+    out = []
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if not calls:
+            out.append(message)
+            continue
+        converted = []
+        for j, call in enumerate(calls):
+            arguments = call["function"].get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments) if arguments.strip() else {}
+                except ValueError:
+                    arguments = None
+                if not isinstance(arguments, dict):
+                    raise ValueError(
+                        f"messages[{i}].tool_calls[{j}].function.arguments is not a JSON object"
+                    )
+            converted.append({**call, "function": {**call["function"], "arguments": arguments}})
+        out.append({**message, "tool_calls": converted})
+    return out
 
 
 # A chat with the boundaries that trip tokenizers: leading and trailing spaces and newlines,
@@ -457,15 +478,21 @@ def hf_anchors(tokenizer: Any) -> dict[str, int]:
 # -- choosing one ---------------------------------------------------------------------------------
 
 
-def load_renderer(spec: str) -> Renderer:
+def load_renderer(spec: str, *, parser: str | None = None) -> Renderer:
     """The renderer `spec` names: a local directory holding a Hugging Face tokenizer with a chat
     template (`HFRenderer`), or `module:attribute`, a Renderer class or zero-argument factory (how
-    a model with another template or tool-call syntax plugs in). Raises ValueError, in one line."""
+    a model with another template or tool-call syntax plugs in). `parser` names the model family
+    whose tool-call and reasoning syntax to parse (default: detected from the chat template;
+    Hermes for a TextRenderer). Raises ValueError, in one line."""
+    chosen = None if parser is None else family(parser)  # an unknown name fails first
     if Path(spec).is_dir():
         try:
-            return HFRenderer.from_pretrained(spec)
+            renderer = HFRenderer.from_pretrained(spec)
         except (ImportError, OSError, ValueError) as exc:
             raise ValueError(f"no tokenizer with a chat template in {spec}: {_line(exc)}") from None
+        if chosen is not None:
+            renderer.use_parser(chosen)
+        return renderer
     module, sep, attribute = spec.partition(":")
     if not (sep and module and attribute):
         raise ValueError(f"{spec!r} is neither a tokenizer directory nor module:attribute")
@@ -479,6 +506,13 @@ def load_renderer(spec: str) -> Renderer:
         raise ValueError(f"{spec}() failed: {type(exc).__name__}: {_line(exc)}") from None
     if not isinstance(renderer, Renderer):
         raise ValueError(f"{spec}() returned a {type(renderer).__name__}, not a Renderer")
+    if chosen is not None:
+        if isinstance(renderer, HFRenderer):
+            renderer.use_parser(chosen)
+        elif isinstance(renderer, TextRenderer):
+            renderer.parser = chosen
+        else:
+            raise ValueError(f"{spec}() is no TextRenderer: it parses by itself, not by a parser")
     return renderer
 
 
