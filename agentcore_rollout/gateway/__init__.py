@@ -1,4 +1,5 @@
-"""Token-capture gateway: the OpenAI-compatible endpoint rollout agents call for the policy.
+"""Token-capture gateway: the endpoint rollout agents call for the policy, in the API they speak
+(OpenAI chat or Responses, Anthropic Messages).
 
     backend = SGLangBackend(router.url)                  # or a worker URL; OpenAIBackend(url)
     async with Gateway(backend, HFRenderer.from_pretrained(path)) as gateway:
@@ -7,7 +8,9 @@
             # the agent: OpenAI(base_url=f"{gateway.url}/v1", api_key=session.api_key)
             trace = await admin.finish_session(session.session_id)
 
-Modules, one concept each: `server` (the aiohttp app and its routes), `sessions` (per-session
+Modules, one concept each: `server` (the aiohttp app and its routes), `turns` (one turn in the
+gateway's own terms, and the `Dialect` each API is), `chat`, `responses` and `messages` (the
+OpenAI chat, OpenAI Responses and Anthropic Messages dialects), `sessions` (per-session
 keys, limits, expiry, render states), `render` (messages <-> token ids, incremental per session,
 choosing a renderer), `parsers` (each model family's tool-call and reasoning syntax -> message),
 `backends` (SGLang /generate with log-probs; OpenAI pass-through), `sampling` (which sampling
