@@ -44,7 +44,15 @@ from typing import Any
 from ..serving.http import boolean
 from .sampling import request_sampling
 from .sessions import Session
-from .turns import ChatTurn, ToolChoice, TurnAnswer, arguments_object, json_schema_of, named_choice
+from .turns import (
+    ChatTurn,
+    ToolChoice,
+    TurnAnswer,
+    arguments_object,
+    check_fields,
+    json_schema_of,
+    named_choice,
+)
 
 _HONOURED = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature"}
 _HONOURED |= {"top_p", "top_k", "tools", "tool_choice", "stream", "thinking", "output_config"}
@@ -89,12 +97,7 @@ class MessagesDialect:
     paths = ("/v1/messages", "/v1/v1/messages")
 
     def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
-        unknown = sorted(set(body) - _HONOURED - _NO_EFFECT - set(_REFUSED))
-        if unknown:
-            raise ValueError(f"unknown field {unknown[0]!r}: the gateway does not serve it")
-        for name, why in _REFUSED.items():
-            if body.get(name) is not None:
-                raise ValueError(f"{name} is not supported: {why}")
+        check_fields(body, _HONOURED | _NO_EFFECT, _REFUSED)
         _check_thinking(body.get("thinking"))
         max_tokens = body.get("max_tokens")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:

@@ -56,9 +56,10 @@ from .turns import (
     ChatTurn,
     ToolChoice,
     TurnAnswer,
+    check_fields,
     json_schema_of,
+    mode_choice,
     named_choice,
-    refuse_fields,
     top_logprobs_of,
 )
 
@@ -100,10 +101,7 @@ class ResponsesDialect:
     paths = ("/v1/responses",)
 
     def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
-        unknown = sorted(set(body) - _HONOURED - _NO_EFFECT - set(_REFUSED))
-        if unknown:
-            raise ValueError(f"unknown field {unknown[0]!r}: the gateway does not serve it")
-        refuse_fields(body, _REFUSED)
+        check_fields(body, _HONOURED | _NO_EFFECT, _REFUSED)
         _check_modes(body)
         tools = _tools(body.get("tools"))
         include = body.get("include") or []
@@ -306,12 +304,9 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
-    if value is None:
-        return ToolChoice("auto" if tools else "none")
-    if value in ("none", "auto", "required"):
-        if value == "required" and not tools:
-            raise ValueError("tool_choice 'required' needs tools")
-        return ToolChoice(value)
+    mode = mode_choice(value, tools)
+    if mode is not None:
+        return mode
     if isinstance(value, Mapping) and value.get("type") == "function":
         return named_choice(value.get("name"), tools, "tool_choice")
     kind = value.get("type") if isinstance(value, Mapping) else value

@@ -108,12 +108,28 @@ class Dialect(Protocol):
 # -- checks the dialects share --------------------------------------------------------------------
 
 
-def refuse_fields(body: Mapping[str, Any], refused: Mapping[str, str]) -> None:
-    """A 400 for the first field of `refused` set in `body` (not null, not false): the gateway
-    cannot honour it, and says why rather than ignoring it."""
+def check_fields(body: Mapping[str, Any], known: set[str], refused: Mapping[str, str]) -> None:
+    """A 400 for the first field of `body` the dialect does not know, then for the first field
+    of `refused` set (not null, not false): the gateway cannot honour it, and says why rather
+    than ignoring it."""
+    unknown = sorted(set(body) - known - set(refused))
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}: the gateway does not serve it")
     for name, why in refused.items():
         if body.get(name) not in (None, False):
             raise ValueError(f"{name} is not supported: {why}")
+
+
+def mode_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice | None:
+    """An OpenAI `tool_choice` given as a mode (absent: auto with tools, else none), or None
+    when it is given in another form."""
+    if value is None:
+        return ToolChoice("auto" if tools else "none")
+    if value not in ("none", "auto", "required"):
+        return None
+    if value == "required" and not tools:
+        raise ValueError("tool_choice 'required' needs tools")
+    return ToolChoice(value)
 
 
 def json_schema_of(kind: Any, schema: Any, where: str) -> dict[str, Any] | None:
