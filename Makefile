@@ -14,7 +14,7 @@ $(VENV)/.dev: pyproject.toml
 
 $(VENV)/.test: $(VENV)/.dev
 	$(PIP) torch==2.13.0  # the CPU build, alone first: verl would otherwise pull a CUDA one
-	$(PIP) -e '.[dev,gateway,infra,verl]'
+	$(PIP) -e '.[dev,gateway,infra,verl,frameworks]'
 	touch $@
 
 run: $(VENV)/.dev  ## roll out the example dataset on the embedded local stack
