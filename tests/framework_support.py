@@ -127,13 +127,16 @@ class LiveSession:
     def api_key(self) -> str:
         return self.session.api_key
 
-    def script(self, *texts: str) -> None:
-        """The policy's next replies, one text per turn (each ends with end-of-turn)."""
+    def script(self, *texts: str, max_tokens: int | None = None) -> None:
+        """The policy's next replies, one text per turn (each ends with end-of-turn). With
+        `max_tokens` (the limit the test makes the framework send), what the worker will sample:
+        the first `max_tokens` ids of each, as a server cuts a turn."""
         worker = self.wire.worker
         worker.scripts.clear()
         self._first_call = len(worker.calls)
-        self.scripted = [reply_ids(t) for t in texts]
-        worker.scripts.extend(self.scripted)
+        ids = [reply_ids(t) for t in texts]
+        worker.scripts.extend(ids)
+        self.scripted = [i[:max_tokens] for i in ids]
 
     async def finish(self) -> dict[str, Any]:
         """Close the session and return its trace."""

@@ -12,18 +12,27 @@ live.finish())`. The frameworks come with the `[frameworks]` extra.
 
 from __future__ import annotations
 
+import importlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 
+from agentcore_rollout import RolloutEngine, RolloutRequest, load_config
+from agentcore_rollout.agent import RolloutContext
+from agentcore_rollout.contract import LLMSettings
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, SGLangBackend
+from agentcore_rollout.local.stack import LocalStack
 
 from .framework_support import (
     LiveSession,
     Wire,
+    assert_trace_exact,
     quiet_frameworks,
     reached_outside,
     tool_call_text,
@@ -33,6 +42,8 @@ from .gateway_support import ScriptedWorker, hf_renderer
 quiet_frameworks()
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ROOT = Path(__file__).resolve().parent.parent
 
 QUESTION = "What is 2 + 3? Use the add tool."
 CALL = tool_call_text(("add", {"a": 2, "b": 3}))
@@ -289,3 +300,77 @@ async def test_the_exactness_check_fails_on_a_trace_that_is_not_what_was_sampled
     with pytest.raises(AssertionError, match="fewer policy calls"):
         live.assert_exact(trace)
     live.wire.worker.scripts.clear()
+
+
+# -- the example agents ------------------------------------------------------------------------
+
+EXAMPLES = ["examples.strands_agent.app", "examples.langgraph_agent.app"]
+
+
+def _context(live: LiveSession, **sampling: Any) -> RolloutContext:
+    llm = LLMSettings(
+        base_url=live.base_url, model=live.model, api_key=live.api_key, sampling=sampling
+    )
+    return RolloutContext("fw", 0, "r-1", "add-0", 0, "s" * 33, time.time() + 60, llm)
+
+
+@pytest.mark.parametrize("module", EXAMPLES)
+async def test_example_agent_calls_its_tool_and_is_rewarded(live: LiveSession, module: str) -> None:
+    example = importlib.import_module(module)
+    live.script(tool_call_text(("add", {"a": 17, "b": 44})), "61")
+    output = await example.rollout({"question": "What is 17 + 44?", "answer": 61}, _context(live))
+    assert output.rewards.components == {"reward": 1.0, "tool_calls": 1.0}
+    assert output.stop_reason == "answered"
+    json.dumps(output.trajectory)  # the result carries it as JSON
+    live.assert_exact(await live.finish(), samples=1)
+
+
+@pytest.mark.parametrize("module", EXAMPLES)
+async def test_example_agent_cut_at_max_tokens_still_ends_with_reward_0(
+    live: LiveSession, module: str
+) -> None:
+    example = importlib.import_module(module)
+    live.script("6 is my final answer.", max_tokens=3)
+    ctx = _context(live, max_tokens=3)
+    output = await example.rollout({"question": "What is 17 + 44?", "answer": 61}, ctx)
+    assert output.rewards.components == {"reward": 0.0, "tool_calls": 0.0}
+    # Strands raises MaxTokensReachedException on a `length` finish; LangGraph returns the text.
+    assert output.stop_reason == ("max_tokens" if "strands" in module else "answered")
+    trace = await live.finish()
+    live.assert_exact(trace, samples=1)
+    assert [t["finish_reason"] for t in trace["turns"]] == ["length"]
+
+
+@pytest.mark.parametrize("name", ["strands_agent", "langgraph_agent"])
+async def test_example_runs_on_the_local_stack_and_every_rollout_ends_ok_with_a_reward(
+    name: str,
+) -> None:
+    """The example as `agentcore-rollout run --config configs/NAME.yaml` runs it (in one
+    process here): the toy policy writes mostly nonsense, and every rollout still ends ok with a
+    reward, its trace exact against what the policy worker recorded sampling."""
+    overrides = {
+        "local.mode": "in_process",
+        "local.policy_workers": 1,
+        "local.record_samples": True,
+        "local.bucket": f"fw-{name.replace('_', '-')}",
+        "local.queue": f"fw-{name}",
+    }
+    config = load_config(ROOT / "configs" / f"{name}.yaml", env_file=None, overrides=overrides)
+    assert config.local.app == f"examples.{name}.app:app"
+    rows = [json.loads(line) for line in (ROOT / config.run.data).read_text().splitlines()][:3]
+    requests = [
+        RolloutRequest(row, input_id=row["id"], sample_index=k) for row in rows for k in range(2)
+    ]
+    async with LocalStack(config.local) as stack:
+        async with RolloutEngine(stack.engine_config(config.engine)) as engine:
+            batch = await engine.rollout(requests)
+        url = f"{stack.workers[0].url}/debug/samples"
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            by_rid = {s["rid"]: s for s in (await response.json())["samples"]}
+    assert batch.counts["ok"] == len(requests), [o.error for o in batch.outcomes]
+    for outcome in batch.outcomes:
+        assert outcome.reward in (0.0, 1.0)
+        assert outcome.result.stop_reason in ("answered", "max_tokens", "max_steps")
+        trace = outcome.trace
+        assert trace is not None and trace["num_turns"] >= 1
+        assert_trace_exact(trace, [by_rid[t["rid"]] for t in trace["turns"]])
