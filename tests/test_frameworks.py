@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 from agentcore_rollout import RolloutEngine, RolloutRequest, load_config
-from agentcore_rollout.agent import RolloutContext
+from agentcore_rollout.agent import RolloutApp, RolloutContext, RolloutOutput
 from agentcore_rollout.contract import LLMSettings
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, SGLangBackend
 from agentcore_rollout.local.stack import LocalStack
@@ -374,3 +375,22 @@ async def test_example_runs_on_the_local_stack_and_every_rollout_ends_ok_with_a_
         trace = outcome.trace
         assert trace is not None and trace["num_turns"] >= 1
         assert_trace_exact(trace, [by_rid[t["rid"]] for t in trace["turns"]])
+
+
+async def test_the_readme_framework_wrap_runs_as_written(live: LiveSession) -> None:
+    """The README's "Writing an agent" wrap of a Strands agent, taken from the README as is."""
+    from strands import tool
+
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    (block,) = [b for b in blocks if "OpenAIModel(" in b]
+    tools = Calls()
+    namespace: dict[str, Any] = {
+        "app": RolloutApp(),
+        "RolloutOutput": RolloutOutput,
+        "add": tool(tools.add),
+    }
+    exec(compile(block, "README.md", "exec"), namespace)
+    live.script(CALL, "5")
+    output = await namespace["rollout"]({"question": QUESTION, "answer": 5}, _context(live))
+    assert tools.seen == [(2, 3)] and output.rewards == 1.0
+    live.assert_exact(await live.finish(), samples=1)
