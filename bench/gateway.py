@@ -563,7 +563,11 @@ def plot(figures: dict[str, Any], path: Path) -> None:
     ]
     groups = list(parts[0][1])
     fig, axes = plt.subplots(
-        3, len(groups), figsize=(5 * len(groups), 11), squeeze=False, height_ratios=[1, 1, 0.8]
+        4,
+        len(groups),
+        figsize=(5 * len(groups), 14),
+        squeeze=False,
+        height_ratios=[1, 1, 0.8, 0.8],
     )
     for row, (label_, data) in enumerate(parts):
         for ax, n in zip(axes[row], groups, strict=True):
@@ -609,7 +613,23 @@ def plot(figures: dict[str, Any], path: Path) -> None:
     ax.axhline(2, color="grey", linestyle="--", linewidth=1, label="2 cores")
     ax.set(ylabel="CPU s per wall s", title="who used the cores during the CPU runs")
     ax.legend(fontsize=8)
-    for ax in axes[2]:
+    dialects = figures["dialects"]
+    ax = axes[3][0]
+    names = list(dialects["cpu_ms_per_turn"])
+    bars = ax.bar(names, [dialects["cpu_ms_per_turn"][d] for d in names], 0.5, color="tab:purple")
+    ax.bar_label(bars, labels=[f"{dialects['ratio_to_chat'][d]:.2f}x" for d in names], fontsize=8)
+    ax.axhline(
+        1.2 * dialects["cpu_ms_per_turn"]["chat"],
+        color="grey",
+        linestyle="--",
+        linewidth=1,
+        label="1.2x chat",
+    )
+    ax.set(ylabel="gateway CPU ms per turn", title="the same conversations in each API")
+    ax.legend(fontsize=8)
+    for ax in axes[3][1:]:
+        ax.axis("off")
+    for ax in [*axes[2], axes[3][0]]:
         ax.title.set_fontsize(9)
     fig.suptitle("Latency per agent turn: direct vs through the gateway, and the gateway's CPU")
     fig.tight_layout()
