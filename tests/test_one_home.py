@@ -83,9 +83,10 @@ def test_the_engine_reads_in_short_functions() -> None:
 # idleness, the SDK's leak check, foreign notifications set aside) added about 430. Issue 20
 # (any agent unchanged) added about 1,860: the OpenAI Responses (520) and Anthropic Messages
 # (470) dialects, the one turn they share with chat (turns.py, chat.py: 330), each model
-# family's tool-call and reasoning syntax (parsers.py: 530). Raise it only with a reason in the
-# same commit.
-MAX_LINES = 13_800
+# family's tool-call and reasoning syntax (parsers.py: 530). Issue 21 (a real model locally)
+# added local/models.py (220): SmolLM2 converted from its GGUF file into a cached model directory
+# with a tools template. Raise it only with a reason in the same commit.
+MAX_LINES = 14_000
 
 
 def test_the_package_did_not_grow() -> None:
