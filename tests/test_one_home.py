@@ -84,8 +84,9 @@ def test_the_engine_reads_in_short_functions() -> None:
 # (any agent unchanged) added about 1,860: the OpenAI Responses (520) and Anthropic Messages
 # (470) dialects, the one turn they share with chat (turns.py, chat.py: 330), each model
 # family's tool-call and reasoning syntax (parsers.py: 530). Raise it only with a reason in the
-# same commit.
-MAX_LINES = 13_800
+# same commit. Issue 21's CPU server for Hugging Face models (local/policy/hf.py: continuous
+# batching, aborts, weight loads; PolicyServer serving it) added about 480.
+MAX_LINES = 14_280
 
 
 def test_the_package_did_not_grow() -> None:

@@ -62,7 +62,9 @@ class HFTokenizer:
     def check_ids(self, ids: Sequence[Any], what: str = "token id") -> None:
         for i in ids:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.vocab_size:
-                raise ValueError(f"{what} {i!r:.40} is not in the vocabulary [0, {self.vocab_size})")
+                raise ValueError(
+                    f"{what} {i!r:.40} is not in the vocabulary [0, {self.vocab_size})"
+                )
 
     def apply_chat_template(self, messages: Any) -> list[int]:
         if not isinstance(messages, list) or not messages:

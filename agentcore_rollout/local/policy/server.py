@@ -35,13 +35,13 @@ Every client error is a 400 (404/405/413 for routing and size) whose body is one
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures as cf
 import dataclasses
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping
-import asyncio
-import concurrent.futures as cf
 from itertools import accumulate
 from typing import Any, Protocol
 
