@@ -84,11 +84,13 @@ def smollm2_dir(flag: str | None) -> Path | None:
     return None
 
 
-async def hf_bench(model_dir: Path, new_tokens: int, rounds: int) -> dict[str, Any]:
+async def hf_bench(
+    model_dir: Path, new_tokens: int, rounds: int, threads: int | None
+) -> dict[str, Any]:
     from agentcore_rollout.local.policy.hf import HFPolicy
 
     started = time.perf_counter()
-    policy = HFPolicy(model_dir)
+    policy = HFPolicy(model_dir, threads=threads)
     load_s = time.perf_counter() - started
     prompt = policy.tokenizer.apply_chat_template(MESSAGES)
     out: dict[str, Any] = {"model_dir": str(model_dir), "load_s": load_s}
@@ -192,23 +194,26 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--rounds", type=int, default=2, help="runs per concurrency (best kept)")
     parser.add_argument("--requests", type=int, default=2000, help="toy: HTTP requests")
+    parser.add_argument("--threads", type=int, help="torch threads of the engine (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--note", default="", help="added to setup (e.g. other load running)")
     args = parser.parse_args()
     hf: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        hf["tiny-llama"] = asyncio.run(hf_bench(tiny_model(Path(tmp)), args.tokens, args.rounds))
+        hf["tiny-llama"] = asyncio.run(
+            hf_bench(tiny_model(Path(tmp)), args.tokens, args.rounds, args.threads)
+        )
     smollm2 = smollm2_dir(args.model)
     if smollm2 is not None:
-        hf[smollm2.name] = asyncio.run(hf_bench(smollm2, args.tokens, args.rounds))
+        hf[smollm2.name] = asyncio.run(hf_bench(smollm2, args.tokens, args.rounds, args.threads))
     import torch
 
     results = {
         "setup": (
             f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), torch "
-            f"{torch.__version__} float32 with {torch.get_num_threads()} threads; server and "
-            f"client in one process; {args.tokens} new tokens per request, best of "
-            f"{args.rounds} rounds. {args.note}"
+            f"{torch.__version__} float32, {args.threads or torch.get_num_threads()} engine "
+            f"threads; server and client in one process; {args.tokens} new tokens per "
+            f"request, best of {args.rounds} rounds. {args.note}"
         ).strip(),
         "hf": hf,
         "toy": {

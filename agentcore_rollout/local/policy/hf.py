@@ -108,8 +108,6 @@ class HFPolicy:
         path = Path(model_dir)
         if not path.is_dir():
             raise ValueError(f"model dir {model_dir!s} does not exist")
-        if threads:
-            torch.set_num_threads(threads)
         self.model_dir = path
         self.model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=torch.float32
@@ -122,6 +120,7 @@ class HFPolicy:
         self.context_length = int(getattr(config, "max_position_embeddings", 0) or 32768)
         self.name = path.name
         self.max_batch = max_batch
+        self.threads = threads or torch.get_num_threads()
         self.version = 0
         self.weight_version = "0"
         self.decode_steps = self.prefills = self.tokens = 0
@@ -196,6 +195,9 @@ class HFPolicy:
     # -- the scheduler thread -----------------------------------------------------------------
 
     def _loop(self) -> None:
+        # The thread count is set in this thread: OpenMP's settings are per thread, and a pool
+        # left at the main thread's size measured 5x slower here on 2 shared cores.
+        torch.set_num_threads(self.threads)
         with torch.inference_mode():
             while True:
                 with self._lock:
