@@ -84,9 +84,10 @@ def test_the_engine_reads_in_short_functions() -> None:
 # (any agent unchanged) added about 1,860: the OpenAI Responses (520) and Anthropic Messages
 # (470) dialects, the one turn they share with chat (turns.py, chat.py: 330), each model
 # family's tool-call and reasoning syntax (parsers.py: 530). Issue 21 (a real model locally)
-# added local/models.py (220): SmolLM2 converted from its GGUF file into a cached model directory
-# with a tools template. Raise it only with a reason in the same commit.
-MAX_LINES = 14_000
+# added local/models.py (220: SmolLM2 converted from its GGUF file into a cached model directory
+# with a tools template) and local/policy/hf.py with the server's abort (480: a Hugging Face
+# causal LM on CPU, continuously batched). Raise it only with a reason in the same commit.
+MAX_LINES = 14_500
 
 
 def test_the_package_did_not_grow() -> None:

@@ -53,13 +53,15 @@ class Generation:
     """One completion. `finish_reason` has SGLang's shape: {"type": "stop", "matched": token id
     or stop string} or {"type": "length", "length": max_new_tokens}. `output_ids` and `logprobs`
     include a matched stop token and the tokens of a matched stop string; `text` omits them
-    (unless no_stop_trim) and omits special tokens (if skip_special_tokens)."""
+    (unless no_stop_trim) and omits special tokens (if skip_special_tokens). An abort (HFPolicy)
+    ends it with {"type": "abort"} holding the tokens sampled so far."""
 
     output_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: dict[str, Any]
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    weight_version: str | None = None  # set by engines that batch (HFPolicy); else the server's
 
 
 class TinyPolicy:

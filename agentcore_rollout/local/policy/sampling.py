@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from ...gateway.sampling import finite_number
-from .tokenizer import CharTokenizer
 
 # Below this temperature decoding is greedy (vLLM's cut). SGLang maps such temperatures to
 # top_k=1 at temperature 1: the same argmax, and the same reported log_softmax(logits).
@@ -67,7 +66,7 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        CharTokenizer().check_ids(self.stop_token_ids, "stop_token_ids entry")
+        # stop_token_ids are checked against the serving model's vocabulary by the server
 
     @property
     def greedy(self) -> bool:

@@ -4,9 +4,12 @@ Speaking the real wire shapes (SGLang's native /generate, OpenAI's chat and comp
 weight-update and info endpoints sglang-router and trainers call) lets the gateway, the router and
 the example agents run unchanged against this server on a laptop and against SGLang on a GPU.
 
-Generation runs inline on the event loop: a completion costs well under a millisecond, and with no
-await inside a generation a weight load can never interleave with one, so every response is
-sampled from exactly one parameter version (reported as `weight_version`).
+The toy's generation runs inline on the event loop: a completion costs well under a millisecond,
+and with no await inside a generation a weight load can never interleave with one, so every
+response is sampled from exactly one parameter version (reported as `weight_version`). A Hugging
+Face model (`hf.HFPolicy`, `PolicyServer(HFPolicy(model_dir))`) is served behind the same
+endpoints: its scheduler thread batches concurrent requests and applies weight loads between
+decode steps, once the batch has drained; each answer reports the version it was sampled from.
 
 Endpoints (unknown request fields are ignored; see each handler for details):
 
@@ -18,7 +21,10 @@ Endpoints (unknown request fields are ignored; see each handler for details):
                                   batch form (lists of prompts) answers a list
   POST /v1/chat/completions       OpenAI chat (stream optional), logprobs / top_logprobs
   POST /v1/completions            OpenAI legacy completions (non-streaming)
-  POST /update_weights_from_disk  SGLang: {"model_path": "x.npz", "weight_version"?}
+  POST /update_weights_from_disk  SGLang: {"model_path": "x.npz" (toy) | model dir (HF),
+                                  "weight_version"?, "abort_all_requests"?}
+  POST /abort_request             SGLang: {"rid"} or {"abort_all": true}: the generation answers
+                                  at once with the tokens so far, finish_reason {"type": "abort"}
   GET  /params/version            {"weight_version", "version"} (also /get_weight_version)
   GET  /health, /health_generate, /v1/models, /get_model_info, /get_server_info (/server_info)
   GET, DELETE /debug/samples      the recorded generations (when started with record=True)
@@ -29,13 +35,15 @@ Every client error is a 400 (404/405/413 for routing and size) whose body is one
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures as cf
 import dataclasses
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping
 from itertools import accumulate
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from aiohttp import web
@@ -58,6 +66,28 @@ DEFAULT_CONTEXT_LENGTH = 32768
 MAX_TOP_LOGPROBS = 20
 
 
+class BatchedPolicy(Protocol):
+    """What PolicyServer calls on an engine that samples off the event loop (`hf.HFPolicy`)."""
+
+    tokenizer: Any
+    version: int
+    weight_version: str
+    context_length: int
+    name: str
+
+    async def generate_async(
+        self, prompt: list[int], sp: SamplingParams, top_n: int, rid: str, seed: int | None
+    ) -> Generation: ...
+
+    def abort(self, rid: str | None) -> None: ...
+
+    def submit_load(
+        self, path: str, weight_version: str | None = None, abort_all: bool = False
+    ) -> cf.Future[str]: ...
+
+    def close(self) -> None: ...
+
+
 class PolicyServer(Server):
     """An aiohttp server around one TinyPolicy; `async with PolicyServer() as s: s.url`.
 
@@ -69,7 +99,7 @@ class PolicyServer(Server):
 
     def __init__(
         self,
-        policy: TinyPolicy | None = None,
+        policy: TinyPolicy | BatchedPolicy | None = None,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -84,6 +114,9 @@ class PolicyServer(Server):
         self.policy = policy if policy is not None else TinyPolicy(seed)
         self.tokenizer = self.policy.tokenizer
         self.record = record
+        if not isinstance(self.policy, TinyPolicy):
+            context_length = min(context_length, self.policy.context_length)
+            model_name = self.policy.name if model_name == MODEL_NAME else model_name
         self.model_name = model_name
         self.context_length = context_length
         self._worker_id = worker_id
@@ -112,6 +145,7 @@ class PolicyServer(Server):
                 get("/flush_cache", self._flush_cache),
                 post("/flush_cache", self._flush_cache),
                 post("/update_weights_from_disk", self._update_weights_from_disk),
+                post("/abort_request", self._abort_request),
                 get("/get_weight_version", self._weight_version),
                 get("/params/version", self._weight_version),
                 get("/debug/samples", self._get_samples),
@@ -119,6 +153,11 @@ class PolicyServer(Server):
             ]
         )
         return app
+
+    async def stop(self) -> None:
+        await super().stop()
+        if not isinstance(self.policy, TinyPolicy):
+            await asyncio.to_thread(self.policy.close)
 
     # -- core ---------------------------------------------------------------------------------
 
@@ -134,11 +173,18 @@ class PolicyServer(Server):
                 f"context length ({self.context_length} tokens)"
             )
 
-    def _run(
+    async def _run(
         self, prompt: list[int], sp: SamplingParams, top_n: int, rid: str, endpoint: str
     ) -> Generation:
-        rng = self._rng if sp.seed is None else np.random.default_rng(sp.seed)
-        gen = self.policy.generate(prompt, sp, rng, top_n)
+        self.tokenizer.check_ids(sp.stop_token_ids, "stop_token_ids entry")
+        policy = self.policy
+        if isinstance(policy, TinyPolicy):
+            rng = self._rng if sp.seed is None else np.random.default_rng(sp.seed)
+            gen = policy.generate(prompt, sp, rng, top_n)
+            gen.weight_version = policy.weight_version
+        else:
+            seed = int(self._rng.integers(2**63)) if sp.seed is None else sp.seed
+            gen = await policy.generate_async(prompt, sp, top_n, rid, seed)
         if self.record:
             self._recorded += 1
             self._samples.append(
@@ -146,7 +192,7 @@ class PolicyServer(Server):
                     "rid": rid,
                     "worker_id": self.worker_id,
                     "endpoint": endpoint,
-                    "weight_version": self.policy.weight_version,
+                    "weight_version": gen.weight_version,
                     "input_ids": prompt,
                     "output_ids": gen.output_ids,
                     "output_logprobs": gen.logprobs,
@@ -180,7 +226,9 @@ class PolicyServer(Server):
         with_text = boolean(body.get("return_text_in_logprobs"), "return_text_in_logprobs")
         # Validate every prompt's arguments before generating any, so a bad batch has no effect.
         jobs = [self._generate_job(body, i, batch, prompt) for i, prompt in enumerate(prompts)]
-        outputs = [self._generate_one(*job, with_text=with_text) for job in jobs]
+        outputs = await asyncio.gather(
+            *(self._generate_one(*job, with_text=with_text) for job in jobs)
+        )
         if boolean(body.get("stream"), "stream"):
             return await sse_response(request, iter(outputs))
         return _json(outputs if batch else outputs[0])
@@ -195,7 +243,7 @@ class PolicyServer(Server):
         top_n = _top_n(_pick(body.get("top_logprobs_num"), i, batch), "top_logprobs_num")
         return prompt, sp, rid, want_logprob, top_n if want_logprob else 0
 
-    def _generate_one(
+    async def _generate_one(
         self,
         prompt: list[int],
         sp: SamplingParams,
@@ -207,14 +255,14 @@ class PolicyServer(Server):
     ) -> dict[str, Any]:
         """One /generate output: {"text", "output_ids", "meta_info"} as SGLang shapes it."""
         started = time.perf_counter()
-        gen = self._run(prompt, sp, top_n, rid, "/generate")
+        gen = await self._run(prompt, sp, top_n, rid, "/generate")
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": gen.finish_reason,
             "prompt_tokens": len(prompt),
             "completion_tokens": len(gen.output_ids),
             "cached_tokens": 0,
-            "weight_version": self.policy.weight_version,
+            "weight_version": gen.weight_version,
         }
         if want_logprob:
 
@@ -259,7 +307,7 @@ class PolicyServer(Server):
         stream = boolean(body.get("stream"), "stream")
         with_ids = boolean(body.get("return_token_ids"), "return_token_ids")
         rid = _rid(body.get("rid"))
-        gen = self._run(prompt, sp, top_n, rid, "/v1/chat/completions")
+        gen = await self._run(prompt, sp, top_n, rid, "/v1/chat/completions")
         logprobs = self._openai_logprobs(gen) if want_logprobs else None
         head = self._openai_head(f"chatcmpl-{rid}", "chat.completion", body)
         finish = {
@@ -305,7 +353,7 @@ class PolicyServer(Server):
         n_logprobs = body.get("logprobs")
         top_n = _top_n(n_logprobs, "logprobs")
         rid = _rid(body.get("rid"))
-        gen = self._run(prompt, sp, top_n, rid, "/v1/completions")
+        gen = await self._run(prompt, sp, top_n, rid, "/v1/completions")
         logprobs = None
         if n_logprobs is not None:
             texts = [self.tokenizer.token_text(t) for t in gen.output_ids]
@@ -367,7 +415,11 @@ class PolicyServer(Server):
         return web.Response(status=200)
 
     async def _health_generate(self, request: web.Request) -> web.StreamResponse:
-        self.policy.generate([0], SamplingParams(temperature=0.0, max_new_tokens=1), self._rng)
+        sp = SamplingParams(temperature=0.0, max_new_tokens=1)
+        if isinstance(self.policy, TinyPolicy):
+            self.policy.generate([0], sp, self._rng)
+        else:
+            await self.policy.generate_async([0], sp, 0, "health_generate", 0)
         return web.Response(status=200)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
@@ -417,10 +469,14 @@ class PolicyServer(Server):
         answer and the usual error object."""
         body = await read_json_object(request)
         path, label = body.get("model_path"), body.get("weight_version")
+        abort_all = boolean(body.get("abort_all_requests"), "abort_all_requests")
         try:
             if not isinstance(path, str) or not (label is None or isinstance(label, str)):
                 raise ValueError("model_path must be a string path (weight_version a string)")
-            self.policy.load(path, label)
+            if isinstance(self.policy, TinyPolicy):
+                self.policy.load(path, label)
+            else:  # applied by the scheduler thread once the running batch is empty
+                await asyncio.wrap_future(self.policy.submit_load(path, label, abort_all))
         except ValueError as exc:
             error = _error_body(400, str(exc))
             return _json(
@@ -428,6 +484,18 @@ class PolicyServer(Server):
             )
         message = f"Loaded {path}; weight version {self.policy.weight_version}."
         return _json({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def _abort_request(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's POST /abort_request {"rid"} | {"abort_all": true}: 200 whether or not the rid
+        is running (the toy's generations never are: they finish inline)."""
+        body = await read_json_object(request)
+        abort_all = boolean(body.get("abort_all"), "abort_all")
+        rid = body.get("rid")
+        if not abort_all and not isinstance(rid, str):
+            raise ValueError("abort_request needs a string rid or abort_all: true")
+        if not isinstance(self.policy, TinyPolicy):
+            self.policy.abort(None if abort_all else rid)
+        return web.Response(status=200)
 
     async def _weight_version(self, request: web.Request) -> web.StreamResponse:
         policy = self.policy
