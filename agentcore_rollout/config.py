@@ -268,6 +268,13 @@ class LocalConfig(_Section):
     max_sessions: int = Field(default=1000, ge=1)
     idle_timeout: float = Field(default=IDLE_TIMEOUT_S, gt=0)
     max_lifetime: float = Field(default=MAX_LIFETIME_S, gt=0)
+    # What the workers serve: the toy (numpy, char tokenizer), or a Hugging Face causal LM on
+    # CPU, named (a known model, converted once into a cache) or a model directory; the gateway
+    # then renders with that model's tokenizer and chat template. Resolved by the stack (core
+    # knows no model names).
+    policy: str = Field(
+        default="toy", min_length=1, description="toy | a known model name | a model directory"
+    )
     policy_seed: int = 0
     policy_params: str | None = None
     policy_workers: int = Field(default=2, ge=1, description="behind sglang-router when > 1")
@@ -275,6 +282,15 @@ class LocalConfig(_Section):
     gateway: bool = Field(default=True, description="token-capture gateway in front of the policy")
     max_context: int = Field(default=2048, ge=16, description="gateway context limit, tokens")
     agent_log_dir: str | None = None
+
+    @model_validator(mode="after")
+    def _params_for_the_toy(self) -> LocalConfig:
+        if self.policy_params and self.policy != "toy":
+            raise ValueError(
+                "policy_params is the toy's .npz; a model's weights are its directory "
+                f"(local.policy={self.policy!r})"
+            )
+        return self
 
 
 class RunConfig(_Section):

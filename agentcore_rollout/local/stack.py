@@ -3,8 +3,13 @@
 moto (S3 + SQS, wired with the bucket notification the infra configures on AWS), the
 AgentCore Runtime emulator running the agent app (a process of its own, like the real service,
 so agents never share the engine's event loop), and the policy path:
-agents -> token-capture gateway -> sglang-router -> small local policy workers (the router
+agents -> token-capture gateway -> sglang-router -> local policy workers (the router
 only with more than one worker; the gateway only with the [gateway] extra).
+
+The workers serve `local.policy`: the toy (the gateway renders with its `CharRenderer`), or a
+Hugging Face causal LM on CPU, named (`models.ready_model`: a known name, converted once into a
+cache) or a model directory; each worker then loads it (`HFPolicy`) and the gateway renders with
+its tokenizer and chat template, parsing tool calls in the family its template shows.
 `engine_config()` points an EngineConfig at them, so the same engine code runs here and on
 AWS. Nothing binds anything but 127.0.0.1.
 
@@ -20,16 +25,20 @@ import importlib.util
 import os
 import secrets
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
-from ..config import EngineConfig, GatewayConfig, LocalConfig
+from ..config import ConfigError, EngineConfig, GatewayConfig, LocalConfig
 from ..contract import LLMSettings
 from ..serving.process import ServiceProcess
+from .models import ready_model
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
+from .policy.server import MODEL_NAME as TOY_MODEL_NAME
 from .runtime import DEFAULT_RUNTIME_ARN as LOCAL_RUNTIME_ARN  # the emulator's default
 
 LOCAL_REGION = "us-east-1"
 CHAR_RENDERER = "agentcore_rollout.local.policy.render:CharRenderer"  # the gateway's --renderer
+TOY = "toy"  # local.policy's value for the toy
 
 
 class LocalStack:
@@ -39,16 +48,8 @@ class LocalStack:
         self.config = config or LocalConfig()
         self.prefix = prefix
         self.moto = MotoServer()
-        params = ["--params", self.config.policy_params] if self.config.policy_params else []
-        params += ["--record"] if self.config.record_samples else []
-        self.workers = [
-            ServiceProcess(
-                f"policy worker {i}",
-                "agentcore_rollout.local.policy",
-                *("--seed", str(self.config.policy_seed), "--worker-id", f"worker-{i}", *params),
-            )
-            for i in range(self.config.policy_workers)
-        ]
+        self.model_dir: str | None = None  # the served model's directory; None: the toy
+        self.workers: list[ServiceProcess] = []  # made on entry, once the model is resolved
         self.router: Any = None
         self.gateway: ServiceProcess | None = None
         self._admin_token = secrets.token_urlsafe(24)
@@ -59,6 +60,9 @@ class LocalStack:
         for name, value in LOCAL_CREDENTIALS.items():  # the engine's clients need some
             os.environ.setdefault(name, value)
         try:
+            if self.config.policy != TOY:  # a known name may convert first (once, ~30 s)
+                self.model_dir = str(await asyncio.to_thread(_resolve, self.config.policy))
+            self.workers = self._workers()
             await _together(
                 asyncio.to_thread(self.moto.start),
                 *(asyncio.to_thread(worker.start) for worker in self.workers),
@@ -86,6 +90,25 @@ class LocalStack:
                 *(asyncio.to_thread(worker.stop) for worker in self.workers),
                 asyncio.to_thread(self.moto.stop),
             )
+
+    def _workers(self) -> list[ServiceProcess]:
+        cfg = self.config
+        if self.model_dir is not None:
+            # One torch thread per worker when several share the cores: each would otherwise
+            # size its pool to every core and they would contend (HFPolicy measured this).
+            threads = max(1, (os.cpu_count() or 1) // cfg.policy_workers)
+            serves = ["--model", self.model_dir, "--threads", str(threads)]
+        else:
+            serves = ["--params", cfg.policy_params] if cfg.policy_params else []
+        serves += ["--record"] if cfg.record_samples else []
+        return [
+            ServiceProcess(
+                f"policy worker {i}",
+                "agentcore_rollout.local.policy",
+                *("--seed", str(cfg.policy_seed), "--worker-id", f"worker-{i}", *serves),
+            )
+            for i in range(cfg.policy_workers)
+        ]
 
     def _emulator(self) -> ServiceProcess:
         cfg = self.config
@@ -129,10 +152,11 @@ class LocalStack:
             backend = self.router.url
         if not self.config.gateway:
             return
+        renderer = self.model_dir or CHAR_RENDERER  # a model dir: HFRenderer, family detected
         self.gateway = ServiceProcess(
             "gateway",
             "agentcore_rollout.gateway",
-            *("--backend", "sglang", "--backend-url", backend, "--renderer", CHAR_RENDERER),
+            *("--backend", "sglang", "--backend-url", backend, "--renderer", renderer),
             env={"AGENTCORE_GATEWAY_ADMIN_TOKEN": self._admin_token},
         )
         await asyncio.to_thread(self.gateway.start)
@@ -176,7 +200,8 @@ class LocalStack:
                 max_context=self.config.max_context,
             )
         elif base.llm is None:
-            fill["llm"] = LLMSettings(base_url=f"{self.policy_url}/v1", model="tiny-char-policy")
+            model = Path(self.model_dir).name if self.model_dir else TOY_MODEL_NAME
+            fill["llm"] = LLMSettings(base_url=f"{self.policy_url}/v1", model=model)
         return EngineConfig.model_validate(base.model_dump() | fill | overrides)
 
     def env_lines(self) -> list[str]:
@@ -199,6 +224,14 @@ class LocalStack:
             lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__URL={cfg.gateway.url}")
             lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__ADMIN_TOKEN={cfg.gateway.admin_token}")
         return lines
+
+
+def _resolve(policy: str) -> Path:
+    """`local.policy`'s model directory; a name neither known nor a directory is a config error."""
+    try:
+        return ready_model(policy)
+    except ValueError as exc:
+        raise ConfigError(f"config: local.policy: {exc}") from None
 
 
 async def _together(*steps: Awaitable[object]) -> None:

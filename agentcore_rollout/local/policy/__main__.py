@@ -1,5 +1,9 @@
 """`python -m agentcore_rollout.local.policy`: run a PolicyServer until SIGINT/SIGTERM, printing
-its URL once listening (`serving.process.serve_until_signalled`)."""
+its URL once listening (`serving.process.serve_until_signalled`).
+
+It serves the toy (`--params`: its trained .npz), or with `--model DIR` a Hugging Face causal LM
+from a local model directory (`hf.HFPolicy`, the `[models]` extra; imported only then, so the
+toy's worker never loads torch)."""
 
 from __future__ import annotations
 
@@ -23,10 +27,24 @@ class _NoHttp2Probes(logging.Filter):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.policy")
     parser.add_argument("--params", help=".npz written by TinyPolicy.save (default: from seed)")
+    parser.add_argument("--model", help="a Hugging Face model directory to serve (not the toy)")
+    parser.add_argument("--threads", type=int, help="--model: torch threads (default: torch's)")
     add_flags(parser, PolicyServer, exclude={"policy"})
     args = parser.parse_args(argv)
+    if args.model and args.params:
+        parser.error("--params is the toy's; a model's weights are its directory (--model)")
+    if args.threads is not None and not args.model:
+        parser.error("--threads needs --model (the toy is numpy, single-threaded)")
     logging.getLogger("aiohttp.server").addFilter(_NoHttp2Probes())
-    server = from_flags(PolicyServer, args)  # its policy from the seed
+    policy = None
+    if args.model:
+        from .hf import HFPolicy  # torch and transformers: only for a real model
+
+        try:
+            policy = HFPolicy(args.model, threads=args.threads)
+        except (ValueError, OSError) as exc:
+            parser.error(f"--model: {exc}")
+    server = from_flags(PolicyServer, args, policy=policy)  # None: the toy, from the seed
     if args.params:
         try:
             server.policy.load(args.params)
