@@ -94,10 +94,7 @@ class LocalStack:
     def _workers(self) -> list[ServiceProcess]:
         cfg = self.config
         if self.model_dir is not None:
-            # One torch thread per worker when several share the cores: each would otherwise
-            # size its pool to every core and they would contend (HFPolicy measured this).
-            threads = max(1, (os.cpu_count() or 1) // cfg.policy_workers)
-            serves = ["--model", self.model_dir, "--threads", str(threads)]
+            serves = ["--model", self.model_dir, "--threads", str(cfg.policy_threads)]
         else:
             serves = ["--params", cfg.policy_params] if cfg.policy_params else []
         serves += ["--record"] if cfg.record_samples else []
