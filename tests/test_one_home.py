@@ -87,7 +87,7 @@ def test_the_engine_reads_in_short_functions() -> None:
 # added local/models.py (220: SmolLM2 converted from its GGUF file into a cached model directory
 # with a tools template) and local/policy/hf.py with the server's abort (480: a Hugging Face
 # causal LM on CPU, continuously batched), and local/hf_grpo.py (170: GRPO on a Hugging Face
-model, the toy's clipped update in torch). Raise it only with a reason in the same commit.
+# model, the toy's clipped update in torch). Raise it only with a reason in the same commit.
 MAX_LINES = 14_670
 
 
