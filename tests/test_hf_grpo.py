@@ -163,3 +163,29 @@ async def test_a_clipped_ratio_stops_the_gradient_and_greedy_is_refused(model_di
     assert first_token_logprob(learner, prompt, token) == pytest.approx(now, abs=1e-9)
     with pytest.raises(ValueError, match="temperature > 0"):
         HFLearner(model_dir, lr=1e-3, sampling=SamplingParams(temperature=0.0))
+
+
+def test_the_trainer_picks_its_learner_by_local_policy(model_dir: Path, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from agentcore_rollout import load_config
+    from agentcore_rollout.contract import LLMSettings
+    from agentcore_rollout.local.trainer import make_learner
+
+    config = load_config(env_file=None, environ={}, overrides={"train.lr": 1e-3})
+    assert type(make_learner(config)).__name__ == "_ToyLearner"  # the default: "toy"
+    # LocalConfig's `policy` field belongs to the stack's part of issue 21: stood in for here
+    llm = LLMSettings(base_url="http://x", sampling={"temperature": 0.8, "top_p": 0.9})
+    hf = SimpleNamespace(
+        local=SimpleNamespace(policy=str(model_dir)),
+        engine=SimpleNamespace(llm=llm),
+        train=config.train,
+    )
+    learner = make_learner(hf)  # type: ignore[arg-type]
+    assert learner.learner.sampling == SamplingParams(temperature=0.8, top_p=0.9)  # type: ignore[attr-defined]
+    for step in range(4):
+        saved = learner.save(tmp_path, step)
+    assert saved == (tmp_path / "weights" / "step-0003").resolve()
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["step-0002", "step-0003"]
+    with pytest.raises(ValueError, match="neither a local model directory nor a known name"):
+        make_learner(SimpleNamespace(**{**vars(hf), "local": SimpleNamespace(policy="nope")}))  # type: ignore[arg-type]
