@@ -1,4 +1,4 @@
-"""GRPO on the local TinyPolicy through the whole pipeline: what `agentcore-rollout train` runs.
+"""GRPO on the local policy through the whole pipeline: what `agentcore-rollout train` runs.
 
 Each step rolls out a batch of groups (AgentCore sessions on the emulator, the agent calling
 the policy through the token-capture gateway and sglang-router, results through S3 and SQS),
@@ -12,6 +12,11 @@ pushed: every sample is on-policy. With 1 or more the pipeline stays full: each 
 resolves is replaced at once, so rollouts of the next step run while this step's update is
 computed and pushed, and a step trains on groups up to `max_staleness` steps old, weighed by
 their importance ratios (`grpo.grpo_update`). Older groups are counted stale, never trained.
+
+The learner follows `local.policy`: "toy" trains the TinyPolicy in numpy (`grpo.grpo_update`,
+npz weights); anything else is a Hugging Face model dir or known name (`models.ready_model`)
+trained in torch (`hf_grpo.HFLearner`, imported only then), its weights saved each step as a
+model dir of which only the newest two are kept (SmolLM2-135M's is 540 MB).
 """
 
 from __future__ import annotations
@@ -19,23 +24,42 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
 from .. import Outcome, RolloutEngine
 from ..config import Config
-from ..training import Group, GroupPolicy, GroupRollout, GroupStatus, training_samples
+from ..training import (
+    Group,
+    GroupPolicy,
+    GroupRollout,
+    GroupStatus,
+    TrainingSample,
+    training_samples,
+)
 from .grpo import UpdateStats, grpo_update
 from .policy.model import TinyPolicy
+from .policy.sampling import SamplingParams
 from .stack import LocalStack
+
+if TYPE_CHECKING:
+    from .hf_grpo import HFLearner
 
 METRICS = "metrics.jsonl"
 _FAILED = (Outcome.AGENT_ERROR, Outcome.TIMEOUT, Outcome.SUBMIT_FAILED, Outcome.INVALID_RESULT)
+
+
+class Learner(Protocol):
+    """The trainer's copy of the policy: one update per step, then weights for the workers."""
+
+    def update(self, samples: Sequence[TrainingSample], weight_version: str) -> UpdateStats: ...
+    def save(self, out: Path, step: int) -> Path: ...
 
 
 class TrainView(Protocol):
@@ -55,12 +79,10 @@ async def train(
     interrupted: asyncio.Event | None = None,
 ) -> list[dict[str, Any]]:
     """Train for `config.train.steps` steps on `prompts` ((input_id, payload) rows); write
-    `out/metrics.jsonl` (a row per step, as it ends) and `out/weights/step-NNNN.npz`.
+    `out/metrics.jsonl` (a row per step, as it ends) and `out/weights/step-NNNN[.npz]`.
     Returns the rows. An `interrupted` event ends the run after the step under way."""
     tc = config.train
-    policy = TinyPolicy(seed=config.local.policy_seed)
-    if config.local.policy_params:
-        policy.load(config.local.policy_params)
+    learner = await asyncio.to_thread(make_learner, config)
     group_policy = GroupPolicy(tc.n, tc.extra, tc.min_ok)
     per_step = tc.groups_per_step or len(prompts)
     staleness = config.engine.limits.max_staleness
@@ -71,7 +93,7 @@ async def train(
         engine = await stack.enter_async_context(RolloutEngine(local.engine_config(config.engine)))
         http = await stack.enter_async_context(aiohttp.ClientSession())
         workers = [w.url for w in local.workers]
-        await _push(http, workers, _save(policy, out, 0), "0")  # trainer and workers agree
+        await _push(http, workers, learner.save(out, 0), "0")  # trainer and workers agree
         groups = await stack.enter_async_context(GroupRollout(engine, group_policy))
         prompt_cycle = itertools.cycle(prompts)
 
@@ -97,10 +119,9 @@ async def train(
                     view.group_resolved(group)
             rolled_out = time.monotonic()
             samples = training_samples(taken)
-            update = await asyncio.to_thread(
-                grpo_update, policy, samples, lr=tc.lr, clip=tc.clip, weight_version=str(step)
-            )
-            await _push(http, workers, _save(policy, out, step + 1), str(step + 1))
+            update = await asyncio.to_thread(learner.update, samples, str(step))
+            saved = await asyncio.to_thread(learner.save, out, step + 1)
+            await _push(http, workers, saved, str(step + 1))
             engine.set_step(step + 1)
             if not staleness and step + 1 < tc.steps:
                 submit(per_step)
@@ -158,10 +179,59 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _save(policy: TinyPolicy, out: Path, step: int) -> Path:
-    path = (out / "weights" / f"step-{step:04d}.npz").resolve()
-    policy.save(path)
-    return path
+def make_learner(config: Config) -> Learner:
+    """The learner `config.local.policy` names: the toy, or a Hugging Face model."""
+    name = config.local.policy
+    if name == "toy":
+        return _ToyLearner(config)
+    from .hf_grpo import HFLearner  # torch and transformers: only for a Hugging Face policy
+    from .models import ready_model
+
+    llm = config.engine.llm
+    sampling = {"temperature": 1.0, **(llm.sampling if llm else {})}
+    # the trainer must recompute under the transform the agents sample with: engine.llm.sampling
+    sp = SamplingParams.from_json({k: sampling.get(k) for k in _TRANSFORM})
+    return _HFSteps(
+        HFLearner(ready_model(name), lr=config.train.lr, clip=config.train.clip, sampling=sp)
+    )
+
+
+_TRANSFORM = ("temperature", "top_p", "top_k", "min_p")
+
+
+class _ToyLearner:
+    def __init__(self, config: Config) -> None:
+        self.policy = TinyPolicy(seed=config.local.policy_seed)
+        if config.local.policy_params:
+            self.policy.load(config.local.policy_params)
+        self.lr, self.clip = config.train.lr, config.train.clip
+
+    def update(self, samples: Sequence[TrainingSample], weight_version: str) -> UpdateStats:
+        return grpo_update(
+            self.policy, samples, lr=self.lr, clip=self.clip, weight_version=weight_version
+        )
+
+    def save(self, out: Path, step: int) -> Path:
+        path = (out / "weights" / f"step-{step:04d}.npz").resolve()
+        self.policy.save(path)
+        return path
+
+
+class _HFSteps:
+    """An HFLearner saving `out/weights/step-NNNN/`, the two newest kept: the workers load the
+    newest, and the one before is the last weights every worker is known to hold."""
+
+    def __init__(self, learner: HFLearner) -> None:
+        self.learner = learner
+
+    def update(self, samples: Sequence[TrainingSample], weight_version: str) -> UpdateStats:
+        return self.learner.update(samples, weight_version=weight_version)
+
+    def save(self, out: Path, step: int) -> Path:
+        path = self.learner.save(out / "weights" / f"step-{step:04d}")
+        for old in sorted((out / "weights").glob("step-*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
 
 
 async def _push(http: aiohttp.ClientSession, workers: list[str], path: Path, version: str) -> None:

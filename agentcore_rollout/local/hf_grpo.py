@@ -1,0 +1,169 @@
+"""GRPO on a Hugging Face causal LM in torch on CPU: `grpo.grpo_update`'s contract for HFPolicy.
+
+The objective is the toy's, token for token: PPO's clipped surrogate
+`min(r_t * A, clip(r_t, 1 - eps, 1 + eps) * A)` with `r_t = exp(logp_now(t) - logp_behaviour(t))`
+against the log-prob the gateway captured, averaged over every sampled token of the batch
+("token-mean"), then one AdamW step. A full fine-tune: SmolLM2-135M's float32 weights, gradients
+and AdamW's two moments take about 2.2 GB, which this machine holds; LoRA (peft) would save
+memory, not the forward and input-gradient passes that dominate a step on 2 cores, and each
+step's push still needs the full merged weights on disk.
+
+Exactness: `logp_now` must be the log-prob of the distribution the server drew the token from,
+or on-policy ratios are not 1. HFPolicy reports `sampling.sampling_logprobs` of the float32
+logits cast to float64 (temperature, then top-k / top-p / min-p truncation, renormalised); here
+the same logits come from one full forward pass over prompt + response (a causal model: every
+run of sampled tokens sees exactly the context the server prefilled), are cast to float64,
+temperature-scaled and log-softmaxed in torch so the gradient flows, and, when the transform
+truncates, the kept set is taken from `sampling_logprobs` itself on the detached row (it is
+piecewise constant, so it carries no gradient) and the log-prob renormalised over it. A token
+the current weights put outside the kept set (only possible off-policy) has ratio 0 and no
+gradient. Greedy samples are refused: their reported log-prob is not a sampling probability.
+
+torch and transformers are imported here only; `local.trainer` imports this module on demand.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from ..training import TrainingSample
+from .grpo import UpdateStats
+from .policy.sampling import SamplingParams, sampling_logprobs
+
+_WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "config.json")
+
+
+class HFLearner:
+    """The trainer's copy of a model dir's weights, its AdamW state, and `update` / `save`."""
+
+    def __init__(
+        self,
+        model_dir: str | PathLike[str],
+        *,
+        lr: float,
+        clip: float = 0.2,
+        sampling: SamplingParams | None = None,
+        max_grad_norm: float = 1.0,
+        threads: int = 1,
+    ) -> None:
+        sampling = sampling or SamplingParams()
+        if sampling.greedy:
+            raise ValueError(
+                "greedy samples report log_softmax of the raw logits, not the probability they "
+                "were drawn with: train on samples drawn at temperature > 0"
+            )
+        path = Path(model_dir)
+        if not path.is_dir():
+            raise ValueError(f"model dir {model_dir!s} does not exist")
+        self.model_dir = path
+        # eval(): no dropout, so the recomputation is the server's forward pass exactly
+        self.model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=torch.float32
+        ).eval()
+        self.sampling = sampling
+        self.clip = clip
+        self.max_grad_norm = max_grad_norm
+        # One thread: on 2 cores shared with the policy workers (load average 5-6), SmolLM2's
+        # forward + backward of a 58-token sample took 1.8 s on one thread and 6-28 s on two.
+        self.threads = threads
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+
+    def token_logprobs(self, sample: TrainingSample) -> torch.Tensor:
+        """The current weights' log-prob (float64, differentiable) of each sampled token of
+        `sample`, in order, under the sampling transform the server used."""
+        positions = [t for t, m in enumerate(sample.loss_mask) if m]
+        if not positions:
+            return torch.zeros(0, dtype=torch.float64)
+        if not sample.prompt_ids:
+            raise ValueError(f"request {sample.request_id}: a sample needs a prompt")
+        ids = [*sample.prompt_ids, *sample.response_ids[: positions[-1]]]
+        # the logits that predicted response token t sit at position len(prompt) - 1 + t
+        keep = torch.tensor([len(sample.prompt_ids) - 1 + t for t in positions])
+        logits = self.model(input_ids=torch.tensor([ids]), logits_to_keep=keep).logits[0]
+        tokens = torch.tensor([sample.response_ids[t] for t in positions])
+        return _transform(logits.double(), tokens, self.sampling)
+
+    def update(self, samples: Sequence[TrainingSample], *, weight_version: str) -> UpdateStats:
+        """One AdamW step of the clipped objective over `samples` (gradients accumulated a
+        sample at a time, so memory holds one sequence's activations). `weight_version` labels
+        the weights held now: samples all of whose turns it sampled are on-policy."""
+        torch.set_num_threads(self.threads)  # per thread: the caller may be a worker thread
+        tokens = sum(sum(s.loss_mask) for s in samples)
+        on_policy = clipped = 0
+        max_diff: float | None = None
+        ratio_sum, ratio_max = 0.0, 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for sample in samples:
+            fresh = sample.on_policy(weight_version)
+            on_policy += fresh
+            now = self.token_logprobs(sample)
+            if not len(now):
+                continue
+            behaviour = torch.tensor(
+                [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m],
+                dtype=torch.float64,
+            )
+            if fresh:
+                diff = float((now.detach() - behaviour).abs().max())
+                max_diff = diff if max_diff is None else max(max_diff, diff)
+            ratio = torch.exp(now - behaviour)
+            a = sample.advantage
+            surrogate = torch.minimum(ratio * a, ratio.clamp(1 - self.clip, 1 + self.clip) * a)
+            (-surrogate.sum() / tokens).backward()
+            r = ratio.detach()
+            out = (r > 1 + self.clip) if a > 0 else (r < 1 - self.clip) if a < 0 else r < 0
+            clipped += int(out.sum())
+            ratio_sum += float(r.sum())
+            ratio_max = max(ratio_max, float(r.max()))
+        grad_norm = 0.0
+        if tokens:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+            self.optimizer.step()
+        return UpdateStats(
+            samples=len(samples),
+            tokens=tokens,
+            on_policy_samples=on_policy,
+            logprob_max_abs_diff=max_diff,
+            ratio_mean=ratio_sum / tokens if tokens else 1.0,
+            ratio_max=ratio_max,
+            clipped_fraction=clipped / tokens if tokens else 0.0,
+            grad_norm=grad_norm,
+        )
+
+    def save(self, out: str | PathLike[str]) -> Path:
+        """Write the weights as a model dir at `out` (safetensors, config, and the source dir's
+        tokenizer files, so it also serves as `local.policy`): what HFPolicy's
+        `/update_weights_from_disk` loads. Written beside it and renamed into place, so a
+        worker never reads half a file."""
+        target = Path(out).resolve()
+        work = target.with_name(f".{target.name}.tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        self.model.save_pretrained(work, safe_serialization=True)
+        weights = {p for pattern in _WEIGHT_FILES for p in self.model_dir.glob(pattern)}
+        for file in self.model_dir.iterdir():
+            if file.is_file() and file not in weights and not (work / file.name).exists():
+                shutil.copy(file, work / file.name)
+        shutil.rmtree(target, ignore_errors=True)
+        work.rename(target)
+        return target
+
+
+def _transform(logits: torch.Tensor, tokens: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """log p(token) per row of float64 `logits` under `sampling_logprobs`' transform."""
+    scaled = torch.log_softmax(logits / sp.temperature, dim=-1)
+    picked = scaled.gather(1, tokens[:, None])[:, 0]
+    if sp.top_k == -1 and sp.top_p >= 1.0 and sp.min_p == 0.0:
+        return picked
+    rows = logits.detach().numpy()
+    kept = torch.from_numpy(np.stack([np.isfinite(sampling_logprobs(r, sp)) for r in rows]))
+    norm = torch.logsumexp(scaled.masked_fill(~kept, -torch.inf), dim=-1)
+    inside = kept.gather(1, tokens[:, None])[:, 0]
+    return torch.where(inside, picked - norm, torch.full_like(picked, -torch.inf))
