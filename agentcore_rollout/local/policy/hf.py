@@ -36,8 +36,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
+from transformers.cache_utils import DynamicLayer
 
-from .model import Generation, _top
+from .model import Generation
 from .sampling import SamplingParams, draw, sampling_logprobs
 
 ABORTED = {"type": "abort", "message": "aborted"}
@@ -256,11 +257,12 @@ class HFPolicy:
             self._finish(request, request.out.finish_reason)
             return
         cache = DynamicCache()
+        cache.layer_class_to_replicate = _GrowingLayer  # its layers are made on first use
         ids = torch.tensor([request.prompt])
         logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         self.prefills += 1
         request.position = len(request.prompt)
-        if self._sample(request, logits.logits[0, -1]):
+        if self._sample([request], logits.logits[:, -1]):
             return
         self._join(request, cache)
 
@@ -291,24 +293,30 @@ class HFPolicy:
             use_cache=True,
         ).logits[:, -1]
         self.decode_steps += 1
-        done = []
-        for i, request in enumerate(batch):
+        for request in batch:
             request.position += 1
-            if self._sample(request, logits[i]):
-                done.append(request)
-        if done:
+        if done := self._sample(batch, logits):
             self._retire(done, None)
 
-    def _sample(self, request: _Request, logits: torch.Tensor) -> bool:
-        """Draw the next token into `request.out`; True (and answered) if the request is done."""
+    def _sample(self, batch: list[_Request], logits: torch.Tensor) -> list[_Request]:
+        """Draw each row's next token into its `out`; the requests now done (and answered)."""
+        tokens, logprobs, tops = _draw_rows(batch, logits)
+        done = []
+        for i, request in enumerate(batch):
+            out = request.out
+            out.output_ids.append(tokens[i])
+            out.logprobs.append(logprobs[i])
+            if request.top_n:
+                out.top_logprobs.append(tops[i])
+            self.tokens += 1
+            if self._ended(request):
+                done.append(request)
+        return done
+
+    def _ended(self, request: _Request) -> bool:
+        """Answer the request if its last token ends it (stop id or string, length, context)."""
         sp, out = request.sp, request.out
-        logprobs = sampling_logprobs(logits.double().numpy(), sp)
-        token = draw(logprobs, sp, request.rng)
-        out.output_ids.append(token)
-        out.logprobs.append(float(logprobs[token]))
-        if request.top_n:
-            out.top_logprobs.append(_top(logprobs, request.top_n))
-        self.tokens += 1
+        token = out.output_ids[-1]
         if token in request.stop_ids:
             self._finish(request, {"type": "stop", "matched": token})
         elif sp.stop and (hit := self._stop_string(out.output_ids, sp)) is not None:
@@ -368,6 +376,92 @@ class HFPolicy:
         self.version += 1
         self.weight_version = load.label or str(self.version)
         load.future.set_result(self.weight_version)
+
+
+def _draw_rows(
+    batch: Sequence[_Request], logits: torch.Tensor
+) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    """Each row's token, its log-prob and top log-probs, from the batch's last-position logits.
+
+    Rows without truncation (no top-k, top-p or min-p: the common RL setting) and greedy rows
+    are done together in torch, as float64: `log_softmax(logits / temperature)` (greedy:
+    temperature 1, drawn by argmax), then the inverse-CDF draw of `sampling.draw` with the row's
+    own uniform number, so a row's token does not depend on its batch-mates. This is
+    `sampling_logprobs` on its plain path, done for the whole batch at once (numpy per row over
+    a 49k vocabulary cost more than a decode step's attention); rows that truncate go through
+    `sampling_logprobs` and `draw` themselves."""
+    rows = logits.double()
+    plain = [
+        i
+        for i, r in enumerate(batch)
+        if r.sp.greedy or (r.sp.top_k == -1 and r.sp.top_p >= 1.0 and r.sp.min_p == 0.0)
+    ]
+    tokens, values = [0] * len(batch), [0.0] * len(batch)
+    logprobs = torch.empty_like(rows)
+    if plain:
+        index = torch.tensor(plain)
+        temps = [1.0 if batch[i].sp.greedy else batch[i].sp.temperature for i in plain]
+        scaled = torch.log_softmax(rows[index] / torch.tensor(temps, dtype=rows.dtype)[:, None], -1)
+        logprobs[index] = scaled
+        cdf = torch.cumsum(torch.exp(scaled), dim=-1)
+        u = torch.tensor([batch[i].rng.random() if not batch[i].sp.greedy else 0.0 for i in plain])
+        drawn = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1])[:, None], right=True)
+        drawn = drawn[:, 0].clamp(max=cdf.shape[-1] - 1)
+        greedy = torch.tensor([batch[i].sp.greedy for i in plain])
+        chosen = torch.where(greedy, scaled.argmax(dim=-1), drawn)
+        picked = scaled.gather(1, chosen[:, None])[:, 0]
+        for j, i in enumerate(plain):
+            tokens[i], values[i] = int(chosen[j]), float(picked[j])
+    for i in sorted(set(range(len(batch))) - set(plain)):
+        sp, rng = batch[i].sp, batch[i].rng
+        row = sampling_logprobs(rows[i].numpy(), sp)
+        tokens[i] = draw(row, sp, rng)
+        values[i] = float(row[tokens[i]])
+        logprobs[i] = torch.from_numpy(row)
+    tops: list[list[tuple[int, float]]] = [[] for _ in batch]
+    for i, request in enumerate(batch):
+        if request.top_n:
+            best = torch.topk(logprobs[i], min(request.top_n, logprobs.shape[-1]))
+            pairs = zip(best.indices.tolist(), best.values.tolist(), strict=True)
+            tops[i] = [(t, v) for t, v in pairs if v > float("-inf")]
+    return tokens, values, tops
+
+
+class _GrowingLayer(DynamicLayer):
+    """A KV cache layer whose keys and values are views of a buffer with spare columns, so a
+    decode step writes its column in place instead of copying the whole cache (DynamicLayer's
+    torch.cat, a copy per layer per step that grows with the context). When the scheduler
+    replaces keys/values (a row joins or leaves), the next update copies them into a new
+    buffer once."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.keys.shape[-2] if self.keys.numel() else 0
+        end = length + key_states.shape[-2]
+        buffers = getattr(self, "_buffers", None)
+        if (
+            buffers is None
+            or buffers[0].shape[:2] != key_states.shape[:2]
+            or end > buffers[0].shape[-2]
+            or self.keys.data_ptr() != buffers[0].data_ptr()
+            or self.values.data_ptr() != buffers[1].data_ptr()
+        ):
+            capacity = end + max(64, end // 2)
+            buffers = tuple(
+                x.new_empty((*x.shape[:2], capacity, x.shape[-1]))
+                for x in (key_states, value_states)
+            )
+            if length:
+                buffers[0][:, :, :length] = self.keys
+                buffers[1][:, :, :length] = self.values
+            self._buffers = buffers
+        buffers[0][:, :, length:end] = key_states
+        buffers[1][:, :, length:end] = value_states
+        self.keys, self.values = buffers[0][:, :, :end], buffers[1][:, :, :end]
+        return self.keys, self.values
 
 
 def _left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
