@@ -86,8 +86,9 @@ def test_the_engine_reads_in_short_functions() -> None:
 # family's tool-call and reasoning syntax (parsers.py: 530). Issue 21 (a real model locally)
 # added local/models.py (220: SmolLM2 converted from its GGUF file into a cached model directory
 # with a tools template) and local/policy/hf.py with the server's abort (480: a Hugging Face
-# causal LM on CPU, continuously batched). Raise it only with a reason in the same commit.
-MAX_LINES = 14_500
+# causal LM on CPU, continuously batched); its speed (about 100: sampling for the whole batch
+# in torch, a KV cache written in place). Raise it only with a reason in the same commit.
+MAX_LINES = 14_600
 
 
 def test_the_package_did_not_grow() -> None:

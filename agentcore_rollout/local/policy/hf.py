@@ -13,10 +13,17 @@ Weights: `/update_weights_from_disk` waits, as SGLang's does, until the running 
 So no generation mixes weight versions, and each answer reports the one version it was sampled
 from. `abort_all=True` (SGLang's `abort_all_requests`) aborts the batch first instead of waiting.
 
-Sampling: each row's logits (as float64) go through the toy's `sampling.sampling_logprobs`
-and `draw`: one definition of the distribution a token is drawn from and of the log-prob
-reported for it (temperature, top-k, top-p, min-p; greedy reports log_softmax of the raw logits).
-A request's seed seeds its own numpy Generator, so its tokens do not depend on its batch-mates.
+Sampling: the distribution a token is drawn from and the log-prob reported for it are the toy's
+`sampling.sampling_logprobs` and `draw` (temperature, top-k, top-p, min-p; greedy reports
+log_softmax of the raw logits), on float64 logits. Rows that do not truncate are done for the
+whole batch at once in torch (`_draw_rows`); rows that do call those functions. A request's seed
+seeds its own numpy Generator, so its tokens do not depend on its batch-mates.
+
+Where a decode step's time goes (SmolLM2-135M, 8 rows, one thread): about 85 ms of CPU in the
+matmuls (the 49k-row output layer a quarter of it), about 15 ms in the rest. So the KV cache is
+written in place (`_GrowingLayer`, no copy of the cache per step) and sampling is batched, but
+prefill stays one prompt at a time: a 30-token prompt is already a matmul as wide as a 32-row
+decode step, so batching prompts would save little.
 
 torch and transformers are imported here only: `local.policy` does not import this module.
 """
