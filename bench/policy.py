@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs per concurrency (best kept)")
     parser.add_argument("--requests", type=int, default=2000, help="toy: HTTP requests")
     parser.add_argument("--no-tiny", action="store_true", help="skip the tiny random Llama")
-    parser.add_argument("--threads", type=int, help="torch threads of the engine (default: all)")
+    parser.add_argument("--threads", type=int, help="torch threads of the engine (default: 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--note", default="", help="added to setup (e.g. other load running)")
     args = parser.parse_args()
@@ -219,7 +219,7 @@ def main() -> None:
     results = {
         "setup": (
             f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), torch "
-            f"{torch.__version__} float32, {args.threads or torch.get_num_threads()} engine "
+            f"{torch.__version__} float32, {args.threads or 1} engine "
             f"threads; server and client in one process; {args.tokens} new tokens per "
             f"request, best of {args.rounds} rounds; load average at the end {load} (1, 5, "
             f"15 min; other processes share the cores). {args.note}"

@@ -19,11 +19,17 @@ log_softmax of the raw logits), on float64 logits. Rows that do not truncate are
 whole batch at once in torch (`_draw_rows`); rows that do call those functions. A request's seed
 seeds its own numpy Generator, so its tokens do not depend on its batch-mates.
 
-Where a decode step's time goes (SmolLM2-135M, 8 rows, one thread): about 85 ms of CPU in the
-matmuls (the 49k-row output layer a quarter of it), about 15 ms in the rest. So the KV cache is
-written in place (`_GrowingLayer`, no copy of the cache per step) and sampling is batched, but
-prefill stays one prompt at a time: a 30-token prompt is already a matmul as wide as a 32-row
-decode step, so batching prompts would save little.
+Where a decode step's time goes (SmolLM2-135M, 8 rows, one thread, measured): 118 ms of CPU,
+82 of them in the matmuls (the 49k-row output layer a quarter of those), which no scheduling
+removes; one core therefore tops out near 8 / 0.082 = 97 tokens/s at 8 rows in float32. So the
+KV cache is written in place (`_GrowingLayer`, no copy of the whole cache per step) and
+sampling is batched, but prefill stays one prompt at a time: a 38-token prompt is already a
+matmul as wide as a 32-row decode step, so batching prompts would save little.
+
+Threads: one by default. On cores shared with other processes (the local stack's gateway and
+agents, other jobs) OpenMP's threads spin at every barrier for a core they do not get:
+measured at 8 rows on 2 shared cores, two threads made 6 tokens/s (9 per CPU second, load 6)
+and one thread 57 (58 per CPU second, load 3). `threads=2` may pay on idle cores (not measured).
 
 torch and transformers are imported here only: `local.policy` does not import this module.
 """
@@ -128,7 +134,7 @@ class HFPolicy:
         self.context_length = int(getattr(config, "max_position_embeddings", 0) or 32768)
         self.name = path.name
         self.max_batch = max_batch
-        self.threads = threads or torch.get_num_threads()
+        self.threads = threads or 1  # see the module docstring
         self.version = 0
         self.weight_version = "0"
         self.decode_steps = self.prefills = self.tokens = 0
