@@ -29,7 +29,8 @@ matmul as wide as a 32-row decode step, so batching prompts would save little.
 Threads: one by default. On cores shared with other processes (the local stack's gateway and
 agents, other jobs) OpenMP's threads spin at every barrier for a core they do not get:
 measured at 8 rows on 2 shared cores, two threads made 6 tokens/s (9 per CPU second, load 6)
-and one thread 57 (58 per CPU second, load 3). `threads=2` may pay on idle cores (not measured).
+and one thread 57 (58 per CPU second, load 3). At load 2 two threads tied one at 8 rows (60 against
+58 tokens/s, at twice the CPU) and won at 32 (102 against 88): pass `threads=2` on idle cores.
 
 torch and transformers are imported here only: `local.policy` does not import this module.
 """
