@@ -107,16 +107,19 @@ async def hf_bench(
         for c in CONCURRENCY:
             runs = []
             for r in range(rounds):
-                steps, t0 = policy.decode_steps, time.perf_counter()
+                steps, t0, cpu0 = policy.decode_steps, time.perf_counter(), time.process_time()
                 tokens = sum(await asyncio.gather(*(one(r * c + i) for i in range(c))))
-                elapsed = time.perf_counter() - t0
-                runs.append((tokens / elapsed, policy.decode_steps - steps, elapsed))
+                elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                runs.append((tokens / elapsed, policy.decode_steps - steps, elapsed, tokens / cpu))
             best = max(runs)
             out[f"concurrent_{c}"] = {
                 "tokens_per_s": best[0],
                 "tokens_per_s_runs": [round(r[0], 1) for r in runs],
                 "decode_steps": best[1],
                 "seconds": best[2],
+                # Load-independent: tokens per second of this process's CPU time (all threads).
+                "tokens_per_cpu_s": best[3],
+                "load_avg_1m": os.getloadavg()[0],
             }
         t0 = time.perf_counter()
         body = {"model_path": str(model_dir)}
@@ -178,7 +181,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, data in results["hf"].items():
         ys = [data[f"concurrent_{c}"]["tokens_per_s"] for c in CONCURRENCY]
-        ax.plot(CONCURRENCY, ys, marker="o", label=f"{name} (load {data['load_s']:.1f} s)")
+        line = ax.plot(CONCURRENCY, ys, marker="o", label=f"{name} (load {data['load_s']:.1f} s)")
+        cpu = [data[f"concurrent_{c}"]["tokens_per_cpu_s"] for c in CONCURRENCY]
+        ax.plot(CONCURRENCY, cpu, linestyle=":", color=line[0].get_color(), label="  per CPU s")
     ax.axhline(100, color="grey", linestyle="--", linewidth=1, label="target at 8 (SmolLM2)")
     ax.set(xscale="log", yscale="log", xlabel="concurrent sequences", ylabel="tokens / s")
     ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
@@ -194,26 +199,30 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--rounds", type=int, default=2, help="runs per concurrency (best kept)")
     parser.add_argument("--requests", type=int, default=2000, help="toy: HTTP requests")
-    parser.add_argument("--threads", type=int, help="torch threads of the engine (default: all)")
+    parser.add_argument("--no-tiny", action="store_true", help="skip the tiny random Llama")
+    parser.add_argument("--threads", type=int, help="torch threads of the engine (default: 1)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--note", default="", help="added to setup (e.g. other load running)")
     args = parser.parse_args()
     hf: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        hf["tiny-llama"] = asyncio.run(
-            hf_bench(tiny_model(Path(tmp)), args.tokens, args.rounds, args.threads)
-        )
+        if not args.no_tiny:
+            hf["tiny-llama"] = asyncio.run(
+                hf_bench(tiny_model(Path(tmp)), args.tokens, args.rounds, args.threads)
+            )
     smollm2 = smollm2_dir(args.model)
     if smollm2 is not None:
         hf[smollm2.name] = asyncio.run(hf_bench(smollm2, args.tokens, args.rounds, args.threads))
     import torch
 
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     results = {
         "setup": (
             f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), torch "
-            f"{torch.__version__} float32, {args.threads or torch.get_num_threads()} engine "
+            f"{torch.__version__} float32, {args.threads or 1} engine "
             f"threads; server and client in one process; {args.tokens} new tokens per "
-            f"request, best of {args.rounds} rounds. {args.note}"
+            f"request, best of {args.rounds} rounds; load average at the end {load} (1, 5, "
+            f"15 min; other processes share the cores). {args.note}"
         ).strip(),
         "hf": hf,
         "toy": {

@@ -13,10 +13,24 @@ Weights: `/update_weights_from_disk` waits, as SGLang's does, until the running 
 So no generation mixes weight versions, and each answer reports the one version it was sampled
 from. `abort_all=True` (SGLang's `abort_all_requests`) aborts the batch first instead of waiting.
 
-Sampling: each row's logits (as float64) go through the toy's `sampling.sampling_logprobs`
-and `draw`: one definition of the distribution a token is drawn from and of the log-prob
-reported for it (temperature, top-k, top-p, min-p; greedy reports log_softmax of the raw logits).
-A request's seed seeds its own numpy Generator, so its tokens do not depend on its batch-mates.
+Sampling: the distribution a token is drawn from and the log-prob reported for it are the toy's
+`sampling.sampling_logprobs` and `draw` (temperature, top-k, top-p, min-p; greedy reports
+log_softmax of the raw logits), on float64 logits. Rows that do not truncate are done for the
+whole batch at once in torch (`_draw_rows`); rows that do call those functions. A request's seed
+seeds its own numpy Generator, so its tokens do not depend on its batch-mates.
+
+Where a decode step's time goes (SmolLM2-135M, 8 rows, one thread, measured): 118 ms of CPU,
+82 of them in the matmuls (the 49k-row output layer a quarter of those), which no scheduling
+removes; one core therefore tops out near 8 / 0.082 = 97 tokens/s at 8 rows in float32. So the
+KV cache is written in place (`_GrowingLayer`, no copy of the whole cache per step) and
+sampling is batched, but prefill stays one prompt at a time: a 38-token prompt is already a
+matmul as wide as a 32-row decode step, so batching prompts would save little.
+
+Threads: one by default. On cores shared with other processes (the local stack's gateway and
+agents, other jobs) OpenMP's threads spin at every barrier for a core they do not get:
+measured at 8 rows on 2 shared cores, two threads made 6 tokens/s (9 per CPU second, load 6)
+and one thread 57 (58 per CPU second, load 3). At load 2 two threads tied one at 8 rows (60 against
+58 tokens/s, at twice the CPU) and won at 32 (102 against 88): pass `threads=2` on idle cores.
 
 torch and transformers are imported here only: `local.policy` does not import this module.
 """
@@ -36,8 +50,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
+from transformers.cache_utils import DynamicLayer
 
-from .model import Generation, _top
+from .model import Generation
 from .sampling import SamplingParams, draw, sampling_logprobs
 
 ABORTED = {"type": "abort", "message": "aborted"}
@@ -120,7 +135,7 @@ class HFPolicy:
         self.context_length = int(getattr(config, "max_position_embeddings", 0) or 32768)
         self.name = path.name
         self.max_batch = max_batch
-        self.threads = threads or torch.get_num_threads()
+        self.threads = threads or 1  # see the module docstring
         self.version = 0
         self.weight_version = "0"
         self.decode_steps = self.prefills = self.tokens = 0
@@ -256,11 +271,12 @@ class HFPolicy:
             self._finish(request, request.out.finish_reason)
             return
         cache = DynamicCache()
+        cache.layer_class_to_replicate = _GrowingLayer  # its layers are made on first use
         ids = torch.tensor([request.prompt])
         logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         self.prefills += 1
         request.position = len(request.prompt)
-        if self._sample(request, logits.logits[0, -1]):
+        if self._sample([request], logits.logits[:, -1]):
             return
         self._join(request, cache)
 
@@ -291,24 +307,30 @@ class HFPolicy:
             use_cache=True,
         ).logits[:, -1]
         self.decode_steps += 1
-        done = []
-        for i, request in enumerate(batch):
+        for request in batch:
             request.position += 1
-            if self._sample(request, logits[i]):
-                done.append(request)
-        if done:
+        if done := self._sample(batch, logits):
             self._retire(done, None)
 
-    def _sample(self, request: _Request, logits: torch.Tensor) -> bool:
-        """Draw the next token into `request.out`; True (and answered) if the request is done."""
+    def _sample(self, batch: list[_Request], logits: torch.Tensor) -> list[_Request]:
+        """Draw each row's next token into its `out`; the requests now done (and answered)."""
+        tokens, logprobs, tops = _draw_rows(batch, logits)
+        done = []
+        for i, request in enumerate(batch):
+            out = request.out
+            out.output_ids.append(tokens[i])
+            out.logprobs.append(logprobs[i])
+            if request.top_n:
+                out.top_logprobs.append(tops[i])
+            self.tokens += 1
+            if self._ended(request):
+                done.append(request)
+        return done
+
+    def _ended(self, request: _Request) -> bool:
+        """Answer the request if its last token ends it (stop id or string, length, context)."""
         sp, out = request.sp, request.out
-        logprobs = sampling_logprobs(logits.double().numpy(), sp)
-        token = draw(logprobs, sp, request.rng)
-        out.output_ids.append(token)
-        out.logprobs.append(float(logprobs[token]))
-        if request.top_n:
-            out.top_logprobs.append(_top(logprobs, request.top_n))
-        self.tokens += 1
+        token = out.output_ids[-1]
         if token in request.stop_ids:
             self._finish(request, {"type": "stop", "matched": token})
         elif sp.stop and (hit := self._stop_string(out.output_ids, sp)) is not None:
@@ -368,6 +390,92 @@ class HFPolicy:
         self.version += 1
         self.weight_version = load.label or str(self.version)
         load.future.set_result(self.weight_version)
+
+
+def _draw_rows(
+    batch: Sequence[_Request], logits: torch.Tensor
+) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    """Each row's token, its log-prob and top log-probs, from the batch's last-position logits.
+
+    Rows without truncation (no top-k, top-p or min-p: the common RL setting) and greedy rows
+    are done together in torch, as float64: `log_softmax(logits / temperature)` (greedy:
+    temperature 1, drawn by argmax), then the inverse-CDF draw of `sampling.draw` with the row's
+    own uniform number, so a row's token does not depend on its batch-mates. This is
+    `sampling_logprobs` on its plain path, done for the whole batch at once (numpy per row over
+    a 49k vocabulary cost more than a decode step's attention); rows that truncate go through
+    `sampling_logprobs` and `draw` themselves."""
+    rows = logits.double()
+    plain = [
+        i
+        for i, r in enumerate(batch)
+        if r.sp.greedy or (r.sp.top_k == -1 and r.sp.top_p >= 1.0 and r.sp.min_p == 0.0)
+    ]
+    tokens, values = [0] * len(batch), [0.0] * len(batch)
+    logprobs = torch.empty_like(rows)
+    if plain:
+        index = torch.tensor(plain)
+        temps = [1.0 if batch[i].sp.greedy else batch[i].sp.temperature for i in plain]
+        scaled = torch.log_softmax(rows[index] / torch.tensor(temps, dtype=rows.dtype)[:, None], -1)
+        logprobs[index] = scaled
+        cdf = torch.cumsum(torch.exp(scaled), dim=-1)
+        u = torch.tensor([batch[i].rng.random() if not batch[i].sp.greedy else 0.0 for i in plain])
+        drawn = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1])[:, None], right=True)
+        drawn = drawn[:, 0].clamp(max=cdf.shape[-1] - 1)
+        greedy = torch.tensor([batch[i].sp.greedy for i in plain])
+        chosen = torch.where(greedy, scaled.argmax(dim=-1), drawn)
+        picked = scaled.gather(1, chosen[:, None])[:, 0]
+        for j, i in enumerate(plain):
+            tokens[i], values[i] = int(chosen[j]), float(picked[j])
+    for i in sorted(set(range(len(batch))) - set(plain)):
+        sp, rng = batch[i].sp, batch[i].rng
+        row = sampling_logprobs(rows[i].numpy(), sp)
+        tokens[i] = draw(row, sp, rng)
+        values[i] = float(row[tokens[i]])
+        logprobs[i] = torch.from_numpy(row)
+    tops: list[list[tuple[int, float]]] = [[] for _ in batch]
+    for i, request in enumerate(batch):
+        if request.top_n:
+            best = torch.topk(logprobs[i], min(request.top_n, logprobs.shape[-1]))
+            pairs = zip(best.indices.tolist(), best.values.tolist(), strict=True)
+            tops[i] = [(t, v) for t, v in pairs if v > float("-inf")]
+    return tokens, values, tops
+
+
+class _GrowingLayer(DynamicLayer):
+    """A KV cache layer whose keys and values are views of a buffer with spare columns, so a
+    decode step writes its column in place instead of copying the whole cache (DynamicLayer's
+    torch.cat, a copy per layer per step that grows with the context). When the scheduler
+    replaces keys/values (a row joins or leaves), the next update copies them into a new
+    buffer once."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.keys.shape[-2] if self.keys.numel() else 0
+        end = length + key_states.shape[-2]
+        buffers = getattr(self, "_buffers", None)
+        if (
+            buffers is None
+            or buffers[0].shape[:2] != key_states.shape[:2]
+            or end > buffers[0].shape[-2]
+            or self.keys.data_ptr() != buffers[0].data_ptr()
+            or self.values.data_ptr() != buffers[1].data_ptr()
+        ):
+            capacity = end + max(64, end // 2)
+            buffers = tuple(
+                x.new_empty((*x.shape[:2], capacity, x.shape[-1]))
+                for x in (key_states, value_states)
+            )
+            if length:
+                buffers[0][:, :, :length] = self.keys
+                buffers[1][:, :, :length] = self.values
+            self._buffers = buffers
+        buffers[0][:, :, length:end] = key_states
+        buffers[1][:, :, length:end] = value_states
+        self.keys, self.values = buffers[0][:, :, :end], buffers[1][:, :, :end]
+        return self.keys, self.values
 
 
 def _left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
