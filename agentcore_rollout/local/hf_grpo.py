@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
 
 from ..training import TrainingSample
 from .grpo import UpdateStats
+from .policy.hf import load_causal_lm
 from .policy.sampling import SamplingParams, sampling_logprobs
 
 _WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "config.json")
@@ -59,14 +59,7 @@ class HFLearner:
                 "greedy samples report log_softmax of the raw logits, not the probability they "
                 "were drawn with: train on samples drawn at temperature > 0"
             )
-        path = Path(model_dir)
-        if not path.is_dir():
-            raise ValueError(f"model dir {model_dir!s} does not exist")
-        self.model_dir = path
-        # eval(): no dropout, so the recomputation is the server's forward pass exactly
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=torch.float32
-        ).eval()
+        self.model_dir, self.model = load_causal_lm(model_dir)
         self.sampling = sampling
         self.clip = clip
         self.max_grad_norm = max_grad_norm

@@ -58,6 +58,16 @@ from .sampling import SamplingParams, draw, sampling_logprobs
 ABORTED = {"type": "abort", "message": "aborted"}
 
 
+def load_causal_lm(model_dir: str | PathLike[str]) -> tuple[Path, Any]:
+    """A local model directory's causal LM in float32, in eval mode (no dropout: the server's
+    and the trainer's forward passes are the same); never the hub."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ValueError(f"model dir {model_dir!s} does not exist")
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    return path, model.eval()
+
+
 class HFTokenizer:
     """The slice of a Hugging Face tokenizer that PolicyServer calls (CharTokenizer's shape)."""
 
@@ -120,13 +130,8 @@ class HFPolicy:
     def __init__(
         self, model_dir: str | PathLike[str], *, max_batch: int = 64, threads: int | None = None
     ) -> None:
-        path = Path(model_dir)
-        if not path.is_dir():
-            raise ValueError(f"model dir {model_dir!s} does not exist")
-        self.model_dir = path
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=torch.float32
-        ).eval()
+        self.model_dir, self.model = load_causal_lm(model_dir)
+        path = self.model_dir
         config = self.model.config
         self.tokenizer = HFTokenizer(
             AutoTokenizer.from_pretrained(path, local_files_only=True), config.vocab_size
