@@ -20,6 +20,24 @@ from agentcore_rollout.gateway import HFRenderer
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "fixtures" / "tokenizer"
 
+# The tests' one tool, in each API's shape: OpenAI chat, OpenAI Responses, Anthropic Messages.
+_ADD = {
+    "name": "add",
+    "description": "Add two integers.",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+}
+ADD_TOOL: dict[str, Any] = {"type": "function", "function": _ADD}
+ADD_TOOL_RESPONSES: dict[str, Any] = {"type": "function", **_ADD, "strict": True}
+ADD_TOOL_ANTHROPIC: dict[str, Any] = {
+    "name": _ADD["name"],
+    "description": _ADD["description"],
+    "input_schema": _ADD["parameters"],
+}
+
 
 def exactness_conversation(i: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[Any]]:
     """Rollout `i` of the exactness tests: its sampling, its first message, and the message

@@ -38,7 +38,7 @@ from .framework_support import (
     reached_outside,
     tool_call_text,
 )
-from .gateway_support import ScriptedWorker, hf_renderer
+from .gateway_support import ADD_TOOL, ScriptedWorker, hf_renderer
 
 quiet_frameworks()
 
@@ -49,18 +49,6 @@ ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "What is 2 + 3? Use the add tool."
 CALL = tool_call_text(("add", {"a": 2, "b": 3}))
 ANSWER = "The answer is 5."
-ADD_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
 
 
 class Calls:

@@ -30,22 +30,9 @@ from agentcore_rollout.gateway import (
 )
 from agentcore_rollout.local.policy import CharRenderer, PolicyServer
 
-from .gateway_support import ScriptedWorker, exactness_conversation, hf_renderer
+from .gateway_support import ADD_TOOL, ScriptedWorker, exactness_conversation, hf_renderer
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
+TOOLS = [ADD_TOOL]
 
 
 # -- helpers -------------------------------------------------------------------------------------

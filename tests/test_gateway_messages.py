@@ -29,19 +29,10 @@ from agentcore_rollout.gateway.messages import MessagesDialect
 from agentcore_rollout.gateway.sessions import Session
 from agentcore_rollout.gateway.turns import ChatTurn, TurnAnswer
 
-from .gateway_support import ScriptedWorker, hf_renderer
+from .gateway_support import ADD_TOOL_ANTHROPIC, ScriptedWorker, hf_renderer
+from .test_gateway import check_sample_against_records
 
-TOOLS = [
-    {
-        "name": "add",
-        "description": "Add two integers.",
-        "input_schema": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    }
-]
+TOOLS = [ADD_TOOL_ANTHROPIC]
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
 
@@ -78,22 +69,8 @@ def _record(sent: list[str]) -> Any:
 
 
 def check_exact(sample: dict[str, Any], worker: ScriptedWorker, trace: dict[str, Any]) -> None:
-    """Each of the sample's turns: the worker's input is a prefix of prompt + response, its
-    output ids and log-probs follow it; mask 1 on exactly those, and log-probs only there."""
-    by_rid = {c["rid"]: c for c in worker.calls}
-    full = sample["prompt_ids"] + sample["response_ids"]
-    n_prompt, mask, logprobs = len(sample["prompt_ids"]), sample["loss_mask"], sample["logprobs"]
-    sampled: set[int] = set()
-    for turn in sample["turns"]:
-        record = by_rid[trace["turns"][turn]["rid"]]
-        inp, out = record["input_ids"], record["output_ids"]
-        assert full[: len(inp)] == inp
-        start = len(inp) - n_prompt
-        assert sample["response_ids"][start : start + len(out)] == out
-        assert logprobs[start : start + len(out)] == record["output_logprobs"]
-        sampled |= set(range(start, start + len(out)))
-    assert {i for i, m in enumerate(mask) if m == 1} == sampled
-    assert all((lp is None) == (m == 0) for lp, m in zip(logprobs, mask, strict=True))
+    """The sample is exactly what the worker sampled (see `check_sample_against_records`)."""
+    check_sample_against_records(sample, {c["rid"]: c for c in worker.calls}, trace["turns"])
 
 
 # -- replies --------------------------------------------------------------------------------------

@@ -29,22 +29,10 @@ from agentcore_rollout.gateway.responses import MAX_STORED_RESPONSES, ResponsesD
 from agentcore_rollout.gateway.sessions import Session
 from agentcore_rollout.gateway.turns import TurnAnswer
 
-from .gateway_support import ScriptedWorker, hf_renderer
+from .gateway_support import ADD_TOOL_RESPONSES, ScriptedWorker, hf_renderer
 from .test_gateway import check_sample_against_records
 
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-        "strict": True,
-    }
-]
+TOOLS: list[Any] = [ADD_TOOL_RESPONSES]
 CALL_TEXT = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 EVENTS = TypeAdapter(ResponseStreamEvent)
 

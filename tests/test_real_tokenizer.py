@@ -18,23 +18,10 @@ import pytest
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, HFRenderer, SGLangBackend
 from agentcore_rollout.gateway.render import RenderState, hf_anchors
 
-from .gateway_support import ScriptedWorker
+from .gateway_support import ADD_TOOL, ScriptedWorker
 from .smollm2 import LOAD_SECONDS, family_renderer, family_tokenizer, smollm2
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
+TOOLS = [ADD_TOOL]
 # Boundaries that BPE merges would cross if the renderer cut there: trailing and leading spaces,
 # newlines, non-ASCII first characters, digits, emoji.
 TRICKY = [
