@@ -8,8 +8,7 @@ Two engines behind the same PolicyServer endpoints:
    request runs its full length), the model's load time and the time of a
    /update_weights_from_disk of the same directory. For a tiny random Llama (2 layers, hidden
    64, the test fixture tokenizer) and for SmolLM2-135M-Instruct: `--model DIR` (a converted
-   safetensors dir), else the cached conversion of `agentcore_rollout.local.models` if that
-   module exists and has converted it.
+   safetensors dir), else `local.models.ready_model`'s cached conversion (made if missing).
 2. `toy`: the char policy, in process and over HTTP (chat completions), as before.
 
 The server runs in this process (its event loop here, its scheduler thread beside it); the
@@ -67,21 +66,11 @@ def tiny_model(path: Path) -> Path:
     return path
 
 
-def smollm2_dir(flag: str | None) -> Path | None:
-    if flag:
-        return Path(flag)
-    try:
-        from agentcore_rollout.local import models  # the SmolLM2 conversion (issue 21)
-    except ImportError:
-        return None
-    for name in ("cached_model_dir", "model_dir"):
-        find = getattr(models, name, None)
-        if find is not None:
-            try:
-                return Path(find("smollm2-135m-instruct"))
-            except Exception:
-                return None
-    return None
+def smollm2_dir(flag: str | None) -> Path:
+    """`--model DIR`, else SmolLM2 converted into the user's model cache (once: 15-40 s)."""
+    from agentcore_rollout.local.models import ready_model
+
+    return Path(flag) if flag else ready_model("smollm2-135m-instruct")
 
 
 async def hf_bench(
@@ -93,7 +82,7 @@ async def hf_bench(
     policy = HFPolicy(model_dir, threads=threads)
     load_s = time.perf_counter() - started
     prompt = policy.tokenizer.apply_chat_template(MESSAGES)
-    out: dict[str, Any] = {"model_dir": str(model_dir), "load_s": load_s}
+    out: dict[str, Any] = {"model": model_dir.name, "load_s": load_s}
     async with PolicyServer(policy) as server, aiohttp.ClientSession() as http:
 
         async def one(i: int) -> int:
@@ -211,8 +200,7 @@ def main() -> None:
                 hf_bench(tiny_model(Path(tmp)), args.tokens, args.rounds, args.threads)
             )
     smollm2 = smollm2_dir(args.model)
-    if smollm2 is not None:
-        hf[smollm2.name] = asyncio.run(hf_bench(smollm2, args.tokens, args.rounds, args.threads))
+    hf[smollm2.name] = asyncio.run(hf_bench(smollm2, args.tokens, args.rounds, args.threads))
     import torch
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import aiohttp
+import numpy as np
 import pytest
 
 from agentcore_rollout import ConfigError, RolloutEngine, RolloutRequest
@@ -61,6 +62,9 @@ def test_the_worker_refuses_contradictory_flags(
 async def test_a_real_tool_call_from_smollm2_through_the_gateway_is_token_exact() -> None:
     pytest.importorskip("torch")
     from agentcore_rollout.gateway import HFRenderer
+    from agentcore_rollout.local.hf_grpo import HFLearner
+    from agentcore_rollout.local.policy import SamplingParams
+    from agentcore_rollout.training import TrainingSample
 
     from .smollm2 import model_dir
 
@@ -122,3 +126,25 @@ async def test_a_real_tool_call_from_smollm2_through_the_gateway_is_token_exact(
     assert [t["render"] for t in trace["turns"]] == ["full", "incremental"]
     assert len(trace["samples"]) == 1
     assert sampled[1] == "1081<|im_end|>" and outcome.reward == 1.0
+    # The trainer's recomputation of every sampled token (greedy reports log_softmax of the
+    # raw logits: temperature 1's transform) within 1e-4 of what the worker captured.
+    learner = HFLearner(path, lr=1e-6, sampling=SamplingParams(temperature=1.0))
+    sample = trace["samples"][0]
+    mask = sample["loss_mask"]
+    now = learner.token_logprobs(
+        TrainingSample(
+            request_id="calc",
+            input_id="calc",
+            step=0,
+            prompt_ids=sample["prompt_ids"],
+            response_ids=sample["response_ids"],
+            loss_mask=mask,
+            logprobs=[lp or 0.0 for lp in sample["logprobs"]],
+            reward=1.0,
+            advantage=0.0,
+            weight_versions=("0",),
+        )
+    )
+    captured = [lp for lp, m in zip(sample["logprobs"], mask, strict=True) if m]
+    assert len(captured) == sum(mask) > 20
+    np.testing.assert_allclose(now.detach().numpy(), captured, atol=1e-4, rtol=0)

@@ -43,9 +43,15 @@ ROOT = Path(__file__).resolve().parent.parent
 FIELDS = ["prompts", "responses", "response_mask", "rollout_log_probs", "rm_scores", "extra_fields"]
 
 
-def _model_dir(tmp_path: Path) -> Path:
-    """A model directory veRL accepts without a hub: the fixture tokenizer and a tiny config
-    (no weights: rollouts never run this model, the agents call the local policy)."""
+def _model_dir(tmp_path: Path, model: str) -> Path:
+    """The model directory veRL reads its tokenizer from. For the char toy, one veRL accepts
+    without a hub: the fixture tokenizer and a tiny config (no weights: rollouts never run this
+    model, the agents call the local policy). For SmolLM2, its converted directory, which the
+    stack's worker serves too."""
+    if model == "smollm2":
+        from .smollm2 import model_dir
+
+        return model_dir()
     model = tmp_path / "model"
     shutil.copytree(TOKENIZER_DIR, model)
     config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 512}
@@ -53,15 +59,18 @@ def _model_dir(tmp_path: Path) -> Path:
     return model
 
 
-def _trainer_config(tmp_path: Path, engine_yaml: Path, hosted: bool):
+def _trainer_config(model_dir: Path, engine_yaml: Path, hosted: bool, model: str):
     """veRL's ppo_trainer.yaml with the switch on, translated as `agentcore-rollout verl` does.
-    `hosted`: the engine service hosts a gateway sampling through veRL's server manager."""
+    `hosted`: the engine service hosts a gateway sampling through veRL's server manager,
+    rendering with the char toy's renderer or (SmolLM2) the model's own tokenizer and template."""
+    key = "+actor_rollout_ref.rollout.custom.agentcore.gateway"
     renderer = "agentcore_rollout.local.policy.render:CharRenderer"
-    gateway = [f"+actor_rollout_ref.rollout.custom.agentcore.gateway.renderer={renderer}"]
+    # SmolLM2: no renderer given, so the model's path (its tokenizer and template) is the default
+    gateway = [f"{key}.renderer={renderer}" if model == "char" else f"{key}.host=127.0.0.1"]
     return trainer_config(
         [
             *(gateway if hosted else []),
-            f"actor_rollout_ref.model.path={_model_dir(tmp_path)}",
+            f"actor_rollout_ref.model.path={model_dir}",
             "actor_rollout_ref.rollout.mode=agentcore",
             "actor_rollout_ref.rollout.name=sglang",
             "actor_rollout_ref.rollout.n=3",
@@ -76,12 +85,17 @@ def _trainer_config(tmp_path: Path, engine_yaml: Path, hosted: bool):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("model", ["char", "smollm2"])
 @pytest.mark.parametrize("hosted", [False, True], ids=["stack-gateway", "hosted-gateway"])
-async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(tmp_path, monkeypatch, hosted):
+async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(
+    tmp_path, monkeypatch, hosted, model
+):
     monkeypatch.chdir(ROOT)
+    model_dir = _model_dir(tmp_path, model)
     local = LocalConfig(
         app="tests.agents.held:app",
         mode="in_process",
+        policy="toy" if model == "char" else str(model_dir),
         policy_workers=1,
         record_samples=True,
         bucket="verl-e2e",
@@ -97,7 +111,7 @@ async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(tmp_path, monk
         engine = stack.engine_config(flat_config(exp_id="verl-e2e", start_rate=50.0, wait_time=1))
         engine_yaml = tmp_path / "engine.yaml"
         engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
-        config = _trainer_config(tmp_path, engine_yaml, hosted)
+        config = _trainer_config(model_dir, engine_yaml, hosted, model)
         # veRL's servers as the hosted gateway samples through them: the local policy worker,
         # its samples labelled with veRL's global step (the stack's gateway says "0").
         server_manager = PolicyServerManager(stack.workers[0].url, global_steps=1)
