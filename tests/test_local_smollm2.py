@@ -8,6 +8,7 @@ exactly the tokens and log-probs the worker sampled. Plus the config's and the w
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import aiohttp
@@ -15,13 +16,16 @@ import numpy as np
 import pytest
 
 from agentcore_rollout import ConfigError, RolloutEngine, RolloutRequest
-from agentcore_rollout.config import LocalConfig
+from agentcore_rollout.config import Config, LocalConfig
 from agentcore_rollout.contract import LLMSettings
 from agentcore_rollout.local.policy.__main__ import main as policy_main
 from agentcore_rollout.local.stack import LocalStack
+from agentcore_rollout.local.trainer import make_learner
 
 from .factories import flat_config
 from .test_traces import _runs
+
+NAME = "smollm2-135m-instruct"
 
 
 def test_policy_params_belong_to_the_toy() -> None:
@@ -39,6 +43,27 @@ async def test_an_unknown_policy_is_a_config_error_and_starts_nothing() -> None:
     assert message.startswith("config: local.policy: unknown model 'gpt-5'"), message
     assert "\n" not in message and "smollm2-135m-instruct" in message
     assert stack.workers == [] and stack.gateway is None and stack.emulator is None
+
+
+async def test_without_the_models_extra_a_model_policy_is_a_one_line_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name)
+    )
+    expected = (
+        "config: local.policy: a Hugging Face policy needs torch: pip install -e '.[models]' "
+        "(or make models)"
+    )
+    stack = LocalStack(LocalConfig(policy=NAME, bucket="no-torch", queue="no-torch"))
+    with pytest.raises(ConfigError) as info:
+        async with stack:
+            pytest.fail("the stack started")
+    assert str(info.value) == expected and stack.workers == []
+    with pytest.raises(ConfigError) as info:
+        make_learner(Config(local=LocalConfig(policy=NAME)))
+    assert str(info.value) == expected
 
 
 @pytest.mark.parametrize(

@@ -90,8 +90,9 @@ def test_the_engine_reads_in_short_functions() -> None:
 # model dir or known name, the gateway rendering with its template, the worker's --model flag),
 # local/hf_grpo.py (170: GRPO on a Hugging Face model, the toy's clipped update in torch) and
 # trainer.py's learner chosen by `local.policy` (70), and hf.py's batched sampling and in-place
-# KV cache (100). Raise it only with a reason in the same commit.
-MAX_LINES = 14_900
+# KV cache (100); then a one-line error without the [models] extra (20), the reward components
+# per training step and plotted (20). Raise it only with a reason in the same commit.
+MAX_LINES = 14_950
 
 
 def test_the_package_did_not_grow() -> None:

@@ -103,6 +103,10 @@ def test_train_learns_and_replays_captured_logprobs(tmp_path, monkeypatch):
         assert r["on_policy_samples"] == r["samples"] > 0
         assert r["logprob_max_abs_diff"] <= 1e-9
         assert r["groups_trained"] + r["groups_skipped"] == 8
+        components = r["reward_components"]  # the math agent's breakdown of its reward
+        assert set(components) == {"reward", "correct", "turns", "format"}
+        assert components["reward"] == pytest.approx(r["reward_mean"], abs=1e-6)
+        assert 0 <= components["correct"] <= 1 and 1 <= components["turns"] <= 3
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "weights" / "step-0010.npz").is_file()
 

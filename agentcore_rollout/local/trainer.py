@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 
 from .. import Outcome, RolloutEngine
-from ..config import Config
+from ..config import Config, ConfigError
+from ..contract import NamedRewards
 from ..training import (
     Group,
     GroupPolicy,
@@ -152,6 +153,7 @@ def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats)
     return {
         "step": step,
         "reward_mean": _mean(rewards),
+        "reward_components": _component_means(taken),
         "requests": len(members),
         "ok": sum(m.outcome is Outcome.OK for m in members),
         "failed": sum(m.outcome in _FAILED for m in members),
@@ -175,6 +177,18 @@ def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats)
     }
 
 
+def _component_means(taken: list[Group]) -> dict[str, float]:
+    """The mean of each named reward component over the trained-on members that report it:
+    what the scalar is made of (the math agent's `correct` and `format`, say)."""
+    values: dict[str, list[float]] = {}
+    for member in (m for g in taken for m in g.kept):
+        rewards = member.result.rewards if member.result is not None else None
+        if isinstance(rewards, NamedRewards):
+            for name, value in rewards.components.items():
+                values.setdefault(name, []).append(value)
+    return {name: round(sum(v) / len(v), 6) for name, v in values.items()}
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -184,16 +198,19 @@ def make_learner(config: Config) -> Learner:
     name = config.local.policy
     if name == "toy":
         return _ToyLearner(config)
-    from .hf_grpo import HFLearner  # torch and transformers: only for a Hugging Face policy
     from .models import ready_model
+
+    try:
+        model_dir = ready_model(name)
+    except ValueError as exc:
+        raise ConfigError(f"config: local.policy: {exc}") from None
+    from .hf_grpo import HFLearner  # torch and transformers: only for a Hugging Face policy
 
     llm = config.engine.llm
     sampling = {"temperature": 1.0, **(llm.sampling if llm else {})}
     # the trainer must recompute under the transform the agents sample with: engine.llm.sampling
     sp = SamplingParams.from_json({k: sampling.get(k) for k in _TRANSFORM})
-    return _HFSteps(
-        HFLearner(ready_model(name), lr=config.train.lr, clip=config.train.clip, sampling=sp)
-    )
+    return _HFSteps(HFLearner(model_dir, lr=config.train.lr, clip=config.train.clip, sampling=sp))
 
 
 _TRANSFORM = ("temperature", "top_p", "top_k", "min_p")

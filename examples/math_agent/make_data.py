@@ -1,6 +1,10 @@
 """Generate the example's small arithmetic dataset (deterministic; nothing is downloaded).
 
 python -m examples.math_agent.make_data [--n 8] [--seed 0] [--out FILE.jsonl]
+    [--max-turns K] [--format-weight W]
+
+`data/format.jsonl` (SmolLM2's training set) is `--n 19 --max-turns 1 --format-weight 1`: one
+turn per rollout, and a reward for leading with an integer besides the one for being right.
 
 Every question has its own digit sum. The local toy policy sees a question only through that
 sum (its "cue", see `agentcore_rollout.local.policy.model`), so two questions with one cue and
@@ -52,11 +56,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE / "data" / "train.jsonl")
+    parser.add_argument("--max-turns", type=int, help="the agent's turns (default: its own, 3)")
+    parser.add_argument("--format-weight", type=float, help="the agent's format reward weight")
     args = parser.parse_args()
+    options = {"max_turns": args.max_turns, "format_weight": args.format_weight}
+    options = {k: v for k, v in options.items() if v is not None}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as f:
         for problem in make_problems(args.n, args.seed):
-            f.write(json.dumps(problem) + "\n")
+            f.write(json.dumps(problem | options) + "\n")
 
 
 if __name__ == "__main__":

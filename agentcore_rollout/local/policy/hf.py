@@ -21,16 +21,21 @@ seeds its own numpy Generator, so its tokens do not depend on its batch-mates.
 
 Where a decode step's time goes (SmolLM2-135M, 8 rows, one thread, measured): 118 ms of CPU,
 82 of them in the matmuls (the 49k-row output layer a quarter of those), which no scheduling
-removes; one core therefore tops out near 8 / 0.082 = 97 tokens/s at 8 rows in float32. So the
-KV cache is written in place (`_GrowingLayer`, no copy of the whole cache per step) and
-sampling is batched, but prefill stays one prompt at a time: a 38-token prompt is already a
-matmul as wide as a 32-row decode step, so batching prompts would save little.
+removes: torch's MKL reaches about 26 GFLOP/s at 8 rows on one of these cores (57 at 32), so one
+core tops out near 8 / 0.082 = 97 tokens/s at 8 rows in float32. So the KV cache is written in
+place (`_GrowingLayer`, no copy of the whole cache per step) and sampling is batched, but
+prefill stays one prompt at a time: a 38-token prompt is already a matmul as wide as a 32-row
+decode step, so batching prompts would save little. Computing each linear layer as
+`W @ x.T` lets two threads split the weight's rows (86 against 71 tokens/s at 8 rows, idle
+cores), but moved sampled tokens' log-probs by up to 9e-5 from the trainer's `x @ W.T`, most
+of the 1e-4 the recomputation is held to; it is not done.
 
 Threads: one by default. On cores shared with other processes (the local stack's gateway and
 agents, other jobs) OpenMP's threads spin at every barrier for a core they do not get:
 measured at 8 rows on 2 shared cores, two threads made 6 tokens/s (9 per CPU second, load 6)
-and one thread 57 (58 per CPU second, load 3). At load 2 two threads tied one at 8 rows (60 against
-58 tokens/s, at twice the CPU) and won at 32 (102 against 88): pass `threads=2` on idle cores.
+and one thread 57 (58 per CPU second, load 3). On idle cores two threads win (bench/policy.py,
+load under 1.5: 16 / 54 / 100 tokens/s at 1 / 8 / 32 rows on one thread, 17 / 74 / 131 on
+two): pass `threads=2` (`local.policy_threads`) when nothing else runs.
 
 torch and transformers are imported here only: `local.policy` does not import this module.
 """
@@ -51,6 +56,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 from transformers.cache_utils import DynamicLayer
+from transformers.utils import logging as hf_logging
 
 from .model import Generation
 from .sampling import SamplingParams, draw, sampling_logprobs
@@ -64,6 +70,8 @@ def load_causal_lm(model_dir: str | PathLike[str]) -> tuple[Path, Any]:
     path = Path(model_dir)
     if not path.is_dir():
         raise ValueError(f"model dir {model_dir!s} does not exist")
+    # A load or save takes under a second; its bars would only break up the CLI's own.
+    hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     return path, model.eval()
 
