@@ -25,14 +25,19 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
                  "finish_reason" ("stop" | "length" | "tool_calls"), "truncated",
                  "context_limited", "ill_formed", "error", "weight_version", "latency_s",
                  "render" ("incremental" | "fallback" | "full" | null: no renderer),
-                 "reused_prompt_tokens": int}],   # prompt ids not re-encoded this turn
+                 "reused_prompt_tokens": int,     # prompt ids not re-encoded this turn
+                 "version_runs": [[str | null, int]] | null,   # per output token (runs)
+                 "min_weight_version", "max_weight_version",  # over its tokens
+                 "resumed": int}],                # continued after the backend aborted it
       "samples": [{"index", "turns": [turn indices],
                    "prompt_ids": [int],        # the first merged turn's prompt
                    "response_ids": [int],      # sampled + observation tokens after the prompt
                    "loss_mask": [0 | 1],       # 1 exactly on sampled tokens
                    "logprobs": [float | null], # sampling log-prob where mask is 1, else null
                    "num_sampled": int, "finish_reason", "truncated", "ill_formed",
-                   "weight_versions": [str | null]}]   # one per merged turn
+                   "weight_versions": [str | null],   # one per merged turn (its last call's)
+                   "version_runs": [[str | null, int]],  # per response token; null: unsampled
+                   "min_weight_version", "max_weight_version", "resumed": int}]
     }
 
 `response_ids`, `loss_mask` and `logprobs` have the same length. Turns merge into one sample

@@ -11,7 +11,12 @@ endpoint, for evaluating an agent against a hosted or reference model; its trace
 
 Errors the agent should see as its own (the backend rejected the request: 400) keep their status;
 everything else (unreachable, 5xx, timeouts, malformed answers) becomes `BackendError` with 502 or
-504, one line, without the request body.
+504, one line, without the request body; `retryable` marks the ones a backend in the middle of a
+weight update gives (unreachable, 502/503), which a resumed turn waits out (`resume`).
+
+A generation the backend aborted (SGLang's finish_reason `abort`: /abort_request, or a weight
+update with `abort_all_requests`) is not an error here: it is a Completion with finish_reason
+`abort` holding the tokens sampled so far, which the gateway continues (`resume`).
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ from .turns import ToolChoice
 class BackendError(Exception):
     """A turn could not be generated. `status` is what the gateway answers the agent."""
 
-    def __init__(self, message: str, status: int = 502) -> None:
+    def __init__(self, message: str, status: int = 502, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.retryable = retryable
 
 
 @dataclass
@@ -61,7 +67,7 @@ class Completion:
     """What a backend generated. Token backends fill `output_ids`/`logprobs` (the assistant
     message is then parsed by the renderer); pass-through backends fill `message`."""
 
-    finish_reason: str  # stop | length (tool_calls is decided by the gateway after parsing)
+    finish_reason: str  # stop | length | abort (tool_calls is decided by the gateway after parsing)
     output_ids: list[int] | None = None
     logprobs: list[float] | None = None
     message: dict[str, Any] | None = None
@@ -71,6 +77,10 @@ class Completion:
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per output token: (id, logprob)
     logprob_entries: list[dict[str, Any]] | None = None  # pass-through: the upstream's own
     stop_sequence: str | None = None  # the stop string that ended generation
+    # Per output token, the weight version that sampled it, as runs (version, count) in order;
+    # set by the gateway (`resume`), which also counts the times it `resumed` the generation.
+    version_runs: list[tuple[str | None, int]] | None = None
+    resumed: int = 0
 
 
 class Backend(ABC):
@@ -121,12 +131,15 @@ class _HTTPBackend(Backend):
                 f"{self.name} backend timed out after {self.timeout:g}s", 504
             ) from None
         except aiohttp.ClientError as exc:
-            raise BackendError(f"{self.name} backend unreachable at {self.url}: {exc}") from None
+            raise BackendError(
+                f"{self.name} backend unreachable at {self.url}: {exc}", retryable=True
+            ) from None
         if status != 200:
             detail = _error_detail(raw.decode(errors="replace"))
             if status == 400:
                 raise BackendError(f"{self.name} backend rejected the request: {detail}", 400)
-            raise BackendError(f"{self.name} backend answered {status}: {detail}")
+            message = f"{self.name} backend answered {status}: {detail}"
+            raise BackendError(message, retryable=status in (502, 503))
         try:
             return _fastjson.loads(raw)
         except ValueError:
@@ -194,13 +207,10 @@ def parse_generate(data: Any) -> Completion:
         raise BackendError("SGLang output_ids disagree with output_token_logprobs")
     finish = meta.get("finish_reason")
     kind = finish.get("type") if isinstance(finish, Mapping) else finish
-    if kind == "abort":
-        message = finish.get("message") if isinstance(finish, Mapping) else None
-        raise BackendError(f"SGLang aborted the generation: {message or 'no reason given'}")
     version = meta.get("weight_version")
     matched = finish.get("matched") if isinstance(finish, Mapping) else None
     return Completion(
-        finish_reason="length" if kind == "length" else "stop",
+        finish_reason=kind if kind in ("length", "abort") else "stop",
         output_ids=ids,
         logprobs=logprobs,
         prompt_tokens=meta.get("prompt_tokens"),

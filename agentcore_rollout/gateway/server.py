@@ -49,6 +49,10 @@ with orjson when installed (`_fastjson`).
 Streaming: the backend call is not streamed (the whole turn is needed to parse tool calls and to
 record it atomically); the answer is then sent as standard SSE chunks. For rollouts the agent's
 wall time is the same either way.
+
+Weight updates: a generation the backend aborts (an update with `abort_all_requests`) is resumed
+(`resume`): the turn continues from the tokens sampled so far under the new weights, and the
+agent gets its one answer, streamed or not; the trace says which version sampled each token.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -72,8 +76,9 @@ from . import _fastjson
 from .backends import Backend, BackendError, Completion, TurnRequest
 from .chat import ChatDialect
 from .messages import MessagesDialect
-from .render import IncrementalRenderer, Parsed, Renderer
+from .render import IncrementalRenderer, Parsed, Renderer, TextRenderer
 from .responses import ResponsesDialect
+from .resume import ResumePolicy, complete
 from .sessions import Session, SessionLimitError, SessionStore
 from .trajectory import RENDER_KINDS, Turn
 from .turns import ChatTurn, Dialect, ToolChoice, TurnAnswer
@@ -101,6 +106,7 @@ class Gateway(Server):
     and is required when the backend captures tokens. `admin_token` protects the admin routes (a
     random one is made if not given; read it from `.admin_token`). Sessions idle for longer
     than `session_ttl` seconds are dropped, so a crashed engine cannot leak them forever.
+    `resume` bounds how aborted turns are resumed (`resume.ResumePolicy`).
     """
 
     def __init__(
@@ -113,6 +119,7 @@ class Gateway(Server):
         port: int = 0,
         model_name: str = "policy",
         session_ttl: float | None = DEFAULT_SESSION_TTL,
+        resume: ResumePolicy | None = None,
     ) -> None:
         if backend.token_capture and renderer is None:
             raise ValueError(f"the {backend.name} backend captures tokens and needs a renderer")
@@ -124,6 +131,7 @@ class Gateway(Server):
         self.admin_token = admin_token or secrets.token_urlsafe(32)
         self.model_name = model_name
         self.sessions = SessionStore(ttl=session_ttl)
+        self.resume = resume or ResumePolicy()
         # An isinstance check against a Protocol is slow: decided once, not per turn.
         self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
@@ -307,7 +315,13 @@ class Gateway(Server):
         if context_limited:
             completion = Completion("length", [], [], prompt_tokens=len(prompt_ids or []))
         else:
-            completion = await self.backend.complete(request)
+            completion = await complete(
+                self.backend,
+                request,
+                self.resume,
+                decode=self._decode,
+                live=lambda: not session.closed,
+            )
         parsed = self._parse(completion, request)
         finish = completion.finish_reason
         if parsed.tool_calls and finish == "stop":
@@ -329,6 +343,8 @@ class Gateway(Server):
             completion_tokens=completion.completion_tokens
             if completion.output_ids is None
             else len(completion.output_ids),
+            version_runs=completion.version_runs,
+            resumed=completion.resumed,
         )
         return turn, completion, parsed
 
@@ -345,6 +361,13 @@ class Gateway(Server):
             return parsed
         text = self.renderer.parse(completion.output_ids, tools_enabled=False).message
         return Parsed(text, ill_formed=True, error=broken)
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        """The text of sampled ids, for stop strings across a resumed turn's seam."""
+        if isinstance(self.renderer, TextRenderer):
+            return self.renderer.decode(ids)
+        assert self.renderer is not None  # only token backends resume: they need a renderer
+        return "".join(map(self.renderer.token_text, ids))
 
     def _logprobs(self, completion: Completion) -> list[dict[str, Any]] | None:
         """OpenAI chat log-prob entries for the sampled tokens (and their top alternatives)."""

@@ -17,12 +17,46 @@ sample is exactly a sequence the policy was conditioned on and sampled from.
 
 A turn is checked against every open sample, newest first, so interleaved sub-conversations of
 one session (two sub-agents taking turns) still merge into their own samples.
+
+Weight versions: a turn the backend aborted for a weight update is resumed under the new weights
+(`resume`), so one turn may hold tokens of several versions. Each turn and sample records, per
+token, the version that sampled it, as runs `[[version, count], ...]` in token order
+(`version_runs`; a sample's runs cover its `response_ids`, with `null` on the tokens the policy
+did not sample), and `min_weight_version` / `max_weight_version`: numerically when every version
+is an integer (veRL's global steps, the local trainer's step), else the first and the last seen.
+`weight_version` (a turn's last call's) and a sample's `weight_versions` (one per turn) stay.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+VersionRuns = list[tuple[str | None, int]]
+
+
+def add_run(runs: VersionRuns, version: str | None, count: int) -> None:
+    """Append `count` tokens sampled by `version` to `runs`, merging with the last run."""
+    if count <= 0:
+        return
+    if runs and runs[-1][0] == version:
+        runs[-1] = (version, runs[-1][1] + count)
+    else:
+        runs.append((version, count))
+
+
+def version_bounds(runs: VersionRuns) -> tuple[str | None, str | None]:
+    """(min, max) of the versions in `runs` (None ignored): numeric if all are integers, else
+    the first and the last seen; (None, None) without any."""
+    seen = [v for v, _ in runs if v is not None]
+    if not seen:
+        return None, None
+    try:
+        numbers = [int(v) for v in seen]
+    except ValueError:
+        return seen[0], seen[-1]
+    return seen[numbers.index(min(numbers))], seen[numbers.index(max(numbers))]
+
 
 # How a turn's prompt was rendered: reusing an earlier render's ids, fully although the session
 # had earlier renders (none of which it extends), or fully with nothing to extend.
@@ -50,6 +84,8 @@ class Turn:
     sample: int | None = None  # index of the sample this turn went into
     render: str | None = None  # one of RENDER_KINDS; None without a renderer (pass-through)
     reused_prompt_tokens: int = 0  # prompt ids taken from an earlier render, not re-encoded
+    version_runs: VersionRuns | None = None  # per output token, the version that sampled it
+    resumed: int = 0  # times the gateway continued it after the backend aborted it
 
     @property
     def truncated(self) -> bool:
@@ -71,6 +107,9 @@ class Turn:
             "latency_s": round(self.latency, 6),
             "render": self.render,
             "reused_prompt_tokens": self.reused_prompt_tokens,
+            "version_runs": self.version_runs,
+            **_bounds(self.version_runs or []),
+            "resumed": self.resumed,
         }
 
 
@@ -88,6 +127,8 @@ class Sample:
     ill_formed: bool = False
     finish_reason: str = "stop"
     weight_versions: list[str | None] = field(default_factory=list)
+    version_runs: VersionRuns = field(default_factory=list)  # over response_ids; None unsampled
+    resumed: int = 0
 
     @property
     def length(self) -> int:
@@ -108,11 +149,15 @@ class Sample:
         self.response_ids += observation
         self.loss_mask += [0] * len(observation)
         self.logprobs += [None] * len(observation)
+        add_run(self.version_runs, None, len(observation))
         self.response_ids += turn.output_ids
         self.loss_mask += [1] * len(turn.output_ids)
         self.logprobs += turn.logprobs
+        for version, count in turn.version_runs or [(turn.weight_version, len(turn.output_ids))]:
+            add_run(self.version_runs, version, count)
         self.turns.append(turn.index)
         self.weight_versions.append(turn.weight_version)
+        self.resumed += turn.resumed
         self.mark(turn)
 
     def mark(self, turn: Turn) -> None:
@@ -134,6 +179,9 @@ class Sample:
             "truncated": self.truncated,
             "ill_formed": self.ill_formed,
             "weight_versions": self.weight_versions,
+            "version_runs": self.version_runs,
+            **_bounds(self.version_runs),
+            "resumed": self.resumed,
         }
 
 
@@ -173,3 +221,8 @@ class Trajectory:
             "turns": [t.to_json() for t in self.turns],
             "samples": [s.to_json() for s in self.samples],
         }
+
+
+def _bounds(runs: VersionRuns) -> dict[str, str | None]:
+    low, high = version_bounds(runs)
+    return {"min_weight_version": low, "max_weight_version": high}

@@ -42,10 +42,16 @@ class TrainingSample:
     """The weight version that sampled each of its turns (the policy server's label)."""
     truncated: bool = False
     ill_formed: bool = False
+    token_versions: tuple[str | None, ...] = ()
+    """Per response token, the weight version that sampled it (None where `loss_mask` is 0);
+    a turn resumed after a weight update holds several. Empty for traces without it."""
 
     def on_policy(self, weight_version: str) -> bool:
-        """True if every turn was sampled by the weights labelled `weight_version`."""
-        return bool(self.weight_versions) and all(v == weight_version for v in self.weight_versions)
+        """True if every turn, and every sampled token, was sampled by the weights labelled
+        `weight_version` (a resumed turn's `weight_versions` entry is only its last call's)."""
+        sampled = [v for v, m in zip(self.token_versions, self.loss_mask, strict=False) if m]
+        versions = [*self.weight_versions, *sampled]
+        return bool(self.weight_versions) and all(v == weight_version for v in versions)
 
     def sampled_runs(self) -> list[tuple[int, int]]:
         """`(start, end)` of each run of sampled tokens in `response_ids` (one per turn the
@@ -138,4 +144,18 @@ def _row(
         weight_versions=tuple(sample.get("weight_versions", ())),
         truncated=bool(sample.get("truncated", False)),
         ill_formed=bool(sample.get("ill_formed", False)),
+        token_versions=_token_versions(sample.get("version_runs"), len(response), rid, index),
     )
+
+
+def _token_versions(runs: Any, n: int, rid: str, index: int) -> tuple[str | None, ...]:
+    """A trace sample's `version_runs` ([[version, count], ...]) as one version per token."""
+    if runs is None:
+        return ()
+    try:
+        versions = tuple(v for version, count in runs for v in [version] * int(count))
+    except (TypeError, ValueError):
+        raise ValueError(f"request {rid}: trace sample {index}: malformed version_runs") from None
+    if len(versions) != n:
+        raise ValueError(f"request {rid}: trace sample {index}'s version_runs do not cover it")
+    return versions

@@ -24,7 +24,7 @@ server (`save` -> POST /update_weights_from_disk).
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any
@@ -120,10 +120,25 @@ class TinyPolicy:
         """Sample a completion; each log-prob is that of the sampled token under the distribution
         it was drawn from (see `sampling.sampling_logprobs`). `top_logprobs` > 0 also returns the
         most likely alternatives under that same distribution at each step."""
+        out = Generation([], [], "", {"type": "length", "length": params.max_new_tokens})
+        for _ in self.decode(prompt_ids, params, rng, top_logprobs, out):
+            pass
+        return out
+
+    def decode(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        rng: np.random.Generator,
+        top_logprobs: int,
+        out: Generation,
+    ) -> Iterator[None]:
+        """`generate` one token at a time into `out`: yields after each token that did not end
+        it, so a server can pace the toy and abort it between tokens (`PolicyServer`'s
+        `token_delay`)."""
         self.tokenizer.check_ids(prompt_ids)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else _EOS_IDS)
         cue, prev = self.cue(prompt_ids), (prompt_ids[-1] if prompt_ids else ENDOFTEXT_ID)
-        out = Generation([], [], "", {"type": "length", "length": params.max_new_tokens})
         for pos in range(params.max_new_tokens):
             logprobs = sampling_logprobs(self._logits(prev, pos, cue), params)
             token = prev = draw(logprobs, params, rng)
@@ -135,10 +150,10 @@ class TinyPolicy:
             if token in stop_ids:
                 out.text += piece if params.no_stop_trim else ""
                 out.finish_reason = {"type": "stop", "matched": token}
-                break
+                return
             if _append_and_match_stop(out, piece, params):
-                break
-        return out
+                return
+            yield
 
     # -- training -----------------------------------------------------------------------------
 

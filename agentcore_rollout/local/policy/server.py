@@ -6,7 +6,11 @@ the example agents run unchanged against this server on a laptop and against SGL
 
 The toy's generation runs inline on the event loop: a completion costs well under a millisecond,
 and with no await inside a generation a weight load can never interleave with one, so every
-response is sampled from exactly one parameter version (reported as `weight_version`). A Hugging
+response is sampled from exactly one parameter version (reported as `weight_version`). So nothing
+is ever in flight to abort: `token_delay` (seconds) paces the toy instead, a sleep after each
+token, so its generations are in flight like a real server's: /abort_request ends them with the
+tokens so far, and a weight update waits for them to finish (or, with `abort_all_requests`,
+aborts them) before it loads, as SGLang does. Tests of the gateway's resumption need this. A Hugging
 Face model (`hf.HFPolicy`, `PolicyServer(HFPolicy(model_dir))`) is served behind the same
 endpoints: its scheduler thread batches concurrent requests and applies weight loads between
 decode steps, once the batch has drained; each answer reports the version it was sampled from.
@@ -109,6 +113,7 @@ class PolicyServer(Server):
         worker_id: str | None = None,
         model_name: str = MODEL_NAME,
         context_length: int = DEFAULT_CONTEXT_LENGTH,
+        token_delay: float = 0.0,
     ) -> None:
         super().__init__(host, port)
         self.policy = policy if policy is not None else TinyPolicy(seed)
@@ -123,6 +128,10 @@ class PolicyServer(Server):
         self._rng = np.random.default_rng(seed)
         self._samples: deque[dict[str, Any]] = deque(maxlen=record_limit)
         self._recorded = 0
+        self.token_delay = token_delay
+        self._paced: list[_Paced] = []  # the toy's generations in flight (token_delay > 0)
+        self._loads_waiting = 0
+        self._pacing = asyncio.Condition()
 
     @property
     def worker_id(self) -> str:
@@ -180,8 +189,11 @@ class PolicyServer(Server):
         policy = self.policy
         if isinstance(policy, TinyPolicy):
             rng = self._rng if sp.seed is None else np.random.default_rng(sp.seed)
-            gen = policy.generate(prompt, sp, rng, top_n)
-            gen.weight_version = policy.weight_version
+            if self.token_delay > 0:
+                gen = await self._paced_generation(policy, prompt, sp, rng, top_n, rid)
+            else:
+                gen = policy.generate(prompt, sp, rng, top_n)
+                gen.weight_version = policy.weight_version
         else:
             seed = int(self._rng.integers(2**63)) if sp.seed is None else sp.seed
             gen = await policy.generate_async(prompt, sp, top_n, rid, seed)
@@ -201,6 +213,49 @@ class PolicyServer(Server):
                 }
             )
         return gen
+
+    async def _paced_generation(
+        self,
+        policy: TinyPolicy,
+        prompt: list[int],
+        sp: SamplingParams,
+        rng: np.random.Generator,
+        top_n: int,
+        rid: str,
+    ) -> Generation:
+        """The toy's generation with a sleep after each token, abortable between tokens; it
+        starts only when no weight load waits, so it is sampled from one version."""
+        paced = _Paced(rid)
+        async with self._pacing:
+            await self._pacing.wait_for(lambda: not self._loads_waiting)
+            self._paced.append(paced)
+        reason = {"type": "length", "length": sp.max_new_tokens}
+        gen = Generation([], [], "", reason, weight_version=policy.weight_version)
+        try:
+            for _ in policy.decode(prompt, sp, rng, top_n, gen):
+                await asyncio.sleep(self.token_delay)
+                if paced.aborted:
+                    gen.finish_reason = {"type": "abort", "message": "aborted"}
+                    break
+        finally:
+            async with self._pacing:
+                self._paced.remove(paced)
+                self._pacing.notify_all()
+        return gen
+
+    async def _load_paced(self, path: str, label: str | None, abort_all: bool) -> None:
+        """A toy weight load once its paced generations ended (aborted first if asked)."""
+        async with self._pacing:
+            self._loads_waiting += 1
+            try:
+                for paced in self._paced if abort_all else ():
+                    paced.aborted = True
+                await self._pacing.wait_for(lambda: not self._paced)
+                assert isinstance(self.policy, TinyPolicy)
+                self.policy.load(path, label)
+            finally:
+                self._loads_waiting -= 1
+                self._pacing.notify_all()
 
     def _openai_sampling(self, body: Mapping[str, Any], prompt_len: int) -> SamplingParams:
         """OpenAI fields map onto SGLang's (same names, plus max_tokens -> max_new_tokens);
@@ -474,7 +529,7 @@ class PolicyServer(Server):
             if not isinstance(path, str) or not (label is None or isinstance(label, str)):
                 raise ValueError("model_path must be a string path (weight_version a string)")
             if isinstance(self.policy, TinyPolicy):
-                self.policy.load(path, label)
+                await self._load_paced(path, label, abort_all)
             else:  # applied by the scheduler thread once the running batch is empty
                 await asyncio.wrap_future(self.policy.submit_load(path, label, abort_all))
         except ValueError as exc:
@@ -487,7 +542,7 @@ class PolicyServer(Server):
 
     async def _abort_request(self, request: web.Request) -> web.StreamResponse:
         """SGLang's POST /abort_request {"rid"} | {"abort_all": true}: 200 whether or not the rid
-        is running (the toy's generations never are: they finish inline)."""
+        is running (the toy's generations are only when paced: `token_delay`)."""
         body = await read_json_object(request)
         abort_all = boolean(body.get("abort_all"), "abort_all")
         rid = body.get("rid")
@@ -495,6 +550,8 @@ class PolicyServer(Server):
             raise ValueError("abort_request needs a string rid or abort_all: true")
         if not isinstance(self.policy, TinyPolicy):
             self.policy.abort(None if abort_all else rid)
+        for paced in self._paced:
+            paced.aborted |= abort_all or paced.rid == rid
         return web.Response(status=200)
 
     async def _weight_version(self, request: web.Request) -> web.StreamResponse:
@@ -517,6 +574,14 @@ class PolicyServer(Server):
         self._samples.clear()
         self._recorded = 0
         return _json({"cleared": cleared})
+
+
+@dataclasses.dataclass
+class _Paced:
+    """One paced toy generation in flight: its rid, and whether an abort asked it to end."""
+
+    rid: str
+    aborted: bool = False
 
 
 # -- HTTP helpers ------------------------------------------------------------------------------
