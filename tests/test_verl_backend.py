@@ -10,7 +10,7 @@ import openai
 import pytest
 from verl.workers.rollout.replica import TokenOutput
 
-from agentcore_rollout.gateway import Gateway, GatewayAdmin
+from agentcore_rollout.gateway import Gateway, GatewayAdmin, ResumePolicy
 from agentcore_rollout.integrations.verl import agent_loop_outputs
 from agentcore_rollout.integrations.verl.backend import VerlServerBackend
 from agentcore_rollout.local.policy import CharRenderer, CharTokenizer
@@ -39,9 +39,11 @@ class ServerManager:
         )
 
 
-async def _turn(manager: ServerManager) -> tuple[dict, str | Exception]:
+async def _turn(
+    manager: ServerManager, resume: ResumePolicy | None = None
+) -> tuple[dict, str | Exception]:
     async with (
-        Gateway(VerlServerBackend(manager), CharRenderer()) as gateway,
+        Gateway(VerlServerBackend(manager), CharRenderer(), resume=resume) as gateway,
         GatewayAdmin(gateway.url, gateway.admin_token) as admin,
     ):
         session = await admin.create_session("r1", sampling={"temperature": 1.0})
@@ -80,10 +82,42 @@ async def test_the_trace_is_what_veRLs_servers_sampled():
     assert row.extra_fields["min_global_steps"] == row.extra_fields["max_global_steps"] == 7
 
 
-async def test_an_aborted_generation_is_a_503_to_the_agent():
-    _, answer = await _turn(ServerManager("3", global_steps=2, stop_reason="aborted"))
+async def test_a_generation_veRL_aborts_for_an_update_is_resumed_under_the_new_weights():
+    manager = ServerManager("12", global_steps=2)
+    answers = [(manager.ids[:1], 2, "aborted"), (manager.ids[1:], 3, "completed")]
+
+    async def generate(request_id, *, prompt_ids, sampling_params, **kwargs):
+        manager.calls.append({"rid": request_id, "prompt_ids": prompt_ids, **sampling_params})
+        ids, steps, reason = answers.pop(0)
+        logprobs = [-0.5 * (len(prompt_ids) + i) for i in range(len(ids))]
+        extra = {"global_steps": steps}
+        return TokenOutput(
+            token_ids=ids, log_probs=logprobs, stop_reason=reason, extra_fields=extra
+        )
+
+    manager.generate = generate
+    trace, answer = await _turn(manager)
+    first, second = manager.calls
+    assert answer == "12"  # the agent never saw the abort
+    assert second["prompt_ids"] == first["prompt_ids"] + manager.ids[:1]
+    assert second["max_tokens"] == 7 and second["rid"] == f"{first['rid']}.1"
+    [sample] = trace["samples"]
+    n = len(first["prompt_ids"])
+    assert sample["response_ids"] == manager.ids
+    assert sample["logprobs"] == [-0.5 * n, -0.5 * (n + 1), -0.5 * (n + 2)]
+    assert sample["version_runs"] == [["2", 1], ["3", 2]] and sample["resumed"] == 1
+    # veRL's row spans both weight versions.
+    [row] = agent_loop_outputs(make_outcome(step=3, trace=trace))
+    assert (row.extra_fields["min_global_steps"], row.extra_fields["max_global_steps"]) == (2, 3)
+
+
+async def test_a_generation_veRL_keeps_aborting_is_a_503_to_the_agent():
+    manager = ServerManager("", global_steps=2, stop_reason="aborted")
+    manager.ids = []
+    _, answer = await _turn(manager, ResumePolicy(first_backoff=0.001))
     assert isinstance(answer, openai.APIStatusError) and answer.status_code == 503
-    assert "veRL aborted the generation" in str(answer)
+    assert "aborted this turn 4 times in a row without a new token" in str(answer)
+    assert len(manager.calls) == 4
 
 
 @pytest.mark.parametrize("log_probs", [None, [-0.5]])

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         TextRenderer,
         load_renderer,
     )
+    from .resume import ResumePolicy
     from .router import RouterError, SGLangRouter
     from .server import Gateway
     from .trajectory import Sample, Trajectory, Turn
@@ -78,6 +79,7 @@ _SUBMODULE = {
     "Renderer": "render",
     "TextRenderer": "render",
     "load_renderer": "render",
+    "ResumePolicy": "resume",
     "RouterError": "router",
     "SGLangRouter": "router",
     "Gateway": "server",
@@ -103,6 +105,7 @@ __all__ = [
     "RenderState",
     "Rendered",
     "Renderer",
+    "ResumePolicy",
     "RouterError",
     "SGLangBackend",
     "SGLangRouter",

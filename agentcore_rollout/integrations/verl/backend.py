@@ -5,7 +5,9 @@ turn to one of the run's rollout servers (vLLM or SGLang, load-balanced, sticky 
 and returns a `TokenOutput`: the sampled ids, their log-probs, and in `extra_fields` the
 `global_steps` of the weights that sampled them. With this backend behind the token-capture
 gateway, the trace holds exactly what veRL's servers sampled, labelled with veRL's weight
-version, so `convert` fills `min_global_steps`/`max_global_steps` from them.
+version, so `convert` fills `min_global_steps`/`max_global_steps` from them. A generation
+veRL aborted (`stop_reason` "aborted": its weights are being updated) comes back with the tokens
+so far, and the gateway resumes the turn under the new weights (`gateway.resume`).
 
     gateway = Gateway(VerlServerBackend(server_manager), HFRenderer.from_pretrained(model_dir))
 """
@@ -49,18 +51,22 @@ class VerlServerBackend(Backend):
             )
         except Exception as e:  # a Ray or server error: the agent sees 502, in one line
             raise BackendError(f"veRL server manager failed: {type(e).__name__}: {e}") from None
-        if output.stop_reason == "aborted":
-            raise BackendError("veRL aborted the generation (weights being updated?)", 503)
-        ids, logprobs = list(output.token_ids), output.log_probs
+        ids, logprobs = list(output.token_ids or ()), output.log_probs
+        if logprobs is None and not ids:
+            logprobs = []  # an abort before the first token
         if logprobs is None or len(logprobs) != len(ids):
             raise BackendError("veRL server returned no log-prob per sampled token")
         limit = params.get("max_tokens")
         stopped = bool(ids) and ids[-1] in params.get("stop_token_ids", ())
         version = (output.extra_fields or {}).get("global_steps")
+        if output.stop_reason == "aborted":  # a weight update: the gateway resumes the turn
+            finish = "abort"
+        elif limit is not None and len(ids) >= limit and not stopped:
+            finish = "length"
+        else:
+            finish = "stop"
         return Completion(
-            finish_reason="length"
-            if limit is not None and len(ids) >= limit and not stopped
-            else "stop",
+            finish_reason=finish,
             output_ids=ids,
             logprobs=[float(lp) for lp in logprobs],
             prompt_tokens=len(request.prompt_ids),

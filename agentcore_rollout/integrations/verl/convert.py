@@ -90,9 +90,11 @@ def _output(outcome: RolloutOutcome, sample: TrainingSample, latency: float) -> 
 
 
 def _global_steps(sample: TrainingSample, step: int) -> list[int]:
-    """The sampling weight versions as veRL global steps (integers); the request's step when
-    the backend reported none."""
-    versions = [v for v in sample.weight_versions if v is not None]
+    """The sampling weight versions as veRL global steps (integers): each turn's and, for a
+    turn resumed after a weight update, each sampled token's; the request's step when the
+    backend reported none."""
+    tokens = [v for v, m in zip(sample.token_versions, sample.loss_mask, strict=False) if m]
+    versions = [v for v in (*sample.weight_versions, *tokens) if v is not None]
     try:
         return [int(v) for v in versions] or [step]
     except ValueError:
