@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from agentcore_rollout.gateway import HFRenderer
+from agentcore_rollout.serving.server import Server
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "fixtures" / "tokenizer"
 
@@ -57,7 +58,7 @@ def hf_renderer() -> HFRenderer:
     return HFRenderer.from_pretrained(TOKENIZER_DIR)
 
 
-class ScriptedWorker:
+class ScriptedWorker(Server):
     """`async with ScriptedWorker([[ids...], ...]) as w`: POST /generate pops the next script.
 
     Every call is recorded in `.calls` (input ids, output ids, log-probs, sampling params) like
@@ -66,18 +67,13 @@ class ScriptedWorker:
     """
 
     def __init__(self, scripts: list[list[int]] | None = None) -> None:
+        super().__init__()
         self.scripts: deque[list[int]] = deque(scripts or [])
         self.calls: list[dict[str, Any]] = []
         self.openai_auth: list[str | None] = []
         self.openai_reply = {"role": "assistant", "content": "upstream says hi"}
-        self.port = 0
-        self._runner: web.AppRunner | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def __aenter__(self) -> ScriptedWorker:
+    def app(self) -> web.Application:
         app = web.Application()
         app.add_routes(
             [
@@ -86,15 +82,7 @@ class ScriptedWorker:
                 web.get("/health", lambda _: web.Response()),
             ]
         )
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.port = self._runner.addresses[0][1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        await self._runner.cleanup()
+        return app
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = json.loads(await request.text())

@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from agentcore_rollout.gateway import Gateway, GatewayAdmin, SGLangBackend
-from agentcore_rollout.gateway.resume import ResumePolicy, continuation_seed
+from agentcore_rollout.gateway import Gateway, GatewayAdmin, ResumePolicy, SGLangBackend
+from agentcore_rollout.gateway.resume import continuation_seed
 from agentcore_rollout.local.policy import CharRenderer, PolicyServer, TinyPolicy
 from agentcore_rollout.local.policy.tokenizer import IM_END_ID, CharTokenizer
+from agentcore_rollout.serving.server import Server
 
 from .test_gateway import agent, recorded
 
@@ -189,28 +190,19 @@ async def test_a_streamed_turn_keeps_going_across_an_abort(
 # -- waits, give-ups and stop strings, against a worker answering from a script ------------------
 
 
-class CannedWorker:
+class CannedWorker(Server):
     """SGLang's /generate answering each call with the next canned answer: (finish type, text)
     in the char vocabulary, or an HTTP status to fail with; every call's body is kept."""
 
     def __init__(self, answers: list[tuple[str, str] | int]) -> None:
+        super().__init__()
         self.answers = answers
         self.calls: list[dict[str, Any]] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> CannedWorker:
+    def app(self) -> web.Application:
         app = web.Application()
         app.add_routes([web.post("/generate", self._generate)])
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        await self._runner.cleanup()
+        return app
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = json.loads(await request.text())
