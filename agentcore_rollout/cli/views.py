@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,7 +19,9 @@ from .. import Outcome, RolloutOutcome
 from .errors import EXIT_INTERRUPTED
 from .summary import RunSummary
 
-console = Console(stderr=True)  # stdout is for what scripts read (`local up`, `deploy`)
+# stderr: stdout is for what scripts read (`local up`, `deploy`). Written to a file or a CI log,
+# rich assumes 80 columns, which truncates the training table's figures; 120 holds them.
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 def run_async(
