@@ -318,8 +318,8 @@ class RunConfig(_Section):
 
 
 class TrainConfig(_Section):
-    """What `agentcore-rollout train` does: GRPO on the local TinyPolicy, each step a batch of
-    groups rolled out through the whole pipeline."""
+    """What `agentcore-rollout train` does: GRPO on the local policy (`local.policy`: the toy or
+    a Hugging Face model), each step a batch of groups rolled out through the whole pipeline."""
 
     data: str = "examples/math_agent/data/train.jsonl"
     out: str = "out/train"
