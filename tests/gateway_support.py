@@ -52,6 +52,22 @@ def exactness_conversation(i: int) -> tuple[dict[str, Any], list[dict[str, Any]]
     return sampling, [{"role": "user", "content": f"What is {i} + 4?"}], observations
 
 
+async def exactness_rollout(gateway: Any, admin: Any, i: int) -> dict[str, Any]:
+    """Rollout `i` of `exactness_conversation` through `gateway` with the OpenAI SDK, each reply
+    echoed back as the assistant's message; its trace. Every turn must end stop or length."""
+    import openai
+
+    sampling, messages, observations = exactness_conversation(i)
+    session = await admin.create_session(f"req-{i}", sampling=sampling)
+    async with openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=session.api_key) as client:
+        for observation in observations:
+            reply = await client.chat.completions.create(model="policy", messages=messages)
+            assert reply.choices[0].finish_reason in ("stop", "length")
+            content = reply.choices[0].message.content or ""
+            messages += [{"role": "assistant", "content": content}, observation]
+    return await admin.finish_session(session.session_id)
+
+
 @functools.cache
 def hf_renderer() -> HFRenderer:
     """The offline fixture tokenizer (tests/fixtures/make_tokenizer.py), loaded once."""

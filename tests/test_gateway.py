@@ -32,7 +32,7 @@ from agentcore_rollout.gateway import (
 )
 from agentcore_rollout.local.policy import CharRenderer, PolicyServer
 
-from .gateway_support import ADD_TOOL, ScriptedWorker, exactness_conversation, hf_renderer
+from .gateway_support import ADD_TOOL, ScriptedWorker, exactness_rollout, hf_renderer
 
 TOOLS = [ADD_TOOL]
 
@@ -127,20 +127,7 @@ async def test_multi_turn_traces_equal_what_two_workers_sampled_through_the_rout
         Gateway(SGLangBackend(router.url), renderer) as gateway,
         GatewayAdmin(gateway.url, gateway.admin_token) as admin,
     ):
-
-        async def rollout(i: int) -> dict[str, Any]:
-            sampling, messages, observations = exactness_conversation(i)
-            session = await admin.create_session(f"req-{i}", sampling=sampling)
-            client = agent(gateway, session.api_key)
-            for observation in observations:
-                reply = await client.chat.completions.create(model="policy", messages=messages)
-                assert reply.choices[0].finish_reason in ("stop", "length")
-                messages += [{"role": "assistant", "content": reply.choices[0].message.content}]
-                messages.append(observation)
-            await client.close()
-            return await admin.finish_session(session.session_id)
-
-        traces = await asyncio.gather(*(rollout(i) for i in range(6)))
+        traces = await asyncio.gather(*(exactness_rollout(gateway, admin, i) for i in range(6)))
         records = await recorded(w0.url) + await recorded(w1.url)
 
     by_rid = {r["rid"]: r for r in records}

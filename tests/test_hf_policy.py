@@ -25,8 +25,8 @@ from agentcore_rollout.local.policy import PolicyServer, SamplingParams  # noqa:
 from agentcore_rollout.local.policy.hf import HFPolicy  # noqa: E402
 from agentcore_rollout.local.policy.sampling import sampling_logprobs  # noqa: E402
 
-from .gateway_support import TOKENIZER_DIR, exactness_conversation, hf_renderer  # noqa: E402
-from .test_gateway import agent, check_sample_against_records, recorded  # noqa: E402
+from .gateway_support import TOKENIZER_DIR, exactness_rollout, hf_renderer  # noqa: E402
+from .test_gateway import check_sample_against_records, recorded  # noqa: E402
 
 VOCAB = 702  # the fixture tokenizer: 700 BPE entries and <tool_call>, </tool_call>
 IM_END = 2
@@ -270,19 +270,7 @@ async def test_gateway_traces_equal_what_the_hf_server_sampled(server: PolicySer
         Gateway(SGLangBackend(server.url), hf_renderer()) as gateway,
         GatewayAdmin(gateway.url, gateway.admin_token) as admin,
     ):
-
-        async def rollout(i: int) -> dict[str, Any]:
-            sampling, messages, observations = exactness_conversation(i)
-            session = await admin.create_session(f"req-{i}", sampling=sampling)
-            client = agent(gateway, session.api_key)
-            for observation in observations:
-                reply = await client.chat.completions.create(model="policy", messages=messages)
-                content = reply.choices[0].message.content or ""
-                messages += [{"role": "assistant", "content": content}, observation]
-            await client.close()
-            return await admin.finish_session(session.session_id)
-
-        traces = await asyncio.gather(*(rollout(i) for i in range(4)))
+        traces = await asyncio.gather(*(exactness_rollout(gateway, admin, i) for i in range(4)))
         by_rid = {r["rid"]: r for r in await recorded(server.url)}
     policy = server.policy
     assert isinstance(policy, HFPolicy)
