@@ -44,6 +44,39 @@ class UpdateStats:
     grad_norm: float
 
 
+@dataclass
+class UpdateTally:
+    """An update's running sums, kept alike by both learners (this one and `hf_grpo`'s)."""
+
+    on_policy: int = 0
+    tokens: int = 0
+    clipped: int = 0
+    max_diff: float | None = None
+    ratio_sum: float = 0.0
+    ratio_max: float = 0.0
+
+    def add_run(self, ratio: np.ndarray, clipped: np.ndarray, diff: float | None) -> None:
+        """A run of sampled tokens: ratios, which clipped, max |recomputed - captured| or None."""
+        self.tokens += len(ratio)
+        self.clipped += int(clipped.sum())
+        self.ratio_sum += float(ratio.sum())
+        self.ratio_max = max(self.ratio_max, float(ratio.max()))
+        if diff is not None:
+            self.max_diff = diff if self.max_diff is None else max(self.max_diff, diff)
+
+    def stats(self, samples: int, grad_norm: float) -> UpdateStats:
+        return UpdateStats(
+            samples=samples,
+            tokens=self.tokens,
+            on_policy_samples=self.on_policy,
+            logprob_max_abs_diff=self.max_diff,
+            ratio_mean=self.ratio_sum / self.tokens if self.tokens else 1.0,
+            ratio_max=self.ratio_max,
+            clipped_fraction=self.clipped / self.tokens if self.tokens else 0.0,
+            grad_norm=grad_norm,
+        )
+
+
 def grpo_update(
     policy: TinyPolicy,
     samples: Sequence[TrainingSample],
@@ -57,20 +90,14 @@ def grpo_update(
     `weight_version` is the label of the weights `policy` holds now (what on-policy means);
     `temperature` must be the one the rollouts sampled at."""
     grads = {name: np.zeros_like(value) for name, value in policy.params.items()}
-    tokens = on_policy = clipped = 0
-    max_diff: float | None = None
-    ratio_sum, ratio_max = 0.0, 0.0
+    tally = UpdateTally()
     for sample in samples:
-        fresh = sample.on_policy(weight_version)
-        on_policy += fresh
+        tally.on_policy += (fresh := sample.on_policy(weight_version))
         for start, end in sample.sampled_runs():
             context = [*sample.prompt_ids, *sample.response_ids[:start]]
             run = sample.response_ids[start:end]
             behaviour = np.asarray(sample.logprobs[start:end])
             now, _ = policy.logprobs_and_grad(context, run, temperature=temperature)
-            if fresh:
-                diff = float(np.max(np.abs(now - behaviour)))
-                max_diff = diff if max_diff is None else max(max_diff, diff)
             ratio = np.exp(now - behaviour)
             a = sample.advantage
             out = (ratio > 1 + clip) if a > 0 else (ratio < 1 - clip) if a < 0 else ratio < 0
@@ -78,21 +105,11 @@ def grpo_update(
             _, g = policy.logprobs_and_grad(context, run, weights, temperature)
             for name, value in g.items():
                 grads[name] += value
-            tokens += len(run)
-            clipped += int(out.sum())
-            ratio_sum += float(ratio.sum())
-            ratio_max = max(ratio_max, float(ratio.max()))
-    if tokens:
+            diff = float(np.max(np.abs(now - behaviour))) if fresh else None
+            tally.add_run(ratio, out, diff)
+    if tally.tokens:
         for value in grads.values():
-            value /= tokens
+            value /= tally.tokens
         policy.apply_update(grads, lr)
-    return UpdateStats(
-        samples=len(samples),
-        tokens=tokens,
-        on_policy_samples=on_policy,
-        logprob_max_abs_diff=max_diff,
-        ratio_mean=ratio_sum / tokens if tokens else 1.0,
-        ratio_max=ratio_max,
-        clipped_fraction=clipped / tokens if tokens else 0.0,
-        grad_norm=float(np.sqrt(sum(float((v * v).sum()) for v in grads.values()))),
-    )
+    grad_norm = float(np.sqrt(sum(float((v * v).sum()) for v in grads.values())))
+    return tally.stats(len(samples), grad_norm)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..training import TrainingSample
-from .grpo import UpdateStats
+from .grpo import UpdateStats, UpdateTally
 from .policy.hf import load_causal_lm
 from .policy.sampling import SamplingParams, sampling_logprobs
 
@@ -89,13 +89,10 @@ class HFLearner:
         the weights held now: samples all of whose turns it sampled are on-policy."""
         torch.set_num_threads(self.threads)  # per thread: the caller may be a worker thread
         tokens = sum(sum(s.loss_mask) for s in samples)
-        on_policy = clipped = 0
-        max_diff: float | None = None
-        ratio_sum, ratio_max = 0.0, 0.0
+        tally = UpdateTally()
         self.optimizer.zero_grad(set_to_none=True)
         for sample in samples:
-            fresh = sample.on_policy(weight_version)
-            on_policy += fresh
+            tally.on_policy += (fresh := sample.on_policy(weight_version))
             now = self.token_logprobs(sample)
             if not len(now):
                 continue
@@ -103,33 +100,20 @@ class HFLearner:
                 [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m],
                 dtype=torch.float64,
             )
-            if fresh:
-                diff = float((now.detach() - behaviour).abs().max())
-                max_diff = diff if max_diff is None else max(max_diff, diff)
             ratio = torch.exp(now - behaviour)
             a = sample.advantage
             surrogate = torch.minimum(ratio * a, ratio.clamp(1 - self.clip, 1 + self.clip) * a)
             (-surrogate.sum() / tokens).backward()
             r = ratio.detach()
             out = (r > 1 + self.clip) if a > 0 else (r < 1 - self.clip) if a < 0 else r < 0
-            clipped += int(out.sum())
-            ratio_sum += float(r.sum())
-            ratio_max = max(ratio_max, float(r.max()))
+            diff = float((now.detach() - behaviour).abs().max()) if fresh else None
+            tally.add_run(r.numpy(), out.numpy(), diff)
         grad_norm = 0.0
         if tokens:
             params = [p for p in self.model.parameters() if p.grad is not None]
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
             self.optimizer.step()
-        return UpdateStats(
-            samples=len(samples),
-            tokens=tokens,
-            on_policy_samples=on_policy,
-            logprob_max_abs_diff=max_diff,
-            ratio_mean=ratio_sum / tokens if tokens else 1.0,
-            ratio_max=ratio_max,
-            clipped_fraction=clipped / tokens if tokens else 0.0,
-            grad_norm=grad_norm,
-        )
+        return tally.stats(len(samples), grad_norm)
 
     def save(self, out: str | PathLike[str]) -> Path:
         """Write the weights as a model dir at `out` (safetensors, config, and the source dir's
