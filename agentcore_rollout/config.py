@@ -295,6 +295,12 @@ class LocalConfig(_Section):
     # slower than 1 (SmolLM2, 32 sequences, 2 cores under load 6: 5.5 vs 33 tokens/s).
     policy_threads: int = Field(default=1, ge=1, description="torch threads per model worker")
     record_samples: bool = Field(default=False, description="workers keep /debug/samples")
+    token_delay: float = Field(
+        default=0.0,
+        ge=0,
+        description="seconds the toy takes per token, so its generations are in flight to "
+        "abort and resume, as a real model's are (a model policy is paced by its compute)",
+    )
     gateway: bool = Field(default=True, description="token-capture gateway in front of the policy")
     max_context: int = Field(default=2048, ge=16, description="gateway context limit, tokens")
     agent_log_dir: str | None = None
@@ -306,6 +312,8 @@ class LocalConfig(_Section):
                 "policy_params is the toy's .npz; a model's weights are its directory "
                 f"(local.policy={self.policy!r})"
             )
+        if self.token_delay and self.policy != "toy":
+            raise ValueError(f"token_delay paces the toy, not local.policy={self.policy!r}")
         return self
 
 
@@ -337,6 +345,12 @@ class TrainConfig(_Section):
     groups_per_step: int | None = Field(default=None, ge=1, description="default: one per row")
     lr: float = Field(default=8.0, gt=0)
     clip: float = Field(default=0.2, gt=0, description="PPO ratio clip")
+    asynchronous: bool = Field(
+        default=False,
+        description="rollouts never wait for an update: each resolved group is replaced at "
+        "once, and a weight push aborts the turns in flight, which resume under the new "
+        "weights; needs engine.limits.max_staleness >= 1 (`train --async`)",
+    )
 
 
 class Config(_Section):

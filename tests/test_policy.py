@@ -276,6 +276,23 @@ def test_training_logprobs_match_sampling_logprobs_without_truncation() -> None:
         np.testing.assert_allclose(logprobs, gen.logprobs, atol=1e-12)
 
 
+def test_a_generation_resumed_from_its_tokens_goes_on_as_one_would_have() -> None:
+    """A resumed generation's prompt holds the open assistant message: its positions continue,
+    so a turn sampled in two calls is scored like one (what the learner recomputes)."""
+    policy = TinyPolicy(seed=3)
+    policy.params["bias"][[IM_END_ID, IM_START_ID]] = -40.0  # the turn stays open
+    prompt = policy.tokenizer.encode("<|im_start|>user\n3+4?<|im_end|>\n<|im_start|>assistant\n")
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, ignore_eos=True)
+    whole = policy.generate(prompt, params, np.random.default_rng(0))
+    head = whole.output_ids[:5]
+    assert policy.written(prompt) == 0 and policy.written([*prompt, *head]) == 5
+    tail, _ = policy.logprobs_and_grad([*prompt, *head], whole.output_ids[5:])
+    full, _ = policy.logprobs_and_grad(prompt, whole.output_ids)
+    assert np.allclose(tail, full[5:]) and np.allclose(full, whole.logprobs)
+    closed = [*prompt, *head, IM_END_ID]
+    assert policy.written(closed) == 0
+
+
 def test_gradient_is_exact_and_a_step_up_increases_the_sequence_logprob() -> None:
     policy, prompt = TinyPolicy(0), chat_prompt()
     completion = [*TOK.encode("12"), IM_END_ID]

@@ -133,6 +133,13 @@ def _parser() -> argparse.ArgumentParser:
         help="steps a group may lag the policy and still be trained (importance-weighted); "
         "1 overlaps the next step's rollouts with this step's update",
     )
+    train_p.add_argument(
+        "--async",
+        dest="asynchronous",
+        action="store_true",
+        help="rollouts never wait for an update: weight pushes abort the turns in flight, "
+        "which resume under the new weights (--max-staleness 1 unless set)",
+    )
     sub.add_parser(  # main() hands its arguments to the switch before this parser sees them
         "verl",
         help="veRL's main_ppo with rollout.mode=agentcore translated into native settings "
@@ -197,12 +204,18 @@ def _load(args: argparse.Namespace) -> Config:
             overrides.append(f"{section}.{key}={getattr(args, key)}")
     if getattr(args, "max_staleness", None) is not None:
         overrides.append(f"engine.limits.max_staleness={args.max_staleness}")
+    if getattr(args, "asynchronous", False):
+        overrides.append("train.asynchronous=true")
     if args.env_file and not Path(args.env_file).is_file():  # only the default may be absent
         raise UsageError(f"--env-file {args.env_file}: not a file")
     default = TRAIN_CONFIG if args.command == "train" else DEFAULT_CONFIG
     path = args.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
     path = path or (str(default) if default.is_file() else None)
     config = load_config(path, env_file=args.env_file or "agentcore.env", overrides=overrides)
+    unbounded = not config.engine.limits.max_staleness and getattr(args, "max_staleness", 0) is None
+    if config.train.asynchronous and unbounded:  # --async's bound, unless one is set
+        overrides.append("engine.limits.max_staleness=1")
+        config = load_config(path, env_file=args.env_file or "agentcore.env", overrides=overrides)
     _export_aws(args.env_file or "agentcore.env")
     return config
 

@@ -97,6 +97,7 @@ class LocalStack:
             serves = ["--model", self.model_dir, "--threads", str(cfg.policy_threads)]
         else:
             serves = ["--params", cfg.policy_params] if cfg.policy_params else []
+            serves += ["--token-delay", str(cfg.token_delay)] if cfg.token_delay else []
         serves += ["--record"] if cfg.record_samples else []
         return [
             ServiceProcess(

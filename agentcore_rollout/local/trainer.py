@@ -10,8 +10,16 @@ to the next step.
 With `engine.limits.max_staleness` 0 a step rolls out its batch only once the previous update is
 pushed: every sample is on-policy. With 1 or more the pipeline stays full: each group that
 resolves is replaced at once, so rollouts of the next step run while this step's update is
-computed and pushed, and a step trains on groups up to `max_staleness` steps old, weighed by
-their importance ratios (`grpo.grpo_update`). Older groups are counted stale, never trained.
+computed and pushed, and a step trains on groups up to `max_staleness` steps old, the oldest
+first, weighed by their importance ratios (`grpo.grpo_update`, token by token against the
+version that sampled each). With `stale_policy` `end`, older groups are counted stale, never
+trained; with `keep` they run to their end, and the tokens sampled within the bound train
+(`training.within_staleness`).
+
+`train.asynchronous` (`train --async`) also takes the update off the rollouts' path: a weight
+push aborts the generations in flight (SGLang's `abort_all_requests`), and the gateway resumes
+each under the new weights, so no rollout waits for an update; a push without it waits for
+the generations in flight to finish first, as SGLang's does.
 
 The learner follows `local.policy`: "toy" trains the TinyPolicy in numpy (`grpo.grpo_update`,
 npz weights); anything else is a Hugging Face model dir or known name (`models.ready_model`)
@@ -42,7 +50,9 @@ from ..training import (
     GroupRollout,
     GroupStatus,
     TrainingSample,
+    staleness_report,
     training_samples,
+    within_staleness,
 )
 from .grpo import UpdateStats, grpo_update
 from .policy.model import TinyPolicy
@@ -86,7 +96,13 @@ async def train(
     learner = await asyncio.to_thread(make_learner, config)
     group_policy = GroupPolicy(tc.n, tc.extra, tc.min_ok)
     per_step = tc.groups_per_step or len(prompts)
-    staleness = config.engine.limits.max_staleness
+    limits = config.engine.limits
+    staleness, keep = limits.max_staleness, limits.stale_policy == "keep"
+    if tc.asynchronous and not staleness:
+        raise ConfigError(
+            "config: train.asynchronous needs engine.limits.max_staleness >= 1: rollouts that "
+            "run across an update are a step behind (train --async --max-staleness 1)"
+        )
     (out / "weights").mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     async with AsyncExitStack() as stack:
@@ -120,15 +136,19 @@ async def train(
                     view.group_resolved(group)
             rolled_out = time.monotonic()
             samples = training_samples(taken)
+            if keep:
+                samples = within_staleness(samples, step, staleness)
             update = await asyncio.to_thread(learner.update, samples, str(step))
             saved = await asyncio.to_thread(learner.save, out, step + 1)
-            await _push(http, workers, saved, str(step + 1))
+            await _push(http, workers, saved, str(step + 1), abort=tc.asynchronous)
             engine.set_step(step + 1)
             if not staleness and step + 1 < tc.steps:
                 submit(per_step)
             now = time.monotonic()
             row = _row(step, taken, stale, update)
+            trained = {s.request_id for s in samples} if keep else None
             row |= {
+                "staleness": staleness_report([*taken, *stale], step, trained=trained),
                 "weight_version": str(step + 1),
                 "rollout_s": round(rolled_out - step_began, 3),
                 "update_s": round(now - rolled_out, 3),
@@ -165,6 +185,12 @@ def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats)
         "stale": len(stale),
         "stale_requests": sum(m.outcome is Outcome.STALE for g in stale for m in g.members),
         "step_lag_mean": _mean([step - g.step for g in taken if g.status is GroupStatus.TRAIN]),
+        "resumed_turns": sum(
+            bool(turn.get("resumed"))
+            for m in members
+            if m.trace is not None
+            for turn in m.trace.get("turns", [])
+        ),
         "samples": update.samples,
         "tokens": update.tokens,
         "on_policy_samples": update.on_policy_samples,
@@ -251,12 +277,20 @@ class _HFSteps:
         return path
 
 
-async def _push(http: aiohttp.ClientSession, workers: list[str], path: Path, version: str) -> None:
+async def _push(
+    http: aiohttp.ClientSession,
+    workers: list[str],
+    path: Path,
+    version: str,
+    *,
+    abort: bool = False,
+) -> None:
     """Load `path` on every worker under the label `version`; any refusal is an error, since
-    a worker left on old weights would make every later sample silently off-policy."""
+    a worker left on old weights would make every later sample silently off-policy. `abort`:
+    the generations in flight are aborted (the gateway resumes them), not waited for."""
 
     async def one(url: str) -> None:
-        body = {"model_path": str(path), "weight_version": version}
+        body = {"model_path": str(path), "weight_version": version, "abort_all_requests": abort}
         async with http.post(f"{url}/update_weights_from_disk", json=body) as resp:
             answer = await resp.json(content_type=None)
             if resp.status != 200 or not answer.get("success"):

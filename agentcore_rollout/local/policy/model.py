@@ -77,6 +77,7 @@ class TinyPolicy:
         self.version = 0
         self.weight_version = "0"
         self._user_header = self.tokenizer.encode("<|im_start|>user\n")
+        self._assistant_header = self.tokenizer.encode("<|im_start|>assistant\n")
 
     # -- model --------------------------------------------------------------------------------
 
@@ -95,13 +96,28 @@ class TinyPolicy:
                 total += token - _ZERO_ID
         return min(total, NUM_CUES - 1)
 
+    def written(self, prompt_ids: Sequence[int]) -> int:
+        """Tokens of the assistant message the prompt leaves open (0 when it ends with the
+        header, as a rendered turn does): where the completion's positions start. A resumed
+        generation's prompt holds the tokens sampled before its abort, so its positions go on
+        where they left off and the learner's recomputation of the whole turn matches it."""
+        header = self._assistant_header
+        for i in range(len(prompt_ids) - 1, -1, -1):
+            if prompt_ids[i] == IM_END_ID:
+                return 0
+            if prompt_ids[i] == IM_START_ID:
+                opened = list(prompt_ids[i : i + len(header)]) == header
+                return len(prompt_ids) - i - len(header) if opened else 0
+        return 0
+
     def logits(
         self, prompt_ids: Sequence[int], completion_prefix: Sequence[int] = ()
     ) -> np.ndarray:
         """Raw next-token logits after `prompt_ids + completion_prefix` (a copy)."""
         context = [*prompt_ids, *completion_prefix]
         prev = context[-1] if context else ENDOFTEXT_ID
-        return self._logits(prev, len(completion_prefix), self.cue(prompt_ids))
+        pos = self.written(prompt_ids) + len(completion_prefix)
+        return self._logits(prev, pos, self.cue(prompt_ids))
 
     def _logits(self, prev: int, pos: int, cue: int) -> np.ndarray:
         p = self.params
@@ -139,7 +155,8 @@ class TinyPolicy:
         self.tokenizer.check_ids(prompt_ids)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else _EOS_IDS)
         cue, prev = self.cue(prompt_ids), (prompt_ids[-1] if prompt_ids else ENDOFTEXT_ID)
-        for pos in range(params.max_new_tokens):
+        written = self.written(prompt_ids)
+        for pos in range(written, written + params.max_new_tokens):
             logprobs = sampling_logprobs(self._logits(prev, pos, cue), params)
             token = prev = draw(logprobs, params, rng)
             out.output_ids.append(token)
@@ -176,12 +193,13 @@ class TinyPolicy:
         grads = {name: np.zeros_like(value) for name, value in self.params.items()}
         cue, prev = self.cue(prompt_ids), (prompt_ids[-1] if prompt_ids else ENDOFTEXT_ID)
         logprobs = np.empty(len(completion_ids))
-        for t, token in enumerate(completion_ids):
+        start = self.written(prompt_ids)
+        for t, token in enumerate(completion_ids, start=start):
             lp = log_softmax(self._logits(prev, t, cue) / temperature)
-            logprobs[t] = lp[token]
+            logprobs[t - start] = lp[token]
             g = -np.exp(lp)  # d logp[token] / d logits = (onehot - p) / T
             g[token] += 1.0
-            g *= w[t] / temperature
+            g *= w[t - start] / temperature
             pos = min(t, NUM_POSITIONS - 1)
             grads["bias"] += g
             grads["bigram"][prev] += g
