@@ -5,7 +5,9 @@ SQS on moto, the token-capture gateway, the local policy workers):
   `set_step(k + 1)` is trained on, weighed by importance ratios; a group of step k still
   running at `set_step(k + 2)` ends stale and yields no row;
 - `agentcore-rollout train` learns (fixed seeds), and on-policy samples' recomputed log-probs
-  equal the captured ones.
+  equal the captured ones;
+- `train --async`: weight pushes abort turns in flight, which resume; no rollout is lost, and
+  every token's log-prob is recomputed under the version that sampled it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import numpy as np
@@ -22,12 +25,20 @@ import pytest
 
 from agentcore_rollout import Outcome, RolloutEngine
 from agentcore_rollout.cli import main
-from agentcore_rollout.config import LocalConfig
+from agentcore_rollout.config import Config, LocalConfig, TrainConfig
 from agentcore_rollout.local.grpo import grpo_update
 from agentcore_rollout.local.policy import TinyPolicy
+from agentcore_rollout.local.policy.tokenizer import IM_END_ID
 from agentcore_rollout.local.stack import LocalStack
-from agentcore_rollout.local.trainer import METRICS, _push
-from agentcore_rollout.training import GroupPolicy, GroupRollout, GroupStatus, group_samples
+from agentcore_rollout.local.trainer import METRICS, _push, train
+from agentcore_rollout.training import (
+    Group,
+    GroupPolicy,
+    GroupRollout,
+    GroupStatus,
+    group_samples,
+    outcome_samples,
+)
 
 from .factories import flat_config
 from .test_cli import _alive, _cli, _descendants
@@ -86,6 +97,70 @@ async def test_one_step_old_groups_train_off_policy_two_steps_old_go_stale(tmp_p
     assert late.input_id == "late" and late.status is GroupStatus.STALE
     assert [m.outcome for m in late.members] == [Outcome.STALE, Outcome.STALE]
     assert group_samples(late) == []
+
+
+async def test_async_train_resumes_turns_across_updates_and_loses_no_rollout(tmp_path, monkeypatch):
+    """`train --async` on the local stack: each weight push aborts the turns in flight (long
+    ones always are), the gateway resumes them under the new weights, and every request ends
+    ok. Each sampled token's captured log-prob equals its recomputation under the weights of
+    the version that sampled it, read back from the step's saved file."""
+    monkeypatch.chdir(ROOT)
+    endless = TinyPolicy(seed=0)
+    endless.params["bias"][IM_END_ID] = -40.0  # every turn runs to max_tokens
+    endless.save(tmp_path / "endless.npz")
+    config = Config(
+        engine=flat_config(
+            exp_id="async",
+            start_rate=50.0,
+            rollout_timeout=120.0,
+            max_staleness=1,
+            stale_policy="keep",
+        ),
+        local=LocalConfig(
+            app="tests.agents.turns:app",
+            mode="in_process",
+            policy_workers=1,
+            policy_params=str(tmp_path / "endless.npz"),
+            token_delay=0.02,
+            bucket="async",
+            queue="async",
+        ),
+        train=TrainConfig(steps=3, n=2, groups_per_step=2, lr=1.0, asynchronous=True),
+    )
+    quick = {"question": "1+1?", "max_tokens": 4, "turns": 2}
+    long = {"question": "2+2?", "max_tokens": 120, "turns": 2}  # ~5 s of generation
+    groups: list[Group] = []
+    view = SimpleNamespace(
+        step_started=lambda *_: None, group_resolved=groups.append, step_ended=lambda _: None
+    )
+    out = tmp_path / "out"
+    rows = await train(config, [("quick", quick), ("long", long)], out, view=view)
+
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["ok"] == r["requests"] and r["failed"] == r["stale"] == 0 for r in rows)
+    assert all(c["dropped"] == 0 for r in rows for c in r["staleness"]["by_staleness"].values())
+    assert sum(r["resumed_turns"] for r in rows) >= 1, rows
+    assert max(r["step_lag_mean"] for r in rows) > 0  # long rollouts trained a step late
+    weights: dict[str, TinyPolicy] = {}
+    spanning = checked = 0
+    for member in (m for g in groups for m in g.members):
+        assert member.outcome is Outcome.OK
+        for sample in outcome_samples(member, 0.0):
+            spanning += len({v for v in sample.token_versions if v is not None}) > 1
+            for start, end in sample.sampled_runs():
+                context = [*sample.prompt_ids, *sample.response_ids[:start]]
+                for version in set(sample.token_versions[start:end]):
+                    if version not in weights:
+                        weights[version] = TinyPolicy()
+                        weights[version].load(out / "weights" / f"step-{int(version):04d}.npz")
+                    again, _ = weights[version].logprobs_and_grad(
+                        context, sample.response_ids[start:end]
+                    )
+                    for t in range(start, end):
+                        if sample.token_versions[t] == version:
+                            assert again[t - start] == pytest.approx(sample.logprobs[t], abs=1e-9)
+                            checked += 1
+    assert spanning >= 1 and checked > 100 and len(weights) >= 2
 
 
 def test_train_learns_and_replays_captured_logprobs(tmp_path, monkeypatch):
