@@ -255,6 +255,14 @@ def test_careless_input_is_one_line_and_starts_nothing(
         (["train.min_ok=9"], "train: GroupPolicy: min_ok must be in [1, n=8], got 9"),
         (["--steps", "0"], "config: train.steps: Input should be greater than or equal to 1"),
         (["--max-staleness", "-1"], "config: engine.limits.max_staleness: Input should be greater"),
+        (
+            ["--async", "--max-staleness", "0"],
+            "config: train.asynchronous needs engine.limits.max_staleness >= 1",
+        ),
+        (
+            ["engine.limits.stale_policy=drop"],
+            "config: engine.limits.stale_policy: Input should be 'end' or 'keep'",
+        ),
         (["--data", "{tmp}/none.jsonl"], "data: cannot read {tmp}/none.jsonl"),
         (["--out", "{a_file}"], "train.out: {a_file} exists and is not a directory"),
     ],
@@ -271,6 +279,17 @@ def test_train_checks_its_input_before_anything_starts(
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("error: ") and message.format(**files) in err, err
     assert stack_starts == []
+
+
+@pytest.mark.parametrize(
+    ("args", "staleness"), [([], 1), (["--max-staleness", "2"], 2), (["--max-staleness=3"], 3)]
+)
+def test_train_async_bounds_staleness_at_one_unless_told(args, staleness, monkeypatch):
+    seen = []
+    monkeypatch.setattr("agentcore_rollout.cli.train.train_command", lambda c: seen.append(c) or 0)
+    assert main(["train", "--async", *args]) == 0
+    (config,) = seen
+    assert config.train.asynchronous and config.engine.limits.max_staleness == staleness
 
 
 def test_overrides_go_anywhere_and_the_input_is_checked_before_the_stack(

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .. import Config, Outcome
-from ..local.trainer import METRICS, train
+from ..local.trainer import METRICS, check_config, train
 from ..training import Group, GroupPolicy, GroupStatus
 from .dataset import read_rows
 from .errors import EXIT_INTERRUPTED, UsageError
@@ -31,6 +31,7 @@ def train_command(config: Config) -> int:
         GroupPolicy(config.train.n, config.train.extra, config.train.min_ok)
     except ValueError as e:
         raise UsageError(f"train: {e}") from None
+    check_config(config)
     prompts = list(read_rows(Path(config.train.data)))  # each step samples from all
     out = Path(config.train.out)
     with locked(out, "train.out"):

@@ -96,13 +96,9 @@ async def train(
     learner = await asyncio.to_thread(make_learner, config)
     group_policy = GroupPolicy(tc.n, tc.extra, tc.min_ok)
     per_step = tc.groups_per_step or len(prompts)
+    check_config(config)
     limits = config.engine.limits
     staleness, keep = limits.max_staleness, limits.stale_policy == "keep"
-    if tc.asynchronous and not staleness:
-        raise ConfigError(
-            "config: train.asynchronous needs engine.limits.max_staleness >= 1: rollouts that "
-            "run across an update are a step behind (train --async --max-staleness 1)"
-        )
     (out / "weights").mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     async with AsyncExitStack() as stack:
@@ -163,6 +159,15 @@ async def train(
             if interrupted is not None and interrupted.is_set():
                 break
     return rows
+
+
+def check_config(config: Config) -> None:
+    """What `train` needs of the config beyond each field's own checks: a ConfigError."""
+    if config.train.asynchronous and not config.engine.limits.max_staleness:
+        raise ConfigError(
+            "config: train.asynchronous needs engine.limits.max_staleness >= 1: rollouts that "
+            "run across an update are a step behind (train --async --max-staleness 1)"
+        )
 
 
 def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats) -> dict[str, Any]:
