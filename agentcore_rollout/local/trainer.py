@@ -18,8 +18,10 @@ trained; with `keep` they run to their end, and the tokens sampled within the bo
 
 `train.asynchronous` (`train --async`) also takes the update off the rollouts' path: a weight
 push aborts the generations in flight (SGLang's `abort_all_requests`), and the gateway resumes
-each under the new weights, so no rollout waits for an update; a push without it waits for
-the generations in flight to finish first, as SGLang's does.
+each under the new weights, so no rollout waits for an update (a push without it waits for the
+generations in flight to finish first, as SGLang's does); and `1 + max_staleness` steps' groups
+are kept in flight, as AReaL bounds it, so a step takes the first groups to resolve rather than
+waiting for its slowest.
 
 The learner follows `local.policy`: "toy" trains the TinyPolicy in numpy (`grpo.grpo_update`,
 npz weights); anything else is a Hugging Face model dir or known name (`models.ready_model`)
@@ -114,7 +116,10 @@ async def train(
             for input_id, payload in itertools.islice(prompt_cycle, count):
                 groups.submit(input_id, payload)
 
-        submit(per_step)
+        # async: the next `max_staleness` steps' groups run beside this step's (AReaL's bound on
+        # what is in flight); what still runs when training ends is cancelled
+        in_flight = per_step * (1 + staleness) if tc.asynchronous else per_step
+        submit(in_flight)
         began = time.monotonic()
         for step in range(tc.steps):
             step_began = time.monotonic()
@@ -126,7 +131,7 @@ async def train(
                 group = await groups.next()
                 (stale if group.status is GroupStatus.STALE else taken).append(group)
                 still_needed = per_step * (tc.steps - step) - len(taken)
-                if staleness and groups.pending < still_needed:
+                if staleness and groups.pending < (in_flight if tc.asynchronous else still_needed):
                     submit(1)  # keep the pipeline full: the next step's rollouts start now
                 if view is not None:
                     view.group_resolved(group)
