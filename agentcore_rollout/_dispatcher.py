@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
+from ._limits import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
 from ._sandbox import SandboxRuntime, SessionCallError
 from .config import DEFAULT_STOP_RATE, DispatchConfig, EngineConfig
 
@@ -59,6 +59,7 @@ class LiveSession:
 
     session_id: str
     start_by: float  # unix seconds: started by then, or SubmitFailed
+    priority: int = 0  # slots go to the lowest first: the request's step (oldest first)
     maybe_started: bool = False
     """Some attempt may have created the session (sent, and not clearly refused), or it is an
     earlier engine's, still running: leaving the slot stops it."""
@@ -121,8 +122,8 @@ class RequestDispatcher:
         stops = cfg.stop_rate or max(cfg.start_rate, DEFAULT_STOP_RATE)
         self._stops = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
         self._stopping: set[asyncio.Task[None]] = set()
-        self._starting_slots = asyncio.Semaphore(cfg.max_starting)
-        self._live_slots = asyncio.Semaphore(cfg.max_live_sessions)
+        self._starting_slots = OrderedSlots(cfg.max_starting)
+        self._live_slots = OrderedSlots(cfg.max_live_sessions)
         self._outage = _Outage(retry_budget(cfg), cfg.backoff_max)
         self.starting = Gauge()
         self.live = Gauge()
@@ -150,14 +151,17 @@ class RequestDispatcher:
         }
 
     @asynccontextmanager
-    async def live_session(self, session_id: str, start_by: float) -> AsyncIterator[LiveSession]:
+    async def live_session(
+        self, session_id: str, start_by: float, *, priority: int = 0
+    ) -> AsyncIterator[LiveSession]:
         """Take one of the `max_live_sessions` slots (waiting until `start_by` at most, else
-        SubmitFailed) for one session. Leaving frees it: at once if no session may have
-        started, else once the session is stopped, which runs behind, at `stop_rate`, so the
-        caller's outcome never waits for it and `max_live_sessions` bounds every session
-        alive, stopping ones included."""
-        await self._take_live_slot(start_by)
-        session = LiveSession(session_id, start_by)
+        SubmitFailed) for one session; waiters get slots, and then start slots, lowest `priority`
+        first (the engine passes the request's step: oldest-first admission). Leaving frees it: at
+        once if no session may have started, else once the session is stopped, which runs behind, at
+        `stop_rate`, so the caller's outcome never waits for it and `max_live_sessions` bounds every
+        session alive, stopping ones included."""
+        await self._take_live_slot(start_by, priority)
+        session = LiveSession(session_id, start_by, priority)
         try:
             yield session
         finally:
@@ -172,11 +176,11 @@ class RequestDispatcher:
         """Wait for the stops under way (never cancelled: each frees a session's quota)."""
         await asyncio.gather(*self._stopping, return_exceptions=True)
 
-    async def _take_live_slot(self, start_by: float) -> None:
+    async def _take_live_slot(self, start_by: float, priority: int) -> None:
         if not self._live_slots.locked():
             await self._live_slots.acquire()  # free: returns without yielding to the loop
         else:
-            acquired = asyncio.ensure_future(self._live_slots.acquire())
+            acquired = asyncio.ensure_future(self._live_slots.acquire(priority))
             try:
                 await self._until(acquired, start_by, "a live-session slot")
             except BaseException:
@@ -239,7 +243,7 @@ class RequestDispatcher:
     ) -> Started:
         """One invocation, once a start slot and a start-rate token are ours."""
         if self._starting_slots.locked():  # only a wait needs the race (tasks cost ~20 us)
-            wait = self._starting_slots.acquire()
+            wait = self._starting_slots.acquire(session.priority)
             await self._until(wait, session.start_by, "a start slot", error)
         else:
             await self._starting_slots.acquire()

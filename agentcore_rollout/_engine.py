@@ -187,13 +187,17 @@ class RolloutEngine:
         """Move to a new policy version (after pushing its weights to the policy servers).
 
         Requests of the last `max_staleness` steps keep running and may still end `ok` (an
-        off-policy trainer weighs them by importance); older ones still running end `stale`
-        now, their sessions stopped. What the engine remembers of ended requests of older
-        steps is dropped once they are out of the retained window."""
+        off-policy trainer weighs them by importance). With `stale_policy` `end`, older ones
+        still running end `stale` now, their sessions stopped; with `keep`, they run on (their
+        turns resume under the new weights) and the trainer decides what of them trains. What
+        the engine remembers of ended requests of older steps is dropped once they are out of
+        the retained window."""
         if step < self._step:
             raise ValueError(f"step {step} is behind the engine's step {self._step}")
         self._step = step
         self._buffer.advance(step)
+        if self.config.limits.stale_policy == "keep":
+            return
         oldest = step - self.config.limits.max_staleness
         for task, job in list(self._requests.items()):
             if job.step < oldest and not task.done():
@@ -224,14 +228,15 @@ class RolloutEngine:
         cutoff: float | None = None,
         on_start: Callable[[RolloutStart], None] | None = None,
     ) -> RolloutHandle:
-        """Start one rollout. `step` is its policy version: the engine's current step (the
-        default) or one of the `max_staleness` before it. Its deadline is `timeout` after its
-        session's start (default: `rollout_timeout`), and no later than `cutoff` (unix
-        seconds), which also bounds the wait to start. `on_start(RolloutStart)` is called once
-        its session started: what to journal to `resume` it after a restart.
+        """Start one rollout. `step` is its policy version: the engine's current step (the default)
+        or one of the `max_staleness` before it (with `stale_policy` `keep`, any earlier one: a late
+        group member, a request re-issued after a restart). Its deadline is `timeout` after its
+        session's start (default: `rollout_timeout`), and no later than `cutoff` (unix seconds),
+        which also bounds the wait to start. `on_start(RolloutStart)` is called once its session
+        started: what to journal to `resume` it after a restart.
 
-        A malformed request (`contract.check_request`), a request_id in use or a step out of
-        that range is a ValueError, raised before anything is taken."""
+        A malformed request (`contract.check_request`), a request_id in use or a step out of that
+        range is a ValueError, raised before anything is taken."""
         return self._submit(request, step, timeout, cutoff, on_start)
 
     def resume(
@@ -264,11 +269,12 @@ class RolloutEngine:
     ) -> RolloutHandle:
         check_request(request.request_id, request.input_id, request.sample_index, request.payload)
         step = self._step if step is None else step
-        oldest = max(0, self._step - self.config.limits.max_staleness)
-        if not oldest <= step <= self._step:
+        limits = self.config.limits
+        oldest = 0 if limits.stale_policy == "keep" else self._step - limits.max_staleness
+        if not max(0, oldest) <= step <= self._step:
             raise ValueError(
                 f"step {step}: must be the engine's step {self._step} or, with engine.limits."
-                f"max_staleness={self.config.limits.max_staleness}, one no older than {oldest}"
+                f"max_staleness={limits.max_staleness}, one no older than {max(0, oldest)}"
             )
         job = self._job(request, step, timeout, cutoff, on_start, resumed)
         task = asyncio.create_task(self._run(job))
@@ -371,7 +377,9 @@ class RolloutEngine:
         if resumed is not None and (found := await self._buffer.look_up(rid)) is not None:
             job.gateway_session_id = resumed.gateway_session_id
             return found
-        async with self._dispatcher.live_session(job.session_id, job.start_by) as session:
+        async with self._dispatcher.live_session(
+            job.session_id, job.start_by, priority=job.step
+        ) as session:
             if resumed is not None and (resumed.deadline or 0) > time.time():
                 session.maybe_started = True  # the earlier engine's, still running: wait
                 job.deadline, job.gateway_session_id = resumed.deadline, resumed.gateway_session_id

@@ -1,9 +1,12 @@
 """Flow-control primitives: a token bucket, AIMD adaptation on throttling, jittered back-off,
-and a gauge that remembers its peak (so tests and metrics can show a bound held)."""
+slots handed out oldest first, and a gauge that remembers its peak (so tests and metrics can
+show a bound held)."""
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -123,3 +126,40 @@ class Gauge:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+class OrderedSlots:
+    """`size` slots, a semaphore whose waiters are served lowest `priority` first, then in
+    arrival order: the dispatcher passes a request's step, so a long rollout of an older step
+    waiting for a slot is never overtaken by newer steps' requests (oldest-first admission)."""
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+
+    def locked(self) -> bool:
+        """No slot is free to take at once."""
+        return self._free == 0
+
+    async def acquire(self, priority: int = 0) -> None:
+        if self._free:  # free slots mean nobody waits: returns without yielding to the loop
+            self._free -= 1
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (priority, next(self._arrivals), granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release()  # granted in the same turn of the loop it was cancelled
+            granted.cancel()  # a cancelled waiter is skipped when its turn comes
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            granted = heapq.heappop(self._waiters)[2]
+            if not granted.done():
+                granted.set_result(None)  # the slot passes straight to the next waiter
+                return
+        self._free += 1

@@ -159,8 +159,15 @@ class LimitsConfig(_Section):
     max_staleness: int = Field(
         default=0,
         ge=0,
-        description="steps a request may fall behind the current one and still end ok; older "
-        "requests still running end `stale` at `set_step`",
+        description="steps a request may fall behind the current one: with stale_policy "
+        "`end`, older requests still running end `stale` at `set_step`; with `keep`, the "
+        "trainer's bound on what trains (each token against the version that sampled it)",
+    )
+    stale_policy: Literal["end", "keep"] = Field(
+        default="end",
+        description="`end`: a request more than max_staleness steps behind ends `stale`, its "
+        "session stopped; `keep`: it runs to its end and is delivered, its turns resuming "
+        "under newer weights, and the trainer decides what of it trains",
     )
 
 

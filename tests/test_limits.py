@@ -18,7 +18,7 @@ from agentcore_rollout._dispatcher import (
     SubmitFailed,
     retry_budget,
 )
-from agentcore_rollout._limits import AdaptiveRate, Gauge, TokenBucket, backoff_delay
+from agentcore_rollout._limits import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
 from agentcore_rollout.config import EngineConfig
 
 from .factories import flat_config
@@ -230,3 +230,30 @@ async def test_maybe_started_follows_what_the_attempts_did():
         await _start(d, sessions=record)
     await d.aclose()
     assert not record[0].maybe_started and d.stats()["stops"] == 0
+
+
+async def test_ordered_slots_serve_lowest_priority_first_and_skip_cancelled_waiters():
+    slots, order = OrderedSlots(1), []
+    await slots.acquire()
+
+    async def take(name: str, priority: int) -> None:
+        await slots.acquire(priority)
+        order.append(name)
+
+    waiters = {n: asyncio.create_task(take(n, p)) for n, p in [("b", 2), ("a", 1), ("gone", 0)]}
+    await asyncio.sleep(0)
+    waiters["gone"].cancel()
+    await asyncio.sleep(0)
+    slots.release()
+    await asyncio.sleep(0)
+    slots.release()
+    await asyncio.gather(waiters["a"], waiters["b"])
+    assert order == ["a", "b"] and slots.locked()
+    granted = asyncio.create_task(slots.acquire(0))
+    await asyncio.sleep(0)
+    slots.release()  # granted and cancelled in the same turn: the slot comes back
+    granted.cancel()
+    await asyncio.gather(granted, return_exceptions=True)
+    assert not slots.locked()
+    await slots.acquire()
+    assert slots.locked()

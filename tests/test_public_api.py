@@ -45,6 +45,8 @@ TRAINING_API = {
     "grpo_advantages",
     "outcome_samples",
     "training_samples",
+    "within_staleness",
+    "staleness_report",
 }
 
 

@@ -1,6 +1,8 @@
 """Requests of several steps in flight at once, bounded by `engine.limits.max_staleness`,
 through the real wire: a request may end ok while the current step is at most `max_staleness`
-past its own; `set_step` ends older ones still running `stale` and stops their sessions."""
+past its own; `set_step` ends older ones still running `stale` and stops their sessions, or,
+with `stale_policy` `keep`, lets them run to their end. Waiting requests are admitted oldest
+step first."""
 
 from __future__ import annotations
 
@@ -70,6 +72,39 @@ async def test_by_default_a_new_step_ends_every_older_request_even_unstarted(
     assert fresh.outcome is Outcome.OK and fresh.step == 1
     assert not any(queued.request.request_id in sid for sid in emu.started)  # never started
     assert sorted(emu.stopped) == sorted(emu.started)
+
+
+async def test_keep_lets_requests_of_any_older_step_run_and_end_ok(moto, channel, emulator):
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, max_staleness=1, stale_policy="keep")
+    async with RolloutEngine(cfg) as engine:
+        long = engine.submit(RolloutRequest({"a": 1, "b": 2, "sleep": 1.5}, input_id="long"))
+        await _until(lambda: long.request.request_id in controls)
+        engine.set_step(3)
+        assert not long.done()  # three steps behind, bound 1: still running under `keep`
+        late = engine.submit(RolloutRequest({"a": 2, "b": 2}, input_id="late"), step=0)
+        with pytest.raises(ValueError, match="engine's step 3"):
+            engine.submit(RolloutRequest({"a": 1, "b": 1}, input_id="ahead"), step=4)
+        ended = [await long, await late]
+    assert [(o.outcome, o.step) for o in ended] == [(Outcome.OK, 0), (Outcome.OK, 0)]
+    assert [o.reward for o in ended] == [expected_reward(o.request.payload) for o in ended]
+
+
+async def test_waiting_requests_are_admitted_oldest_step_first(moto, channel, emulator):
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, max_live_sessions=1, stale_policy="keep")
+    async with RolloutEngine(cfg) as engine:
+        busy = engine.submit(RolloutRequest({"a": 1, "b": 1, "sleep": 0.5}, input_id="busy"))
+        await _until(lambda: busy.request.request_id in controls)
+        engine.set_step(2)
+        waiting = [  # in the order they queue for the one live-session slot
+            engine.submit(RolloutRequest({"a": 1, "b": 1}, input_id=name), step=step)
+            for name, step in [("new-a", 2), ("old", 0), ("new-b", 2), ("mid", 1)]
+        ]
+        ended = [await h for h in [busy, *waiting]]
+    assert all(o.outcome is Outcome.OK for o in ended)
+    order = sorted(ended[1:], key=lambda o: o.started_at or 0.0)
+    assert [o.request.input_id for o in order] == ["old", "mid", "new-a", "new-b"]
 
 
 async def test_set_step_never_goes_back(moto, channel, emulator):

@@ -20,7 +20,9 @@ from agentcore_rollout.training import (
     group_samples,
     grpo_advantages,
     outcome_samples,
+    staleness_report,
     training_samples,
+    within_staleness,
 )
 
 from .conftest import engine_config
@@ -160,6 +162,49 @@ def test_failures_and_ok_outcomes_without_a_trace_never_become_rows():
     missing["samples"][0]["logprobs"] = [None]
     with pytest.raises(ValueError, match="no log-prob at token 0"):
         outcome_samples(_outcome(trace=missing), 1.0)
+
+
+def test_within_staleness_masks_the_tokens_older_than_the_bound_and_drops_empty_samples():
+    sample = trace_sample([1], [([], [5, 6], [-0.1, -0.2]), ([7], [8, 9], [-0.3, -0.4])], ["3"])
+    sample["version_runs"] = [["1", 2], [None, 1], ["3", 2]]  # a turn resumed under "3"
+    row = outcome_samples(_outcome(step=1, trace={"samples": [sample]}), 1.0)[0]
+    assert within_staleness([row], version=3, max_staleness=2) == [row]
+    (masked,) = within_staleness([row], version=4, max_staleness=1)
+    assert masked.loss_mask == [0, 0, 0, 1, 1]
+    assert masked.logprobs == [0.0, 0.0, 0.0, -0.3, -0.4]
+    assert masked.token_versions == (None, None, None, "3", "3")
+    assert masked.response_ids == row.response_ids and masked.prompt_ids == row.prompt_ids
+    assert within_staleness([row], version=4, max_staleness=0) == []
+    unversioned = dataclasses.replace(row, token_versions=())  # counts as its step's, 1
+    assert within_staleness([unversioned], version=3, max_staleness=1) == []
+    named = dataclasses.replace(row, token_versions=("v7",) * 5)
+    with pytest.raises(ValueError, match="'v7' is not a step number"):
+        within_staleness([named], version=3, max_staleness=1)
+
+
+def test_staleness_report_counts_delivered_and_dropped_by_lag_and_duration():
+    def ran(o: RolloutOutcome, seconds: float | None) -> RolloutOutcome:
+        started = None if seconds is None else 100.0
+        return dataclasses.replace(o, started_at=started, finished_at=100.0 + (seconds or 0))
+
+    fast = ran(_outcome("a", 0, reward=1.0, step=0), 0.5)
+    slow = ran(_outcome("a", 1, reward=0.0, step=0), 50.0)
+    ended = ran(_outcome("b", 0, Outcome.STALE, None, step=1), None)
+    failed = ran(_outcome("b", 1, Outcome.AGENT_ERROR, None, step=1), 2.0)
+    groups = collect_groups([fast, slow, ended, failed], GroupPolicy(n=2))
+    report = staleness_report(groups, 2, trained={fast.request.request_id})
+    assert report == {
+        "by_staleness": {
+            "1": {"delivered": 0, "dropped": 1},
+            "2": {"delivered": 1, "dropped": 1},
+        },
+        "by_duration": {
+            "<1s": {"delivered": 1, "dropped": 0},
+            "30-100s": {"delivered": 0, "dropped": 1},
+            "unstarted": {"delivered": 0, "dropped": 1},
+        },
+    }
+    assert staleness_report(groups, 2)["by_staleness"]["2"] == {"delivered": 2, "dropped": 0}
 
 
 def test_training_samples_carry_each_groups_advantages():

@@ -5,12 +5,21 @@
 
 `groups` judges each prompt's members (`GroupPolicy`: `n`, over-provisioning `extra`,
 `min_ok`; all-equal and stale groups are reported, not trained), `samples` turns ok outcomes'
-token traces into rows, and `advantages` computes GRPO's group-relative advantages.
+token traces into rows (`within_staleness` masks tokens sampled too many versions ago),
+`advantages` computes GRPO's group-relative advantages, and `staleness` reports the rollouts
+delivered and dropped by staleness and by duration.
 """
 
 from .advantages import grpo_advantages
 from .groups import Group, GroupPolicy, GroupRollout, GroupStatus, collect_groups
-from .samples import TrainingSample, group_samples, outcome_samples, training_samples
+from .samples import (
+    TrainingSample,
+    group_samples,
+    outcome_samples,
+    training_samples,
+    within_staleness,
+)
+from .staleness import staleness_report
 
 __all__ = [
     "Group",
@@ -22,5 +31,7 @@ __all__ = [
     "group_samples",
     "grpo_advantages",
     "outcome_samples",
+    "staleness_report",
     "training_samples",
+    "within_staleness",
 ]

@@ -8,7 +8,9 @@ What a group becomes is its `GroupStatus`, decided by a `GroupPolicy`:
 - `too_few_ok`: fewer than `min_ok` ended ok (a group of one compares with nothing);
 - `all_equal`: every kept member got the same reward: its advantages are all zero, so it
   would only dilute the batch (reported, not trained);
-- `stale`: its step is more than `max_staleness` behind the step it would train at.
+- `stale`: its step is more than `max_staleness` behind the step it would train at (with the
+  engine's `stale_policy` `keep`, a group is never stale by its step: the trainer bounds what
+  trains token by token, `samples.within_staleness`).
 
 `collect_groups` judges the outcomes of a finished batch; `GroupRollout` runs groups on an
 engine with over-provisioning, cutting the straggler tail. An extra whose result was already in
@@ -19,6 +21,7 @@ that favours fast rollouts; with `extra=0` nothing is dropped.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -83,10 +86,11 @@ class Group:
         policy: GroupPolicy,
         *,
         current_step: int | None = None,
-        max_staleness: int = 0,
+        max_staleness: int | None = 0,
     ) -> Group:
         """The group of `members` (ended, of one input_id and step, in the order they ended).
-        With `current_step`, a group more than `max_staleness` behind it is `stale`."""
+        With `current_step`, a group more than `max_staleness` behind it (None: no bound) is
+        `stale`."""
         ordered = tuple(members)
         if not ordered:
             raise ValueError("a group needs at least one member")
@@ -97,7 +101,11 @@ class Group:
                 f"with {(input_id, step)}"
             )
         kept = tuple(m for m in ordered if m.outcome is Outcome.OK)[: policy.n]
-        too_old = current_step is not None and step < current_step - max_staleness
+        too_old = (
+            current_step is not None
+            and max_staleness is not None
+            and step < current_step - max_staleness
+        )
         if too_old or any(m.outcome is Outcome.STALE for m in ordered):
             status = GroupStatus.STALE
         elif len(kept) < policy.min_ok:
@@ -114,7 +122,7 @@ def collect_groups(
     policy: GroupPolicy,
     *,
     current_step: int | None = None,
-    max_staleness: int = 0,
+    max_staleness: int | None = 0,
 ) -> list[Group]:
     """Group ended outcomes (a `RolloutBatch`'s, say) by input_id and step, in order of first
     appearance; members are taken in the order they ended (`finished_at`)."""
@@ -142,8 +150,10 @@ class GroupRollout:
                 ...
 
     A group resolves once `n` members ended ok (the rest are cancelled, and awaited) or all
-    members ended. Its status is judged against the engine's step at that moment. Leaving the
-    context cancels whatever is still running.
+    members ended. Its status is judged against the engine's step at that moment (and its
+    `limits`: a group is never stale by its step under `stale_policy` `keep`). Of the groups
+    resolved and not yet taken, `next` hands out the oldest step's first, so newer groups never
+    starve older ones. Leaving the context cancels whatever is still running.
     """
 
     def __init__(
@@ -153,7 +163,9 @@ class GroupRollout:
         self._policy = policy
         self._timeout = timeout
         self._watchers: set[asyncio.Task[None]] = set()
-        self._resolved: asyncio.Queue[Group] = asyncio.Queue()
+        # (step, arrival, group): the oldest step first, then in the order they resolved
+        self._resolved: asyncio.PriorityQueue[tuple[int, int, Group]] = asyncio.PriorityQueue()
+        self._arrivals = itertools.count()
         self._pending = 0
 
     @property
@@ -180,7 +192,7 @@ class GroupRollout:
         """The next group to resolve."""
         if self._pending == 0:
             raise RuntimeError("no group is pending: submit one first")
-        group = await self._resolved.get()
+        _, _, group = await self._resolved.get()
         self._pending -= 1
         return group
 
@@ -216,14 +228,14 @@ class GroupRollout:
                 for h in handles:
                     h.cancel()
                 await asyncio.gather(*handles, return_exceptions=True)
-        self._resolved.put_nowait(
-            Group.judge(
-                members,
-                self._policy,
-                current_step=self._engine.step,
-                max_staleness=self._engine.config.limits.max_staleness,
-            )
+        limits = self._engine.config.limits
+        group = Group.judge(
+            members,
+            self._policy,
+            current_step=self._engine.step,
+            max_staleness=None if limits.stale_policy == "keep" else limits.max_staleness,
         )
+        self._resolved.put_nowait((group.step, next(self._arrivals), group))
 
 
 def _reward(outcome: RolloutOutcome) -> float:

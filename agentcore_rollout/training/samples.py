@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import Outcome, RolloutOutcome
@@ -104,6 +104,50 @@ def group_samples(group: Group, *, scale_by_std: bool = True) -> list[TrainingSa
 def training_samples(groups: Iterable[Group], *, scale_by_std: bool = True) -> list[TrainingSample]:
     """The rows of every trainable group, in group order."""
     return [row for g in groups for row in group_samples(g, scale_by_std=scale_by_std)]
+
+
+def within_staleness(
+    samples: Iterable[TrainingSample], version: int, max_staleness: int
+) -> list[TrainingSample]:
+    """The samples as trained at weight `version` with a bound of `max_staleness` steps: each
+    sampled token of a version older than `version - max_staleness` is masked out (it stays in
+    the sequence as context, untrained), and a sample left with no sampled token is dropped.
+    Versions are step numbers (the local stack's and veRL's); a sample without per-token
+    versions counts as sampled at its request's step. What `stale_policy` `keep` trains: a long
+    rollout whose turns resumed under newer weights trains its recent tokens."""
+    oldest, kept = version - max_staleness, []
+    for sample in samples:
+        versions = sample.token_versions or (str(sample.step),) * len(sample.response_ids)
+        mask = [
+            int(m and _step_of(v, sample) >= oldest)
+            for m, v in zip(sample.loss_mask, versions, strict=True)
+        ]
+        if not any(mask):
+            continue
+        if mask == sample.loss_mask:
+            kept.append(sample)
+            continue
+        kept.append(
+            replace(
+                sample,
+                loss_mask=mask,
+                logprobs=[lp if m else 0.0 for lp, m in zip(sample.logprobs, mask, strict=True)],
+                token_versions=tuple(
+                    v if m else None for v, m in zip(sample.token_versions, mask, strict=False)
+                ),
+            )
+        )
+    return kept
+
+
+def _step_of(version: str | None, sample: TrainingSample) -> int:
+    try:
+        return int(version if version is not None else sample.step)
+    except ValueError:
+        raise ValueError(
+            f"request {sample.request_id}: weight version {version!r} is not a step number, "
+            "which a staleness bound in steps needs"
+        ) from None
 
 
 def _row(

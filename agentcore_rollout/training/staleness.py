@@ -1,0 +1,81 @@
+"""What staleness cost a step: its rollouts delivered and dropped, by how many steps behind
+they were and by how long they ran.
+
+A trainer that drops stale rollouts drifts towards the prompts whose rollouts are quick (long
+ones are the ones that fall behind): these two tables show it happening, or not. A rollout is
+`dropped` if it ended `stale`, its group was judged `stale`, or none of its tokens was within
+the bound it was trained with (`samples.within_staleness`); it is `delivered` if it ended ok
+and was not dropped. Failures and cancelled extras are neither.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Iterable
+
+from .. import Outcome, RolloutOutcome
+from .groups import Group, GroupStatus
+
+DURATION_EDGES = (1, 3, 10, 30, 100, 300, 1000)
+"""Seconds: the upper edges of the duration buckets, from session start to outcome."""
+
+
+def staleness_report(
+    groups: Iterable[Group], step: int, *, trained: Collection[str] | None = None
+) -> dict[str, dict[str, dict[str, int]]]:
+    """`{"by_staleness": {"0": {"delivered": n, "dropped": n}, "1": ...}, "by_duration":
+    {"<1s": ..., "1-3s": ..., ">=1000s": ...}}` for the rollouts of `groups` taken at `step`.
+    `trained`: the request ids left with a trainable token after the staleness bound (None:
+    no token bound was applied)."""
+    by_staleness: dict[str, dict[str, int]] = {}
+    by_duration: dict[str, dict[str, int]] = {}
+    for group in groups:
+        kept = {m.request.request_id for m in group.kept}
+        for member in group.members:
+            verdict = _verdict(member, group, kept, trained)
+            if verdict is None:
+                continue
+            for table, key in (
+                (by_staleness, str(step - member.step)),
+                (by_duration, _bucket(member)),
+            ):
+                counts = table.setdefault(key, {"delivered": 0, "dropped": 0})
+                counts[verdict] += 1
+    return {
+        "by_staleness": dict(sorted(by_staleness.items(), key=lambda kv: int(kv[0]))),
+        "by_duration": {b: by_duration[b] for b in _BUCKETS if b in by_duration},
+    }
+
+
+def _verdict(
+    member: RolloutOutcome, group: Group, kept: set[str], trained: Collection[str] | None
+) -> str | None:
+    rid = member.request.request_id
+    if member.outcome is Outcome.STALE:
+        return "dropped"
+    if member.outcome is not Outcome.OK:
+        return None
+    if group.status is GroupStatus.STALE:
+        return "dropped"
+    trainable = group.status is GroupStatus.TRAIN and rid in kept
+    if trained is not None and trainable and rid not in trained:
+        return "dropped"
+    return "delivered"
+
+
+_BUCKETS = [
+    f"<{DURATION_EDGES[0]}s",
+    *(f"{lo}-{hi}s" for lo, hi in itertools.pairwise(DURATION_EDGES)),
+    f">={DURATION_EDGES[-1]}s",
+    "unstarted",
+]
+
+
+def _bucket(member: RolloutOutcome) -> str:
+    if member.started_at is None:
+        return "unstarted"
+    ran = member.finished_at - member.started_at
+    for edge, label in zip(DURATION_EDGES, _BUCKETS, strict=False):
+        if ran < edge:
+            return label
+    return _BUCKETS[-2]
