@@ -35,9 +35,12 @@ ends exactly the requests veRL's replay buffer would evict anyway (veRL never is
 current step, so the engine's step is never ahead of the trainer's) and frees their sessions
 early; with `wait` (dropless) or no bound, `keep`: veRL trains whatever it waited for, so the
 engine must end nothing. The group gate is keyed by (uid, step), so overlapping steps do not
-mix. Request ids derive from (uid, session id, step), and the first step a service sees (where
-veRL re-issues a checkpoint's in-flight prompts) is resumed: its result is looked up in S3
-before a session starts, which needs a stable `run_secret` (required in async modes).
+mix. Request ids derive from (uid, session id, step), and requests of the first step a service
+sees are resumed (`engine.resume`: the result is looked up in S3 before a session starts), which
+needs a stable `run_secret` (required in async modes). veRL 0.9.1 re-issues a checkpoint's
+in-flight prompts under the resumed step, not their own (`_reissue_inflight_prompts`), so those
+do not match and start new sessions; and a result found has no token trace unless its gateway
+session is known, so it trains no row (see the README).
 """
 
 from __future__ import annotations
