@@ -16,15 +16,20 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
+from agentcore_rollout import RolloutRequest
 from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.integrations.verl.agent_loop import (
     SERVICE_NAME,
     AgentCoreAgentLoop,
+    EngineService,
     GroupFailed,
     close_services,
+    engine_limits,
+    request_id,
 )
 from agentcore_rollout.integrations.verl.convert import ConversionError
 from agentcore_rollout.local.stack import LocalStack
+from agentcore_rollout.training import GroupPolicy
 
 from .factories import flat_config
 from .gateway_support import TOKENIZER_DIR
@@ -32,9 +37,12 @@ from .gateway_support import TOKENIZER_DIR
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _agent_loop(engine_yaml: Path, n: int, **custom) -> AgentCoreAgentLoop:
+def _agent_loop(
+    engine_yaml: Path, n: int, trainer: dict | None = None, **custom
+) -> AgentCoreAgentLoop:
     config = OmegaConf.create(
         {
+            "trainer": trainer or {},
             "actor_rollout_ref": {
                 "rollout": {
                     "n": n,
@@ -56,11 +64,13 @@ def _agent_loop(engine_yaml: Path, n: int, **custom) -> AgentCoreAgentLoop:
     )
 
 
-async def _group(loop: AgentCoreAgentLoop, uid: str, n: int, extra_info: dict) -> list:
+async def _group(
+    loop: AgentCoreAgentLoop, uid: str, n: int, extra_info: dict, step: int = 1
+) -> list:
     """The n sessions of one prompt, as veRL's worker runs them; exceptions returned."""
     return await asyncio.gather(
         *(
-            loop.run({}, uid=uid, session_id=k, global_steps=1, extra_info=extra_info)
+            loop.run({}, uid=uid, session_id=k, global_steps=step, extra_info=extra_info)
             for k in range(n)
         ),
         return_exceptions=True,
@@ -154,3 +164,125 @@ def test_settings_are_checked(tmp_path):
         _agent_loop(tmp_path / "x.yaml", n=2, bogus=1)
     with pytest.raises(ValueError, match="on_failure must be raise or empty"):
         _agent_loop(tmp_path / "x.yaml", n=2, on_failure="ignore")
+
+
+def _async(threshold: int | None, strategy: str = "drop") -> dict:
+    """`trainer` of veRL's colocate_async trainer with the replay buffer's staleness bound."""
+    sampler = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy}
+    return {"v1": {"trainer_mode": "colocate_async", "sampler": sampler}}
+
+
+async def _engine_yaml(
+    stack: LocalStack, tmp_path: Path, exp_id: str, run_secret: str | None = "s" * 32
+) -> Path:
+    engine = stack.engine_config(
+        flat_config(exp_id=exp_id, start_rate=50.0, wait_time=1, run_secret=run_secret)
+    )
+    engine_yaml = tmp_path / f"engine-{run_secret is not None}.yaml"
+    engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
+    return engine_yaml
+
+
+@pytest.mark.parametrize(
+    ("threshold", "behind"), [(2, 1), (None, 3)], ids=["drop-2:end", "unbounded:keep"]
+)
+async def test_async_steps_overlap_and_no_group_fails_within_veRLs_bound(
+    tmp_path, monkeypatch, threshold, behind
+):
+    """A step's groups still held when later steps start, and a member of the old step arriving
+    after them, all train: the engine ends nothing veRL's replay buffer would keep (with the
+    engine's default max_staleness=0 every one of them would end stale)."""
+    monkeypatch.chdir(ROOT)
+    local = LocalConfig(
+        app="tests.agents.held:app", mode="in_process", bucket="verl-async", queue="verl-async"
+    )
+    question = {"question": "What is 2 + 5?"}
+    async with LocalStack(local) as stack:
+        loop = _agent_loop(
+            await _engine_yaml(stack, tmp_path, "async"), n=2, trainer=_async(threshold)
+        )
+        try:
+            old = asyncio.ensure_future(_group(loop, "old", 2, {**question, "hold": 3.0}))
+            await asyncio.sleep(1.0)  # old's sessions run (held) when the later step starts
+            new = await _group(loop, "new", 2, question, step=1 + behind)
+            late = await _group(loop, "late", 2, question, step=1)  # after the later step's
+            groups = {"old": await old, "new": new, "late": late}
+            stats = next(iter(_services().values())).stats()
+        finally:
+            await close_services()
+    for uid, group in groups.items():
+        assert all(isinstance(rows, list) and len(rows) == 1 for rows in group), (uid, group)
+    assert stats["invokes"] == 6
+
+
+async def test_a_group_behind_veRLs_drop_bound_fails_as_veRL_would_evict_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    local = LocalConfig(
+        app="tests.agents.held:app", mode="in_process", bucket="verl-drop", queue="verl-drop"
+    )
+    question = {"question": "What is 2 + 5?"}
+    async with LocalStack(local) as stack:
+        loop = _agent_loop(await _engine_yaml(stack, tmp_path, "drop"), n=2, trainer=_async(2))
+        try:
+            old = asyncio.ensure_future(_group(loop, "old", 2, {**question, "hold": 5.0}))
+            await asyncio.sleep(1.0)
+            new = await _group(loop, "new", 2, question, step=3)  # 2 behind: spans 3 > 2
+            old_group = await old
+        finally:
+            await close_services()
+    assert all(isinstance(rows, list) for rows in new)
+    assert all(isinstance(e, GroupFailed) for e in old_group), old_group
+
+
+async def test_a_reissued_request_finds_its_earlier_result_without_a_new_session(
+    tmp_path, monkeypatch
+):
+    """A new service (a restarted run) given the same (uid, session id, step) reads the result
+    the first service's session wrote: no invocation, no policy call."""
+    monkeypatch.chdir(ROOT)
+    local = LocalConfig(
+        app="tests.agents.held:app",
+        mode="in_process",
+        record_samples=True,
+        bucket="verl-reissue",
+        queue="verl-reissue",
+    )
+    policy = GroupPolicy(n=1, min_ok=1)
+    limits = engine_limits(OmegaConf.create({"trainer": _async(2)}))
+
+    def request() -> RolloutRequest:  # as AgentCoreAgentLoop.run builds it
+        payload = {"question": "What is 2 + 5?"}
+        return RolloutRequest(payload, "p", 1, request_id=request_id("p", 1, 4))
+
+    async with LocalStack(local) as stack:
+        path = str(await _engine_yaml(stack, tmp_path, "reissue"))
+        first, second = EngineService(path, None, limits), EngineService(path, None, limits)
+        try:
+            earlier, _ = await first.rollout(request(), 4, policy, None)
+            await first.close()
+            sampled = await _samples(stack)
+            again, group_ok = await second.rollout(request(), 4, policy, None)
+            stats = second.stats()
+        finally:
+            await second.close()
+        assert await _samples(stack) == sampled  # no agent called the policy again
+        no_secret = str(await _engine_yaml(stack, tmp_path, "reissue", run_secret=None))
+        with pytest.raises(ValueError, match=r"need engine\.run_secret set"):
+            await EngineService(no_secret, None, limits).rollout(request(), 4, policy, None)
+    assert earlier.outcome == again.outcome == "ok" and group_ok
+    assert again.result == earlier.result and again.session_id == earlier.session_id
+    assert (stats["invokes"], stats["s3_lookups"]) == (0, 1)
+
+
+async def _samples(stack: LocalStack) -> list:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{stack.workers[0].url}/debug/samples") as resp,
+    ):
+        return (await resp.json())["samples"]
+
+
+def _services() -> dict:
+    from agentcore_rollout.integrations.verl import agent_loop
+
+    return agent_loop._local_services

@@ -130,3 +130,33 @@ async def test_missing_log_probs_are_an_error_not_a_silent_gap(log_probs):
     manager.generate = generate
     _, answer = await _turn(manager)
     assert isinstance(answer, openai.APIStatusError) and answer.status_code == 502
+
+
+async def test_veRLs_async_client_is_asked_once_per_attempt_so_each_tokens_version_is_kept(
+    monkeypatch,
+):
+    """veRL's async trainers hand out a `FullyAsyncLLMServerClient`, whose own resume loop would
+    merge an aborted generation and its continuation under the last version only: the backend
+    skips that loop (one `LLMServerClient.generate` per attempt) and the gateway resumes."""
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
+
+    ids = [*TOK.encode("12"), TOK.encode("<|im_end|>")[0]]
+    answers = [(ids[:1], 4, "aborted"), (ids[1:], 5, "completed")]
+    calls: list[str] = []
+
+    async def one_attempt(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        calls.append(request_id)
+        token_ids, steps, reason = answers.pop(0)
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=[-0.25] * len(token_ids),
+            stop_reason=reason,
+            extra_fields={"global_steps": steps},
+        )
+
+    monkeypatch.setattr(LLMServerClient, "generate", one_attempt)
+    client = FullyAsyncLLMServerClient.__new__(FullyAsyncLLMServerClient)  # no Ray, no servers
+    trace, answer = await _turn(client)
+    assert answer == "12" and len(calls) == 2 and calls[1] == f"{calls[0]}.1"
+    [sample] = trace["samples"]
+    assert sample["version_runs"] == [["4", 1], ["5", 2]] and sample["resumed"] == 1

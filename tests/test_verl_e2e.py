@@ -59,7 +59,9 @@ def _model_dir(tmp_path: Path, model: str) -> Path:
     return model
 
 
-def _trainer_config(model_dir: Path, engine_yaml: Path, hosted: bool, model: str):
+def _trainer_config(
+    model_dir: Path, engine_yaml: Path, hosted: bool, model: str, n: int = 3, mode: str = "sync"
+):
     """veRL's ppo_trainer.yaml with the switch on, translated as `agentcore-rollout verl` does.
     `hosted`: the engine service hosts a gateway sampling through veRL's server manager,
     rendering with the char toy's renderer or (SmolLM2) the model's own tokenizer and template."""
@@ -73,7 +75,8 @@ def _trainer_config(model_dir: Path, engine_yaml: Path, hosted: bool, model: str
             f"actor_rollout_ref.model.path={model_dir}",
             "actor_rollout_ref.rollout.mode=agentcore",
             "actor_rollout_ref.rollout.name=sglang",
-            "actor_rollout_ref.rollout.n=3",
+            f"actor_rollout_ref.rollout.n={n}",
+            f"trainer.v1.trainer_mode={mode}",
             "actor_rollout_ref.rollout.prompt_length=256",
             "actor_rollout_ref.rollout.response_length=256",
             "actor_rollout_ref.rollout.agent.num_workers=1",
@@ -175,3 +178,118 @@ async def _until_settled(uids: list[str], timeout: float = 120.0) -> dict:
             return listing
         assert time.monotonic() < give_up, {uid: listing.get(uid) for uid in uids}
         await asyncio.sleep(0.5)
+
+
+@pytest.mark.timeout(240)
+async def test_colocate_async_steps_overlap_and_an_aborted_turn_resumes_across_them(
+    tmp_path, monkeypatch
+):
+    """veRL's colocate_async shape on its own agent loop manager: step 1's prompt is mid-turn
+    when the weights move to version 2 (the worker aborts it, as veRL's checkpoint engine aborts
+    its replicas), and step 2's prompt starts while step 1's sessions still run. Both groups
+    finish (none fails for staleness); step 1's rows span versions 1-2, each token's version and
+    log-prob exactly what the worker's calls gave."""
+    from agentcore_rollout.local.policy import PolicyServer
+
+    from .test_gateway import recorded
+    from .test_gateway_resume import endless_policy, post
+
+    monkeypatch.chdir(ROOT)
+    model_dir = _model_dir(tmp_path, "char")
+    local = LocalConfig(
+        app="tests.agents.held:app", mode="in_process", bucket="verl-async", queue="verl-async"
+    )
+    weights = {v: tmp_path / f"v{v}.npz" for v in (1, 2)}
+    for v, path in weights.items():
+        endless_policy(v).save(path)
+    question = {"question": "What is 2 + 5?", "hold": 2.0}
+    async with (
+        LocalStack(local) as stack,
+        PolicyServer(endless_policy(0), record=True, token_delay=0.15) as worker,
+    ):
+        await post(f"{worker.url}/update_weights_from_disk", _update(weights, 1, abort=False))
+        engine = stack.engine_config(
+            flat_config(exp_id="verl-async", start_rate=50.0, wait_time=1, run_secret="s" * 32)
+        )
+        engine_yaml = tmp_path / "engine.yaml"
+        engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
+        config = _trainer_config(model_dir, engine_yaml, True, "char", n=2, mode="colocate_async")
+        assert config.trainer.v1.trainer_mode == "colocate_async"
+        ray.init(
+            num_cpus=8,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        )
+        try:
+            tq.init(config.transfer_queue)
+            manager = await asyncio.to_thread(
+                AgentLoopManagerTQ.create, config, PolicyServerManager(worker.url)
+            )
+            await asyncio.to_thread(manager.generate_sequences, _batch("step1", question, 1))
+            for _ in range(600):  # both of step 1's members mid-turn
+                if len(worker._paced) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            await post(f"{worker.url}/update_weights_from_disk", _update(weights, 2, abort=True))
+            await asyncio.to_thread(manager.generate_sequences, _batch("step2", question, 2))
+            listing = await _until_settled(["step1", "step2"])
+            keys = sorted(k for k, tag in listing.items() if not tag.get("is_prompt"))
+            rows = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=FIELDS)
+        finally:
+            tq.close()
+            ray.shutdown()
+        calls = await recorded(worker.url)
+    assert {uid: listing[uid]["status"] for uid in ("step1", "step2")} == {
+        "step1": "finished",
+        "step2": "finished",
+    }
+    assert keys == ["step1_0_0", "step1_1_0", "step2_0_0", "step2_1_0"]
+    turns: dict[str, list[dict]] = {}
+    for call in calls:
+        turns.setdefault(call["rid"].split(".")[0], []).append(call)
+    by_output = {tuple(t for c in cs for t in c["output_ids"]): cs for cs in turns.values()}
+    for i, key in enumerate(keys):
+        mask = rows["response_mask"][i].tolist()
+        tokens = [t for t, m in zip(rows["responses"][i].tolist(), mask, strict=True) if m]
+        worker_calls = by_output[tuple(tokens)]
+        logprobs = [
+            lp for lp, m in zip(rows["rollout_log_probs"][i].tolist(), mask, strict=True) if m
+        ]
+        expected = [lp for c in worker_calls for lp in c["output_logprobs"]]
+        assert logprobs == pytest.approx(expected, rel=1e-6), key
+        extra = rows["extra_fields"][i]
+        versions = [int(c["weight_version"]) for c in worker_calls if c["output_ids"]]
+        assert (extra["min_global_steps"], extra["max_global_steps"]) == (
+            min(versions),
+            max(versions),
+        )
+        if key.startswith("step1"):  # aborted mid-turn at version 1, resumed under 2
+            assert (extra["min_global_steps"], extra["max_global_steps"]) == (1, 2), key
+            assert len(worker_calls) == 2
+        else:
+            assert (extra["min_global_steps"], extra["max_global_steps"]) == (2, 2), key
+
+
+def _update(weights: dict[int, Path], version: int, abort: bool) -> dict:
+    return {
+        "model_path": str(weights[version]),
+        "weight_version": str(version),
+        "abort_all_requests": abort,
+    }
+
+
+def _batch(uid: str, payload: dict, step: int):
+    """One prompt of veRL's dataloader, registered in TransferQueue as veRL's trainer does."""
+    batch = tu.get_tensordict(
+        {
+            "uid": np.array([uid], dtype=object),
+            "index": np.arange(1),
+            "extra_info": np.array([payload], dtype=object),
+        }
+    )
+    tu.assign_non_tensor_data(batch, "global_steps", step)
+    tags = [{"is_prompt": True, "status": "pending", "global_steps": step}]
+    tq.kv_batch_put(keys=[uid], partition_id="train", tags=tags)
+    return batch

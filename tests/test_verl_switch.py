@@ -13,6 +13,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from agentcore_rollout.cli import main
 from agentcore_rollout.integrations.verl import AgentCoreAgentLoop, AgentCoreSettings
+from agentcore_rollout.integrations.verl.agent_loop import engine_limits
 from agentcore_rollout.integrations.verl.switch import SwitchError, trainer_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,3 +87,91 @@ def test_refusals_are_one_line_and_start_nothing(args, message, capsys, monkeypa
 def test_translate_refuses_the_legacy_trainer_directly():
     with pytest.raises(SwitchError, match="use_v1=false"):
         trainer_config([SWITCH, "trainer.use_v1=false"])
+
+
+ASYNC = "trainer.v1.trainer_mode"
+SEPARATE = [
+    f"{ASYNC}=separate_async",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+]
+
+
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_veRLs_async_trainers_compose_with_the_switch(mode, monkeypatch, tmp_path):
+    """veRL's own config classes accept the result; the engine gets veRL's staleness bound."""
+    from verl.trainer.config import HybridRolloutSwitchConfig
+    from verl.workers.config import CheckpointEngineConfig
+
+    monkeypatch.setenv("AGENTCORE_ROLLOUT_CONFIG", str(tmp_path / "engine.yaml"))
+    extra = SEPARATE if mode == "separate_async" else [f"{ASYNC}={mode}"]
+    micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"
+    config = trainer_config([SWITCH, "actor_rollout_ref.rollout.name=sglang", micro, *extra])
+    _native(config.actor_rollout_ref.rollout)
+    assert config.trainer.v1.trainer_mode == mode
+    omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    engine = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
+    assert isinstance(engine, CheckpointEngineConfig)
+    switch = omega_conf_to_dataclass(config.trainer.v1.separate_async.hybrid_rollout)
+    assert isinstance(switch, HybridRolloutSwitchConfig)
+    # veRL's default bound: drop what spans more than 8 versions -> the engine ends at 7 behind
+    assert engine_limits(config) == {"max_staleness": 7, "stale_policy": "end"}
+
+
+@pytest.mark.parametrize(
+    ("sampler", "limits"),
+    [
+        (["trainer.v1.sampler.max_off_policy_threshold=2"], {"max_staleness": 1}),
+        (["trainer.v1.sampler.max_off_policy_strategy=wait"], {}),
+        (["trainer.v1.sampler.max_off_policy_threshold=null"], {}),
+    ],
+    ids=["drop-2", "wait", "unbounded"],
+)
+def test_the_engine_ends_nothing_veRLs_bound_keeps(sampler, limits, monkeypatch):
+    """`drop` with bound T: the engine ends what is T - 1 steps behind (veRL evicts it anyway);
+    `wait` (dropless) or no bound: the engine keeps everything and veRL decides."""
+    monkeypatch.setenv("AGENTCORE_ROLLOUT_CONFIG", "configs/aws.yaml")
+    config = trainer_config([SWITCH, f"{ASYNC}=colocate_async", *sampler])
+    policy = "end" if limits else "keep"
+    assert engine_limits(config) == {**limits, "stale_policy": policy}
+    assert engine_limits(trainer_config([SWITCH])) is None  # sync: steps never overlap
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [f"{ASYNC}=separate_async"],
+            "separate_async needs actor_rollout_ref.rollout.nnodes > 0",
+        ),
+        (
+            [*SEPARATE, "data.train_batch_size=512"],
+            "separate_async needs data.train_batch_size (512) == trainer.v1.separate_async."
+            "parameter_sync_step (4) * actor.ppo_mini_batch_size (256): set data.train_batch_size"
+            "=1024",
+        ),
+        (
+            [*SEPARATE[:2]],
+            "checkpoint_engine.backend=naive: use nccl, nixl or mooncake",
+        ),
+        (
+            [*SEPARATE, "actor_rollout_ref.rollout.n_gpus_per_node=0"],
+            "needs actor_rollout_ref.rollout.n_gpus_per_node > 0",
+        ),
+        (
+            [f"{ASYNC}=colocate_async", "trainer.v1.sampler.max_off_policy_threshold=0"],
+            "max_off_policy_threshold=0: set an integer >= 1, or null for no bound",
+        ),
+        (
+            [f"{ASYNC}=colocate_async", "trainer.v1.sampler.max_off_policy_strategy=skip"],
+            "max_off_policy_strategy=skip: use drop or wait",
+        ),
+        ([f"{ASYNC}=fully_async"], "trainer_mode=fully_async: use sync, colocate_async or"),
+    ],
+)
+def test_what_veRLs_async_trainers_assert_is_refused_in_one_line(args, message, capsys):
+    assert (
+        main(["verl", SWITCH, "+actor_rollout_ref.rollout.custom.agentcore.config=x", *args]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err

@@ -26,11 +26,27 @@ service starts one (`host`, default 127.0.0.1; `port`, default any; `public_url`
 call; `renderer`, a tokenizer directory or `module:attr`, default the model's path) sampling
 through the agent loop's server manager (`backend.VerlServerBackend`), and the engine opens
 each rollout's session on it. Without it, the engine config's own `gateway` is used.
+
+veRL's async trainers (`trainer.v1.trainer_mode` `colocate_async`, `separate_async`) keep
+prompts of several `global_steps` in flight: a step-k member may reach the engine after step
+k+1's first. The engine's staleness is then veRL's (`engine_limits`): with veRL's `drop`
+strategy and a bound of T versions, `max_staleness = T - 1` with `stale_policy: end`, which
+ends exactly the requests veRL's replay buffer would evict anyway (veRL never issues beyond its
+current step, so the engine's step is never ahead of the trainer's) and frees their sessions
+early; with `wait` (dropless) or no bound, `keep`: veRL trains whatever it waited for, so the
+engine must end nothing. The group gate is keyed by (uid, step), so overlapping steps do not
+mix. Request ids derive from (uid, session id, step), and requests of the first step a service
+sees are resumed (`engine.resume`: the result is looked up in S3 before a session starts), which
+needs a stable `run_secret` (required in async modes). veRL 0.9.1 re-issues a checkpoint's
+in-flight prompts under the resumed step, not their own (`_reissue_inflight_prompts`), so those
+do not match and start new sessions; and a result found has no token trace unless its gateway
+session is known, so it trains no row (see the README).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -39,7 +55,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
 from ... import RolloutEngine, RolloutOutcome, RolloutRequest, load_config
-from ...config import GatewayConfig
+from ...config import GatewayConfig, LimitsConfig
 from ...training import Group, GroupPolicy
 from .convert import OnFailure, agent_loop_outputs
 
@@ -101,9 +117,16 @@ class HostedGateway:
 class EngineService:
     """One `RolloutEngine` shared by every agent loop of a run, and the group gate."""
 
-    def __init__(self, config_path: str, hosted: HostedGateway | None = None) -> None:
+    def __init__(
+        self,
+        config_path: str,
+        hosted: HostedGateway | None = None,
+        limits: dict[str, Any] | None = None,
+    ) -> None:
         self._config_path = config_path
         self._hosted = hosted
+        self._limits = limits  # an async trainer's staleness (`engine_limits`); None: sync
+        self._first_step: int | None = None
         self._engine: RolloutEngine | None = None
         self._gateway: Any = None
         self._starting = asyncio.Lock()
@@ -120,11 +143,16 @@ class EngineService:
             self._groups[key] = ([], asyncio.get_running_loop().create_future())
         ended, verdict = self._groups[key]
         outcome: RolloutOutcome | None = None
+        if self._first_step is None:
+            self._first_step = step
         try:
             engine = await self._started()
             if step > engine.step:
                 engine.set_step(step)
-            outcome = await engine.submit(request, step=step, timeout=timeout)
+            if self._limits is not None and step <= self._first_step:  # maybe a re-issue
+                outcome = await engine.resume(request, step=step, timeout=timeout)
+            else:
+                outcome = await engine.submit(request, step=step, timeout=timeout)
         finally:  # a member that could not even be submitted still counts, as not ok
             ended.append(outcome)
             if len(ended) >= policy.size:
@@ -151,6 +179,14 @@ class EngineService:
         async with self._starting:
             if self._engine is None:
                 config = load_config(self._config_path).engine
+                if self._limits is not None:
+                    if config.run_secret is None:
+                        raise ValueError(
+                            "veRL's async trainers need engine.run_secret set: a prompt veRL "
+                            "re-issues after a restart finds its earlier result only under it"
+                        )
+                    limits = LimitsConfig(**{**config.limits.model_dump(), **self._limits})
+                    config = config.model_copy(update={"limits": limits})
                 if self._hosted is not None:
                     config = config.model_copy(update={"gateway": await self._host(self._hosted)})
                 engine = RolloutEngine(config)
@@ -177,6 +213,24 @@ class EngineService:
         )
 
 
+def engine_limits(config: Any) -> dict[str, Any] | None:
+    """The engine's staleness under veRL's async trainer in `config` (see the module's
+    docstring); None for the sync trainer, whose steps never overlap."""
+    v1 = (config.get("trainer") or {}).get("v1") or {}
+    if v1.get("trainer_mode", "sync") == "sync":
+        return None
+    sampler = v1.get("sampler") or {}
+    threshold = sampler.get("max_off_policy_threshold")
+    if threshold is not None and sampler.get("max_off_policy_strategy", "drop") == "drop":
+        return {"max_staleness": int(threshold) - 1, "stale_policy": "end"}
+    return {"stale_policy": "keep"}
+
+
+def request_id(uid: str, session_id: int, step: int) -> str:
+    """The same trajectory of the same prompt and step gets the same id, in any process."""
+    return hashlib.sha256(f"{uid}/{session_id}/{step}".encode()).hexdigest()[:32]
+
+
 def _known_keys(where: str, given: Iterable[str], known: Iterable[str]) -> None:
     if unknown := set(given) - set(known):
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
@@ -201,10 +255,10 @@ async def close_services() -> None:
 
 
 async def _call_service(
-    path: str, hosted: HostedGateway | None, *args: Any
+    path: str, hosted: HostedGateway | None, limits: dict[str, Any] | None, *args: Any
 ) -> tuple[RolloutOutcome, bool]:
     """The run's shared engine: a named Ray actor under Ray, else one per process; the call
-    that creates it gives it `hosted`."""
+    that creates it gives it `hosted` and `limits`."""
     import ray
 
     if ray.is_initialized():
@@ -213,10 +267,12 @@ async def _call_service(
                 ray.remote(EngineService)
                 # num_cpus=0: it waits on the network, and must not take a CPU veRL planned for
                 .options(name=SERVICE_NAME, get_if_exists=True, max_concurrency=10_000, num_cpus=0)
-                .remote(path, hosted)
+                .remote(path, hosted, limits)
             )
         return await _actors[path].rollout.remote(*args)
-    service = _local_services.setdefault(path, EngineService(path, hosted))
+    if path not in _local_services:
+        _local_services[path] = EngineService(path, hosted, limits)
+    service = _local_services[path]
     return await service.rollout(*args)
 
 
@@ -227,6 +283,7 @@ class AgentCoreAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.settings = s = AgentCoreSettings.from_rollout_config(self.rollout_config)
         self._policy = GroupPolicy(n=int(self.rollout_config.n), min_ok=s.min_group_ok)
+        self._limits = engine_limits(self.config)
         self._hosted: HostedGateway | None = None
         if (gateway := s.gateway) is not None:
             self._hosted = HostedGateway(
@@ -244,12 +301,16 @@ class AgentCoreAgentLoop(AgentLoopBase):
             raise ValueError(
                 f"dataset column {s.payload_key!r} must hold a JSON object (the agent's payload)"
             )
-        request = RolloutRequest(
-            payload, input_id=str(kwargs["uid"]), sample_index=int(kwargs["session_id"])
-        )
+        uid, session_id = str(kwargs["uid"]), int(kwargs["session_id"])
         step = int(_jsonable(kwargs.get("global_steps", 0)) or 0)
+        request = RolloutRequest(
+            payload,
+            input_id=uid,
+            sample_index=session_id,
+            request_id=request_id(uid, session_id, step),
+        )
         outcome, group_ok = await _call_service(
-            s.config_path, self._hosted, request, step, self._policy, s.timeout
+            s.config_path, self._hosted, self._limits, request, step, self._policy, s.timeout
         )
         if not group_ok:
             raise GroupFailed(

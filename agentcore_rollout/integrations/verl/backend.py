@@ -7,14 +7,20 @@ and returns a `TokenOutput`: the sampled ids, their log-probs, and in `extra_fie
 gateway, the trace holds exactly what veRL's servers sampled, labelled with veRL's weight
 version, so `convert` fills `min_global_steps`/`max_global_steps` from them. A generation
 veRL aborted (`stop_reason` "aborted": its weights are being updated) comes back with the tokens
-so far, and the gateway resumes the turn under the new weights (`gateway.resume`).
+so far, and the gateway resumes the turn under the new weights (`gateway.resume`). veRL's async
+trainers hand out a `FullyAsyncLLMServerClient`, which resumes by itself and labels the merged
+tokens with one version only (the last; min and max aside): its resume loop is skipped, so the
+gateway's resume records which version sampled each token.
 
     gateway = Gateway(VerlServerBackend(server_manager), HFRenderer.from_pretrained(model_dir))
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
+
+from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 
 from ...gateway.backends import Backend, BackendError, Completion, TurnRequest
 
@@ -30,6 +36,9 @@ class VerlServerBackend(Backend):
 
     def __init__(self, server_manager: Any) -> None:
         self.server_manager = server_manager
+        self._generate = server_manager.generate
+        if isinstance(server_manager, FullyAsyncLLMServerClient):  # one attempt, aborts shown
+            self._generate = partial(LLMServerClient.generate, server_manager)
 
     async def complete(self, request: TurnRequest) -> Completion:
         if request.prompt_ids is None:
@@ -46,7 +55,7 @@ class VerlServerBackend(Backend):
             params["stop_token_ids"] = ids + [i for i in request.stop_token_ids if i not in ids]
         params["logprobs"] = True
         try:
-            output = await self.server_manager.generate(
+            output = await self._generate(
                 request.rid, prompt_ids=request.prompt_ids, sampling_params=params
             )
         except Exception as e:  # a Ray or server error: the agent sees 502, in one line

@@ -12,6 +12,12 @@ recipes assert `mode == "async"`. So the switch is ours to translate, before veR
 and the v1 trainer (`trainer.use_v1`, veRL's default): the legacy v0 trainer needs exactly one
 row per request, so a failed rollout could only be hidden behind a fabricated row.
 
+veRL's async trainers (`trainer.v1.trainer_mode=colocate_async` or `separate_async`) compose
+with the switch; what they assert at start-up (`trainer_base.py`, `trainer_separate_async.py`,
+`replay_buffer.py`) is checked here first, one line each, before any GPU is asked for. Their
+staleness bound (`trainer.v1.sampler`) is what the agent loop gives the engine
+(`agent_loop.engine_limits`).
+
 `agentcore-rollout verl [--config-path DIR --config-name NAME] [HYDRA OVERRIDES...]` composes
 veRL's trainer config (or yours, which may extend it), translates it, and runs veRL's
 `main_ppo` on it. Who launches `verl.trainer.main_ppo` directly passes the native settings
@@ -67,6 +73,7 @@ def translate(
             "trainer.use_v1=false: rollout.mode=agentcore needs veRL's v1 trainer (the default); "
             "the legacy one needs a row per request, so failed rollouts would need fabricated rows"
         )
+    _check_async(config)
     environ = os.environ if environ is None else environ
     with open_dict(config):
         rollout.mode = "async"
@@ -85,6 +92,52 @@ def translate(
             agentcore["config"] = str(Path(path).resolve())  # the workers may run elsewhere
         rollout.custom = OmegaConf.merge(custom, {MODE: agentcore})
     return config
+
+
+def _check_async(config: DictConfig) -> None:
+    """What veRL 0.9.1's async trainers assert at start-up, as one-line SwitchErrors."""
+    v1 = config.trainer.v1
+    mode = v1.trainer_mode
+    if mode == "sync":
+        return
+    if mode not in ("colocate_async", "separate_async"):
+        raise SwitchError(
+            f"trainer.v1.trainer_mode={mode}: use sync, colocate_async or separate_async"
+        )
+    sampler = v1.sampler
+    threshold, strategy = sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
+    if threshold is not None and (not isinstance(threshold, int) or threshold < 1):
+        raise SwitchError(
+            f"trainer.v1.sampler.max_off_policy_threshold={threshold}: "
+            "set an integer >= 1, or null for no bound"
+        )
+    if strategy not in ("drop", "wait"):
+        raise SwitchError(
+            f"trainer.v1.sampler.max_off_policy_strategy={strategy}: use drop or wait"
+        )
+    batch = config.data.train_batch_size
+    if mode == "colocate_async":
+        return
+    sync_step = v1.separate_async.parameter_sync_step
+    mini = config.actor_rollout_ref.actor.ppo_mini_batch_size
+    if batch != sync_step * mini:
+        raise SwitchError(
+            f"separate_async needs data.train_batch_size ({batch}) == trainer.v1.separate_async."
+            f"parameter_sync_step ({sync_step}) * actor.ppo_mini_batch_size ({mini}): "
+            f"set data.train_batch_size={sync_step * mini}"
+        )
+    rollout = config.actor_rollout_ref.rollout
+    for key in ("nnodes", "n_gpus_per_node"):
+        if not rollout[key] > 0:
+            raise SwitchError(
+                f"separate_async needs actor_rollout_ref.rollout.{key} > 0 (its standalone "
+                f"rollout pool); got {rollout[key]}"
+            )
+    if rollout.checkpoint_engine.backend == "naive":
+        raise SwitchError(
+            "separate_async cannot sync weights with actor_rollout_ref.rollout.checkpoint_engine"
+            ".backend=naive: use nccl, nixl or mooncake"
+        )
 
 
 def run(args: Sequence[str]) -> int:
