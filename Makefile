@@ -43,6 +43,7 @@ bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 	$(PY) bench/scale.py
 	$(PY) bench/memory.py
 	$(PY) bench/run_memory.py
+	$(PY) bench/async_train.py
 
 clean:
 	rm -rf $(VENV) out

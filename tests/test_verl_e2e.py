@@ -118,12 +118,7 @@ async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(
         # veRL's servers as the hosted gateway samples through them: the local policy worker,
         # its samples labelled with veRL's global step (the stack's gateway says "0").
         server_manager = PolicyServerManager(stack.workers[0].url, global_steps=1)
-        ray.init(
-            num_cpus=8,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-        )
+        _start_ray()
         try:
             tq.init(config.transfer_queue)
             manager = await asyncio.to_thread(
@@ -215,12 +210,7 @@ async def test_colocate_async_steps_overlap_and_an_aborted_turn_resumes_across_t
         engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
         config = _trainer_config(model_dir, engine_yaml, True, "char", n=2, mode="colocate_async")
         assert config.trainer.v1.trainer_mode == "colocate_async"
-        ray.init(
-            num_cpus=8,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-        )
+        _start_ray()
         try:
             tq.init(config.transfer_queue)
             manager = await asyncio.to_thread(
@@ -293,3 +283,13 @@ def _batch(uid: str, payload: dict, step: int):
     tags = [{"is_prompt": True, "status": "pending", "global_steps": step}]
     tq.kv_batch_put(keys=[uid], partition_id="train", tags=tags)
     return batch
+
+
+def _start_ray() -> None:
+    """Local Ray for veRL's workers, which import the test agents from the repository."""
+    ray.init(
+        num_cpus=8,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
