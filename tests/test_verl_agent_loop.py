@@ -16,20 +16,15 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-from agentcore_rollout import RolloutRequest
 from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.integrations.verl.agent_loop import (
     SERVICE_NAME,
     AgentCoreAgentLoop,
-    EngineService,
     GroupFailed,
     close_services,
-    engine_limits,
-    request_id,
 )
 from agentcore_rollout.integrations.verl.convert import ConversionError
 from agentcore_rollout.local.stack import LocalStack
-from agentcore_rollout.training import GroupPolicy
 
 from .factories import flat_config
 from .gateway_support import TOKENIZER_DIR
@@ -172,13 +167,9 @@ def _async(threshold: int | None, strategy: str = "drop") -> dict:
     return {"v1": {"trainer_mode": "colocate_async", "sampler": sampler}}
 
 
-async def _engine_yaml(
-    stack: LocalStack, tmp_path: Path, exp_id: str, run_secret: str | None = "s" * 32
-) -> Path:
-    engine = stack.engine_config(
-        flat_config(exp_id=exp_id, start_rate=50.0, wait_time=1, run_secret=run_secret)
-    )
-    engine_yaml = tmp_path / f"engine-{run_secret is not None}.yaml"
+async def _engine_yaml(stack: LocalStack, tmp_path: Path, exp_id: str) -> Path:
+    engine = stack.engine_config(flat_config(exp_id=exp_id, start_rate=50.0, wait_time=1))
+    engine_yaml = tmp_path / "engine.yaml"
     engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
     return engine_yaml
 
@@ -232,46 +223,6 @@ async def test_a_group_behind_veRLs_drop_bound_fails_as_veRL_would_evict_it(tmp_
             await close_services()
     assert all(isinstance(rows, list) for rows in new)
     assert all(isinstance(e, GroupFailed) for e in old_group), old_group
-
-
-async def test_a_reissued_request_finds_its_earlier_result_without_a_new_session(
-    tmp_path, monkeypatch
-):
-    """A new service (a restarted run) given the same (uid, session id, step) reads the result
-    the first service's session wrote: no invocation, no policy call."""
-    monkeypatch.chdir(ROOT)
-    local = LocalConfig(
-        app="tests.agents.held:app",
-        mode="in_process",
-        record_samples=True,
-        bucket="verl-reissue",
-        queue="verl-reissue",
-    )
-    policy = GroupPolicy(n=1, min_ok=1)
-    limits = engine_limits(OmegaConf.create({"trainer": _async(2)}))
-
-    def request() -> RolloutRequest:  # as AgentCoreAgentLoop.run builds it
-        payload = {"question": "What is 2 + 5?"}
-        return RolloutRequest(payload, "p", 1, request_id=request_id("p", 1, 4))
-
-    async with LocalStack(local) as stack:
-        path = str(await _engine_yaml(stack, tmp_path, "reissue"))
-        first, second = EngineService(path, None, limits), EngineService(path, None, limits)
-        try:
-            earlier, _ = await first.rollout(request(), 4, policy, None)
-            await first.close()
-            sampled = await _samples(stack)
-            again, group_ok = await second.rollout(request(), 4, policy, None)
-            stats = second.stats()
-        finally:
-            await second.close()
-        assert await _samples(stack) == sampled  # no agent called the policy again
-        no_secret = str(await _engine_yaml(stack, tmp_path, "reissue", run_secret=None))
-        with pytest.raises(ValueError, match=r"need engine\.run_secret set"):
-            await EngineService(no_secret, None, limits).rollout(request(), 4, policy, None)
-    assert earlier.outcome == again.outcome == "ok" and group_ok
-    assert again.result == earlier.result and again.session_id == earlier.session_id
-    assert (stats["invokes"], stats["s3_lookups"]) == (0, 1)
 
 
 async def _samples(stack: LocalStack) -> list:

@@ -35,12 +35,11 @@ ends exactly the requests veRL's replay buffer would evict anyway (veRL never is
 current step, so the engine's step is never ahead of the trainer's) and frees their sessions
 early; with `wait` (dropless) or no bound, `keep`: veRL trains whatever it waited for, so the
 engine must end nothing. The group gate is keyed by (uid, step), so overlapping steps do not
-mix. Request ids derive from (uid, session id, step), and requests of the first step a service
-sees are resumed (`engine.resume`: the result is looked up in S3 before a session starts), which
-needs a stable `run_secret` (required in async modes). veRL 0.9.1 re-issues a checkpoint's
-in-flight prompts under the resumed step, not their own (`_reissue_inflight_prompts`), so those
-do not match and start new sessions; and a result found has no token trace unless its gateway
-session is known, so it trains no row (see the README).
+mix. Request ids derive from (uid, session id, step): the same trajectory has the same id in any
+process. A prompt veRL re-issues after a checkpoint restart runs in a new session: veRL 0.9.1
+re-issues it under the resumed step, not its own (`_reissue_inflight_prompts`: "a new dispatch
+attempt"), and an earlier session's result would come without its token trace, which lived in
+that session's gateway session, so it could train no row.
 """
 
 from __future__ import annotations
@@ -126,7 +125,6 @@ class EngineService:
         self._config_path = config_path
         self._hosted = hosted
         self._limits = limits  # an async trainer's staleness (`engine_limits`); None: sync
-        self._first_step: int | None = None
         self._engine: RolloutEngine | None = None
         self._gateway: Any = None
         self._starting = asyncio.Lock()
@@ -143,16 +141,11 @@ class EngineService:
             self._groups[key] = ([], asyncio.get_running_loop().create_future())
         ended, verdict = self._groups[key]
         outcome: RolloutOutcome | None = None
-        if self._first_step is None:
-            self._first_step = step
         try:
             engine = await self._started()
             if step > engine.step:
                 engine.set_step(step)
-            if self._limits is not None and step <= self._first_step:  # maybe a re-issue
-                outcome = await engine.resume(request, step=step, timeout=timeout)
-            else:
-                outcome = await engine.submit(request, step=step, timeout=timeout)
+            outcome = await engine.submit(request, step=step, timeout=timeout)
         finally:  # a member that could not even be submitted still counts, as not ok
             ended.append(outcome)
             if len(ended) >= policy.size:
@@ -180,11 +173,6 @@ class EngineService:
             if self._engine is None:
                 config = load_config(self._config_path).engine
                 if self._limits is not None:
-                    if config.run_secret is None:
-                        raise ValueError(
-                            "veRL's async trainers need engine.run_secret set: a prompt veRL "
-                            "re-issues after a restart finds its earlier result only under it"
-                        )
                     limits = LimitsConfig(**{**config.limits.model_dump(), **self._limits})
                     config = config.model_copy(update={"limits": limits})
                 if self._hosted is not None:
