@@ -94,11 +94,11 @@ async def train(
     """Train for `config.train.steps` steps on `prompts` ((input_id, payload) rows); write
     `out/metrics.jsonl` (a row per step, as it ends) and `out/weights/step-NNNN[.npz]`.
     Returns the rows. An `interrupted` event ends the run after the step under way."""
+    check_config(config)
     tc = config.train
     learner = await asyncio.to_thread(make_learner, config)
     group_policy = GroupPolicy(tc.n, tc.extra, tc.min_ok)
     per_step = tc.groups_per_step or len(prompts)
-    check_config(config)
     limits = config.engine.limits
     staleness, keep = limits.max_staleness, limits.stale_policy == "keep"
     (out / "weights").mkdir(parents=True, exist_ok=True)
