@@ -282,14 +282,23 @@ def test_train_checks_its_input_before_anything_starts(
 
 
 @pytest.mark.parametrize(
-    ("args", "staleness"), [([], 1), (["--max-staleness", "2"], 2), (["--max-staleness=3"], 3)]
+    ("args", "staleness", "policy"),
+    [
+        ([], 1, "keep"),
+        (["--max-staleness", "2"], 2, "keep"),
+        (["--max-staleness=3", "engine.limits.stale_policy=end"], 3, "end"),
+    ],
 )
-def test_train_async_bounds_staleness_at_one_unless_told(args, staleness, monkeypatch):
+def test_train_async_keeps_stale_rollouts_bounded_at_one_unless_told(
+    args, staleness, policy, monkeypatch
+):
     seen = []
     monkeypatch.setattr("agentcore_rollout.cli.train.train_command", lambda c: seen.append(c) or 0)
     assert main(["train", "--async", *args]) == 0
     (config,) = seen
-    assert config.train.asynchronous and config.engine.limits.max_staleness == staleness
+    limits = config.engine.limits
+    assert config.train.asynchronous
+    assert (limits.max_staleness, limits.stale_policy) == (staleness, policy)
 
 
 def test_overrides_go_anywhere_and_the_input_is_checked_before_the_stack(

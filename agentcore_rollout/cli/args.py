@@ -138,7 +138,8 @@ def _parser() -> argparse.ArgumentParser:
         dest="asynchronous",
         action="store_true",
         help="rollouts never wait for an update: weight pushes abort the turns in flight, "
-        "which resume under the new weights (--max-staleness 1 unless set)",
+        "which resume under the new weights (--max-staleness 1 unless set; stale_policy keep "
+        "unless engine.limits.stale_policy=end is given)",
     )
     sub.add_parser(  # main() hands its arguments to the switch before this parser sees them
         "verl",
@@ -204,7 +205,8 @@ def _load(args: argparse.Namespace) -> Config:
             overrides.append(f"{section}.{key}={getattr(args, key)}")
     if getattr(args, "max_staleness", None) is not None:
         overrides.append(f"engine.limits.max_staleness={args.max_staleness}")
-    if getattr(args, "asynchronous", False):
+    if getattr(args, "asynchronous", False):  # first, so a dotted stale_policy override wins
+        overrides[:0] = ["engine.limits.stale_policy=keep"]
         overrides.append("train.asynchronous=true")
     if args.env_file and not Path(args.env_file).is_file():  # only the default may be absent
         raise UsageError(f"--env-file {args.env_file}: not a file")
