@@ -19,9 +19,9 @@ trained; with `keep` they run to their end, and the tokens sampled within the bo
 `train.asynchronous` (`train --async`) also takes the update off the rollouts' path: a weight
 push aborts the generations in flight (SGLang's `abort_all_requests`), and the gateway resumes
 each under the new weights, so no rollout waits for an update (a push without it waits for the
-generations in flight to finish first, as SGLang's does); and `1 + max_staleness` steps' groups
-are kept in flight, as AReaL bounds it, so a step takes the first groups to resolve rather than
-waiting for its slowest.
+generations in flight to finish first, as SGLang's does); and `max_staleness` steps' groups are
+kept in flight, so a step takes the first groups to resolve rather than waiting for its slowest,
+and a group submitted during step s is taken by step s + max_staleness.
 
 The learner follows `local.policy`: "toy" trains the TinyPolicy in numpy (`grpo.grpo_update`,
 npz weights); anything else is a Hugging Face model dir or known name (`models.ready_model`)
@@ -116,9 +116,10 @@ async def train(
             for input_id, payload in itertools.islice(prompt_cycle, count):
                 groups.submit(input_id, payload)
 
-        # async: the next `max_staleness` steps' groups run beside this step's (AReaL's bound on
-        # what is in flight); what still runs when training ends is cancelled
-        in_flight = per_step * (1 + staleness) if tc.asynchronous else per_step
+        # async: `max_staleness` steps' groups in flight, so one submitted during step s is
+        # taken by step s + max_staleness, its tokens within the bound; what still runs when
+        # training ends is cancelled
+        in_flight = per_step * max(1, staleness) if tc.asynchronous else per_step
         submit(in_flight)
         began = time.monotonic()
         for step in range(tc.steps):
