@@ -182,6 +182,22 @@ class RolloutBuffer:
         self._waiters[request_id] = _Waiter(request_id, step, key, sig_key, future)
         return key
 
+    async def stored(self, request_id: str, step: int) -> bool:
+        """Whether S3 holds an object at the request's key (unchecked: `look_up` reads and
+        verifies it). A transient error counts as not stored: the caller runs it anew."""
+        key = result_key(self._prefix, self._cfg.exp_id, step, request_id)
+        self._counts["lookups"] += 1
+        try:
+            await self._s3.head_object(Bucket=self._cfg.bucket, Key=key)
+        except (ClientError, BotoCoreError, OSError) as e:
+            if not isinstance(e, ClientError) or e.response.get("Error", {}).get("Code") not in (
+                "NoSuchKey",
+                "404",
+            ):
+                log.warning("lookup of request_id=%s failed: %s", request_id, e)
+            return False
+        return True
+
     async def wait(self, request_id: str, deadline: float) -> Delivery:
         """Wait for the request's result. Near `deadline`, look in S3 directly; past the
         deadline plus grace, deliver a `timeout`."""

@@ -258,6 +258,44 @@ class RolloutEngine:
         resumed = _Resumed(deadline, gateway_session_id)
         return self._submit(request, step, timeout, None, on_start, resumed)
 
+    async def reclaim(
+        self, request: RolloutRequest, *, step: int, timeout: float | None = None
+    ) -> RolloutHandle | None:
+        """Take over a request an earlier engine of this experiment (same `exp_id` and
+        `run_secret`) started under `step`, with no journal to say how far it got: a trainer
+        that re-issues its requests after a restart. The gateway still holding the request's
+        session (its trace) is what makes the earlier session's work worth taking:
+
+        - its result is in S3: a handle that delivers it with its trace, invoking nothing;
+        - the agent has taken turns in that session but written no result yet: its sandbox
+          session is running, and the handle waits for it (at most `timeout`, default
+          `rollout_timeout`, from now: its own deadline is earlier);
+        - otherwise None, and the request must run anew. An untouched gateway session (its
+          sandbox session may never have started) is dropped, so a late agent cannot sample
+          into it. Without a gateway, only a result already in S3 is taken.
+
+        The step is not checked against `max_staleness`: the earlier engine accepted it."""
+        check_request(request.request_id, request.input_id, request.sample_index, request.payload)
+        held = None
+        if self._gateway is not None:
+            try:
+                held = await self._gateway.session_of(request.request_id)
+            except GatewayError as e:
+                log.warning("gateway session of request_id=%s: %s", request.request_id, e)
+            if held is None:
+                return None  # a result without its trace trains nothing: run it anew
+        gateway_session_id = held.session_id if held is not None else None
+        if await self._buffer.stored(request.request_id, step):
+            resumed = _Resumed(None, gateway_session_id)
+        elif held is not None and held.turns > 0:
+            wait = self.config.limits.rollout_timeout if timeout is None else timeout
+            resumed = _Resumed(time.time() + wait, gateway_session_id)
+        else:
+            if held is not None:
+                await self._gateway_dropped(request.request_id, held.session_id)
+            return None
+        return self._submit(request, step, timeout, None, None, resumed, checked_step=False)
+
     def _submit(
         self,
         request: RolloutRequest,
@@ -266,11 +304,13 @@ class RolloutEngine:
         cutoff: float | None,
         on_start: Callable[[RolloutStart], None] | None,
         resumed: _Resumed | None = None,
+        checked_step: bool = True,
     ) -> RolloutHandle:
         check_request(request.request_id, request.input_id, request.sample_index, request.payload)
         step = self._step if step is None else step
         limits = self.config.limits
-        oldest = 0 if limits.stale_policy == "keep" else self._step - limits.max_staleness
+        unbounded = limits.stale_policy == "keep" or not checked_step
+        oldest = 0 if unbounded else self._step - limits.max_staleness
         if not max(0, oldest) <= step <= self._step:
             raise ValueError(
                 f"step {step}: must be the engine's step {self._step} or, with engine.limits."
@@ -440,19 +480,19 @@ class RolloutEngine:
 
     def _drop_gateway_session(self, job: _Job) -> None:
         """Drop the request's gateway session behind its outcome, if it has one."""
-        gateway, session_id = self._gateway, job.gateway_session_id
-        if gateway is None or session_id is None:
+        session_id = job.gateway_session_id
+        if self._gateway is None or session_id is None:
             return
-
-        async def drop() -> None:
-            try:
-                await gateway.drop_session(session_id)
-            except GatewayError as e:
-                log.warning("gateway session of request_id=%s: %s", job.request.request_id, e)
-
-        task = asyncio.create_task(drop())
+        task = asyncio.create_task(self._gateway_dropped(job.request.request_id, session_id))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+
+    async def _gateway_dropped(self, request_id: str, session_id: str) -> None:
+        assert self._gateway is not None
+        try:
+            await self._gateway.drop_session(session_id)
+        except GatewayError as e:
+            log.warning("gateway session of request_id=%s: %s", request_id, e)
 
     async def _open_gateway_session(self, request: RolloutRequest) -> GatewaySession | None:
         if self._gateway is None:

@@ -76,6 +76,15 @@ class GatewaySession:
         )
 
 
+@dataclass(frozen=True)
+class HeldSession:
+    """A live session found by its request id: `turns` the agent has taken in it so far (none:
+    its sandbox session may never have started)."""
+
+    session_id: str
+    turns: int
+
+
 class GatewayAdmin:
     """Async client for the admin routes; one pooled HTTP session, `async with` or `close()`."""
 
@@ -130,6 +139,17 @@ class GatewayAdmin:
                 return False
             raise
         return True
+
+    async def session_of(self, request_id: str) -> HeldSession | None:
+        """The live session the gateway opened for `request_id` (None if it holds none): an
+        engine that restarted finds an earlier engine's sessions, and their traces, this way."""
+        try:
+            data = await self._call("GET", f"/admin/requests/{request_id}")
+        except GatewayError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return HeldSession(data["session_id"], int(data["turns"]))
 
     async def stats(self) -> dict[str, Any]:
         """The gateway's counters: {"sessions": live, "turns": rendered since start,

@@ -12,6 +12,7 @@ from agentcore_rollout.gateway.__main__ import TOKEN_ENV
 from agentcore_rollout.gateway.__main__ import main as gateway_main
 from agentcore_rollout.gateway.render import normalize_messages, parse_tool_calls
 from agentcore_rollout.gateway.sampling import check_sampling, request_sampling, to_sglang
+from agentcore_rollout.gateway.sessions import SessionStore
 from agentcore_rollout.local.policy import CharRenderer
 from agentcore_rollout.local.stack import CHAR_RENDERER
 
@@ -218,3 +219,14 @@ def test_fastjson_is_compact_bytes_and_value_errors_with_or_without_orjson(
     assert _fastjson.loads(raw) == data == _fastjson.loads(raw.decode())
     with pytest.raises(ValueError):
         _fastjson.loads(b"{not json")
+
+
+def test_a_session_is_found_by_its_request_id_the_newest_while_it_lives() -> None:
+    store = SessionStore(ttl=None)
+    old, _ = store.create("req-1")
+    new, _ = store.create("req-1")  # the same request opened again: the newest is the one
+    assert store.by_request("req-1") is new
+    store.remove(old.id, reason="dropped")
+    assert store.by_request("req-1") is new  # removing the older one keeps the newer
+    store.remove(new.id, reason="finished")
+    assert store.by_request("req-1") is None and store.by_request("req-2") is None

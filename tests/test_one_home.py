@@ -101,8 +101,11 @@ def test_the_engine_reads_in_short_functions() -> None:
 # backend's one attempt per call on FullyAsyncLLMServerClient (9). Its items 2 and 4 added
 # about 300: the engine's `stale_policy` and oldest-first admission (`OrderedSlots`: 60),
 # `within_staleness` and `staleness_report` (130), `train --async` (80) and the toy's positions
-# going on in a resumed turn (20). Raise it only with a reason in the same commit.
-MAX_LINES = 15_800
+# going on in a resumed turn (20). Taking over prompts veRL re-issues after a restart added
+# about 190: `RolloutEngine.reclaim` and the buffer's `stored` (70), the gateway's sessions found
+# by request id (45), and the veRL service's look-back and run secret kept with the checkpoints
+# (75). Raise it only with a reason in the same commit.
+MAX_LINES = 16_000
 
 
 def test_the_package_did_not_grow() -> None:

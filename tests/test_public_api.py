@@ -61,6 +61,7 @@ def test_engine_exposes_no_internals():
     public = {n for n in vars(agentcore_rollout.RolloutEngine) if not n.startswith("_")}
     assert public == {
         "aclose",
+        "reclaim",
         "resume",
         "rollout",
         "set_step",

@@ -7,6 +7,10 @@ the local policy workers. Every row is exactly what a worker sampled; a failed m
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -24,6 +28,7 @@ from agentcore_rollout.integrations.verl.agent_loop import (
     close_services,
 )
 from agentcore_rollout.integrations.verl.convert import ConversionError
+from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config
@@ -237,3 +242,90 @@ def _services() -> dict:
     from agentcore_rollout.integrations.verl import agent_loop
 
     return agent_loop._local_services
+
+
+FIRST_LIFE = """
+import asyncio, json, sys
+from tests.test_verl_agent_loop import _agent_loop, _group
+
+async def main(engine_yaml, trainer, groups):
+    loop = _agent_loop(engine_yaml, n=2, trainer=trainer)
+    await asyncio.gather(*(_group(loop, uid, 2, info, step=1) for uid, info in groups.items()))
+
+asyncio.run(main(sys.argv[1], *map(json.loads, sys.argv[2:])))
+"""
+
+
+async def test_prompts_reissued_after_a_restart_take_over_their_earlier_sessions(
+    tmp_path, monkeypatch
+):
+    """veRL's async trainer, killed while step 1's sessions had written or were running, is
+    restarted: it re-issues those prompts under step 2 (`_reissue_inflight_prompts`). Each member
+    takes over its earlier session (its result from S3, or the session still running, with the
+    trace the stack's gateway kept), so no agent runs twice; a new prompt runs as usual."""
+    monkeypatch.chdir(ROOT)
+    local = LocalConfig(
+        app="tests.agents.held:app",
+        mode="in_process",
+        policy_workers=1,
+        record_samples=True,
+        bucket="verl-reissue",
+        queue="verl-reissue",
+    )
+    question = {"question": "What is 2 + 5?"}
+    earlier = {"written": question, "running": {**question, "hold": 6.0}}
+    trainer = {**_async(2), "default_local_dir": str(tmp_path / "checkpoints")}
+    async with LocalStack(local) as stack:
+        engine_yaml = await _engine_yaml(stack, tmp_path, "reissue")  # no run_secret set
+        # The first life's engine listens on a queue no bucket notifies, so the kill finds its
+        # results written and undelivered (see test_reclaim.py).
+        config = yaml.safe_load(engine_yaml.read_text())
+        config["engine"]["queue_url"] = stack.moto.client("sqs").create_queue(
+            QueueName="verl-reissue-silent"
+        )["QueueUrl"]
+        silent_yaml = tmp_path / "silent.yaml"
+        silent_yaml.write_text(yaml.safe_dump(config))
+        first = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            FIRST_LIFE,
+            str(silent_yaml),
+            json.dumps(trainer),
+            json.dumps(earlier),
+            cwd=ROOT,
+            env={**os.environ, **LOCAL_CREDENTIALS, "PYTHONPATH": str(ROOT)},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        s3, give_up = stack.moto.client("s3"), time.monotonic() + 90
+        while s3.list_objects_v2(Bucket="verl-reissue").get("KeyCount", 0) < 2 or (
+            len(await _samples(stack)) < 4
+        ):
+            assert first.returncode is None, (await first.communicate())[1][-2000:]
+            assert time.monotonic() < give_up, "the first life's sessions did not run in time"
+            await asyncio.sleep(0.1)
+        first.kill()
+        await first.wait()
+        secret = tmp_path / "checkpoints" / "agentcore_run_secret"
+        assert secret.stat().st_mode & 0o777 == 0o600
+
+        loop = _agent_loop(engine_yaml, n=2, trainer=trainer)
+        try:
+            groups = await asyncio.gather(
+                *(_group(loop, uid, 2, info, step=2) for uid, info in earlier.items()),
+                _group(loop, "fresh", 2, question, step=2),
+            )
+            stats = next(iter(_services().values())).stats()
+        finally:
+            await close_services()
+        sampled = await _samples(stack)
+    for group in groups:
+        assert all(isinstance(rows, list) and len(rows) == 1 for rows in group), groups
+    assert sorted(rows[0].reward_score for group in groups for rows in group) == [0, 0, 0, 1, 1, 1]
+    assert stats["invokes"] == 2  # the fresh prompt's two sessions only
+    assert len(sampled) == 6  # four agents in the first life, two in the second: none twice
+    by_output = {tuple(s["output_ids"]): s for s in sampled}
+    for group in groups:
+        for [row] in group:
+            tokens = [t for t, m in zip(row.response_ids, row.response_mask, strict=True) if m]
+            assert row.response_logprobs == by_output[tuple(tokens)]["output_logprobs"]

@@ -13,7 +13,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from agentcore_rollout.cli import main
 from agentcore_rollout.integrations.verl import AgentCoreAgentLoop, AgentCoreSettings
-from agentcore_rollout.integrations.verl.agent_loop import engine_limits
+from agentcore_rollout.integrations.verl.agent_loop import engine_limits, reissue_settings
 from agentcore_rollout.integrations.verl.switch import SwitchError, trainer_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,6 +135,13 @@ def test_the_engine_ends_nothing_veRLs_bound_keeps(sampler, limits, monkeypatch)
     policy = "end" if limits else "keep"
     assert engine_limits(config) == {**limits, "stale_policy": policy}
     assert engine_limits(trainer_config([SWITCH])) is None  # sync: steps never overlap
+    # A re-issued prompt's earlier session is looked for as far back as veRL's bound (8, its
+    # default, when unbounded), and the run secret is kept with veRL's checkpoints.
+    reissue = reissue_settings(config)
+    assert reissue is not None
+    assert reissue.steps == (2 if limits else 8)
+    assert reissue.secret_dir == config.trainer.default_local_dir
+    assert reissue_settings(trainer_config([SWITCH])) is None  # sync: veRL re-issues nothing
 
 
 @pytest.mark.parametrize(

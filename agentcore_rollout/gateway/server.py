@@ -29,6 +29,9 @@ route's 404 names the routes served):
   POST   /admin/sessions/{id}/finish      -> 200 trace (see client.GatewayAdmin.finish_session);
                                           the session is closed, its key stops working
   DELETE /admin/sessions/{id}             -> 200 {"session_id", "dropped": true}; no trace
+  GET    /admin/requests/{request_id}     -> 200 {"session_id", "turns"}: the live session
+                                          opened for that request (404 if none), for an
+                                          engine that restarted to find an earlier's trace
   GET    /admin/stats                     -> 200 {"sessions", "turns", "render", "prompt_tokens"}
                                           (see client.GatewayAdmin.stats)
 
@@ -162,6 +165,7 @@ class Gateway(Server):
                 web.post("/admin/sessions", self._create),
                 web.post("/admin/sessions/{session_id}/finish", self._finish),
                 web.delete("/admin/sessions/{session_id}", self._drop),
+                web.get("/admin/requests/{request_id}", self._session_of),
                 web.get("/admin/stats", self._stats),
             ]
         )
@@ -457,6 +461,16 @@ class Gateway(Server):
         self._check_admin(request)
         session = self._remove(request, "dropped")
         return _json({"session_id": session.id, "dropped": True})
+
+    async def _session_of(self, request: web.Request) -> web.StreamResponse:
+        self._check_admin(request)
+        request_id = request.match_info["request_id"]
+        session = self.sessions.by_request(request_id)
+        if session is None:
+            raise GatewayHTTPError(
+                404, f"no live session for request {request_id[:64]!r}", code="session_not_found"
+            )
+        return _json({"session_id": session.id, "turns": session.turns_started})
 
     async def _stats(self, request: web.Request) -> web.StreamResponse:
         self._check_admin(request)

@@ -129,6 +129,7 @@ class SessionStore:
         self.ttl = ttl
         self._by_id: dict[str, Session] = {}
         self._by_digest: dict[str, Session] = {}
+        self._by_request: dict[str, Session] = {}  # the newest session opened for a request id
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -160,6 +161,7 @@ class SessionStore:
         )
         self._by_id[session.id] = session
         self._by_digest[session._digest] = session
+        self._by_request[request_id] = session
         log.info("session created", extra={"session_id": session.id, "request_id": request_id})
         return session, key
 
@@ -175,6 +177,14 @@ class SessionStore:
             return None
         return session
 
+    def by_request(self, request_id: str) -> Session | None:
+        """The live session opened for `request_id`, if any: how an engine that restarted finds
+        the trace of a request an earlier engine started."""
+        session = self._by_request.get(request_id)
+        if session is None or self._expired(session, time.monotonic()):
+            return None
+        return session
+
     def remove(self, session_id: str, *, reason: str) -> Session | None:
         """Close and forget a session (its key stops working at once)."""
         session = self._by_id.pop(session_id, None)
@@ -182,6 +192,8 @@ class SessionStore:
             return None
         session.closed = True
         self._by_digest.pop(session._digest, None)
+        if self._by_request.get(session.request_id) is session:
+            del self._by_request[session.request_id]
         extra = {"session_id": session.id, "request_id": session.request_id}
         log.info("session %s after %d turns", reason, session.turns_started, extra=extra)
         return session

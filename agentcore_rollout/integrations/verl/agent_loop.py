@@ -36,10 +36,19 @@ current step, so the engine's step is never ahead of the trainer's) and frees th
 early; with `wait` (dropless) or no bound, `keep`: veRL trains whatever it waited for, so the
 engine must end nothing. The group gate is keyed by (uid, step), so overlapping steps do not
 mix. Request ids derive from (uid, session id, step): the same trajectory has the same id in any
-process. A prompt veRL re-issues after a checkpoint restart runs in a new session: veRL 0.9.1
-re-issues it under the resumed step, not its own (`_reissue_inflight_prompts`: "a new dispatch
-attempt"), and an earlier session's result would come without its token trace, which lived in
-that session's gateway session, so it could train no row.
+process.
+
+After a checkpoint restart, veRL's async trainers re-issue the prompts that were in flight
+(`_reissue_inflight_prompts`), with their uids but under the resumed step ("a new dispatch
+attempt"), not the step that first issued them. The engine service takes each member of the
+first step it serves over from the earlier engine (`RolloutEngine.reclaim`) before it starts a
+session: it looks for the member's earlier request ids, one per step back as far as veRL's
+off-policy bound (`reissue_settings`), and takes a result already in S3, or waits for a session
+still running, when the gateway still holds that session's trace. A result without its trace
+trains no row, so with the hosted gateway, which restarts with the trainer, every re-issued
+member runs anew. Verifying an earlier engine's results needs its run secret: without
+`engine.run_secret`, the service keeps one in veRL's checkpoint folder
+(`trainer.default_local_dir`, mode 0600).
 """
 
 from __future__ import annotations
@@ -48,13 +57,15 @@ import asyncio
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
 from ... import RolloutEngine, RolloutOutcome, RolloutRequest, load_config
 from ...config import GatewayConfig, LimitsConfig
+from ...contract import new_run_secret
 from ...training import Group, GroupPolicy
 from .convert import OnFailure, agent_loop_outputs
 
@@ -121,10 +132,13 @@ class EngineService:
         config_path: str,
         hosted: HostedGateway | None = None,
         limits: dict[str, Any] | None = None,
+        reissue: Reissue | None = None,
     ) -> None:
         self._config_path = config_path
         self._hosted = hosted
         self._limits = limits  # an async trainer's staleness (`engine_limits`); None: sync
+        self._reissue = reissue  # an async trainer's restarts (`reissue_settings`); None: sync
+        self._first_step: int | None = None
         self._engine: RolloutEngine | None = None
         self._gateway: Any = None
         self._starting = asyncio.Lock()
@@ -143,9 +157,13 @@ class EngineService:
         outcome: RolloutOutcome | None = None
         try:
             engine = await self._started()
+            if self._first_step is None:
+                self._first_step = step
             if step > engine.step:
                 engine.set_step(step)
-            outcome = await engine.submit(request, step=step, timeout=timeout)
+            outcome = await self._reclaimed(engine, request, step, timeout)
+            if outcome is None:
+                outcome = await engine.submit(request, step=step, timeout=timeout)
         finally:  # a member that could not even be submitted still counts, as not ok
             ended.append(outcome)
             if len(ended) >= policy.size:
@@ -155,6 +173,23 @@ class EngineService:
                 except ValueError as e:  # an ok member without a reward: fail, hang no member
                     verdict.set_exception(GroupFailed(str(e)))
         return outcome, await asyncio.shield(verdict)
+
+    async def _reclaimed(
+        self, engine: RolloutEngine, request: RolloutRequest, step: int, timeout: float | None
+    ) -> RolloutOutcome | None:
+        """A member of the first step after a restart: the ok outcome of its earlier session,
+        if an earlier engine started it at most `reissue.steps` steps back and the engine can
+        still take it over (`RolloutEngine.reclaim`); None: run it anew."""
+        if self._reissue is None or step != self._first_step:
+            return None
+        uid, index = request.input_id, request.sample_index
+        for earlier in range(step - 1, max(0, step - self._reissue.steps - 1), -1):
+            again = replace(request, request_id=request_id(uid, index, earlier))
+            handle = await engine.reclaim(again, step=earlier, timeout=timeout)
+            if handle is not None:
+                outcome = await handle
+                return outcome if outcome.outcome == "ok" else None
+        return None
 
     def stats(self) -> dict[str, Any]:
         """The engine's `EngineStats` as a dict (empty before the first rollout)."""
@@ -172,6 +207,9 @@ class EngineService:
         async with self._starting:
             if self._engine is None:
                 config = load_config(self._config_path).engine
+                if self._reissue is not None and config.run_secret is None:
+                    secret = _run_secret(Path(self._reissue.secret_dir))
+                    config = config.model_copy(update={"run_secret": secret})
                 if self._limits is not None:
                     limits = LimitsConfig(**{**config.limits.model_dump(), **self._limits})
                     config = config.model_copy(update={"limits": limits})
@@ -214,6 +252,46 @@ def engine_limits(config: Any) -> dict[str, Any] | None:
     return {"stale_policy": "keep"}
 
 
+@dataclass(frozen=True)
+class Reissue:
+    """What the engine service needs to take over the prompts an async trainer re-issues after
+    a restart (see the module's docstring)."""
+
+    steps: int  # how many steps back a re-issued prompt's earlier session may have started
+    secret_dir: str  # veRL's checkpoint folder, where the run secret is kept
+
+
+# With no off-policy bound, how far back re-issued prompts are looked for: veRL's default bound.
+_UNBOUNDED_REISSUE_STEPS = 8
+
+
+def reissue_settings(config: Any) -> Reissue | None:
+    """How far back the engine looks for a re-issued prompt's earlier session: veRL's
+    `max_off_policy_threshold` (a prompt older than that was evicted, not checkpointed in
+    flight). None for the sync trainer, which re-issues nothing."""
+    trainer = config.get("trainer") or {}
+    v1 = trainer.get("v1") or {}
+    if v1.get("trainer_mode", "sync") == "sync":
+        return None
+    threshold = (v1.get("sampler") or {}).get("max_off_policy_threshold")
+    steps = _UNBOUNDED_REISSUE_STEPS if threshold is None else int(threshold)
+    return Reissue(steps, str(trainer.get("default_local_dir") or "checkpoints"))
+
+
+def _run_secret(folder: Path) -> str:
+    """The run's secret, kept in `folder` (0600) so an engine after a restart can verify the
+    results an earlier one's agents signed; made by the first engine of the run."""
+    path = folder / "agentcore_run_secret"
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as f:
+        f.write(new_run_secret())
+    return path.read_text().strip()
+
+
 def request_id(uid: str, session_id: int, step: int) -> str:
     """The same trajectory of the same prompt and step gets the same id, in any process."""
     return hashlib.sha256(f"{uid}/{session_id}/{step}".encode()).hexdigest()[:32]
@@ -243,10 +321,14 @@ async def close_services() -> None:
 
 
 async def _call_service(
-    path: str, hosted: HostedGateway | None, limits: dict[str, Any] | None, *args: Any
+    path: str,
+    hosted: HostedGateway | None,
+    limits: dict[str, Any] | None,
+    reissue: Reissue | None,
+    *args: Any,
 ) -> tuple[RolloutOutcome, bool]:
     """The run's shared engine: a named Ray actor under Ray, else one per process; the call
-    that creates it gives it `hosted` and `limits`."""
+    that creates it gives it `hosted`, `limits` and `reissue`."""
     import ray
 
     if ray.is_initialized():
@@ -255,11 +337,11 @@ async def _call_service(
                 ray.remote(EngineService)
                 # num_cpus=0: it waits on the network, and must not take a CPU veRL planned for
                 .options(name=SERVICE_NAME, get_if_exists=True, max_concurrency=10_000, num_cpus=0)
-                .remote(path, hosted, limits)
+                .remote(path, hosted, limits, reissue)
             )
         return await _actors[path].rollout.remote(*args)
     if path not in _local_services:
-        _local_services[path] = EngineService(path, hosted, limits)
+        _local_services[path] = EngineService(path, hosted, limits, reissue)
     service = _local_services[path]
     return await service.rollout(*args)
 
@@ -272,6 +354,7 @@ class AgentCoreAgentLoop(AgentLoopBase):
         self.settings = s = AgentCoreSettings.from_rollout_config(self.rollout_config)
         self._policy = GroupPolicy(n=int(self.rollout_config.n), min_ok=s.min_group_ok)
         self._limits = engine_limits(self.config)
+        self._reissue = reissue_settings(self.config)
         self._hosted: HostedGateway | None = None
         if (gateway := s.gateway) is not None:
             self._hosted = HostedGateway(
@@ -298,7 +381,14 @@ class AgentCoreAgentLoop(AgentLoopBase):
             request_id=request_id(uid, session_id, step),
         )
         outcome, group_ok = await _call_service(
-            s.config_path, self._hosted, self._limits, request, step, self._policy, s.timeout
+            s.config_path,
+            self._hosted,
+            self._limits,
+            self._reissue,
+            request,
+            step,
+            self._policy,
+            s.timeout,
         )
         if not group_ok:
             raise GroupFailed(
