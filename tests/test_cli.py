@@ -118,7 +118,9 @@ def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
     cost = summary["cost"]
     assert cost["rollouts"] == 6 and cost["untraced"] == 0
     assert cost["prompt_tokens"] == sum(r["cost"]["prompt_tokens"] for r in lines) > 0
-    assert cost["sandbox_seconds"] == pytest.approx(sum(r["cost"]["sandbox_seconds"] for r in lines))
+    assert cost["sandbox_seconds"] == pytest.approx(
+        sum(r["cost"]["sandbox_seconds"] for r in lines)
+    )
     assert cost["usd_per_ok"] == pytest.approx(cost["usd"] / 6)
     assert "sandbox seconds" in stderr and "est. cost USD" in stderr
 
