@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 import pytest
@@ -20,9 +21,11 @@ from agentcore_rollout import (
     RolloutOutcome,
     RolloutRequest,
     RolloutStart,
+    SessionCallError,
     load_config,
 )
 from agentcore_rollout._cost import rollout_cost
+from agentcore_rollout._dispatcher import RequestDispatcher, SubmitFailed
 from agentcore_rollout.cli.summary import RunSummary, Tally
 from agentcore_rollout.config import ConfigError, CostConfig, LocalConfig
 from agentcore_rollout.local.stack import LocalStack
@@ -189,3 +192,45 @@ def test_a_hand_built_outcome_has_no_cost_and_a_batch_of_them_sums_to_nothing():
     batch = RolloutBatch(0, [outcome], EngineStats(), 1.0)
     assert outcome.cost is None and outcome.to_dict()["cost"] is None
     assert batch.metrics()["rollout/cost/rollouts"] == 0
+
+
+class _Failing:
+    """A runtime whose invocations fail with `errors`, one each, then succeed."""
+
+    def __init__(self, *errors: SessionCallError) -> None:
+        self.errors = list(errors)
+
+    async def invoke(self, session_id: str, payload: bytes) -> None:
+        await asyncio.sleep(0.01)
+        if self.errors:
+            raise self.errors.pop(0)
+
+    async def stop(self, session_id: str) -> None:
+        pass
+
+
+async def test_a_session_costs_from_the_first_invocation_that_may_have_created_it():
+    """Cut off mid-call, an invocation may have started the session: its cost begins then, even
+    if a later attempt is the one accepted, or none is. A refusal created nothing."""
+    config = flat_config(
+        bucket="bkt",
+        queue_url="q",
+        runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123",
+        backoff_base=0.05,
+        backoff_max=0.05,
+    )
+    refused = SessionCallError("ThrottlingException", "x", retryable=True, maybe_started=False)
+    cut = SessionCallError("ReadTimeoutError", "x", retryable=True, maybe_started=True)
+    d = RequestDispatcher(_Failing(refused, cut), config)
+    began = time.time()
+    async with d.live_session("s" * 40, math.inf) as session:
+        started = await d.start(session, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+    assert session.maybe_started and session.sent_at is not None
+    assert began < session.sent_at < started.sent_at  # the cut attempt, not the refused one
+    fatal = SessionCallError("ReadTimeoutError", "x", retryable=False, maybe_started=True)
+    d = RequestDispatcher(_Failing(fatal), config)
+    with pytest.raises(SubmitFailed):
+        async with d.live_session("t" * 40, math.inf) as never_accepted:
+            await d.start(never_accepted, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+    assert never_accepted.maybe_started and never_accepted.sent_at is not None
+    await d.aclose()
