@@ -9,6 +9,7 @@ contract is `agentcore_rollout.contract`. Modules whose names start with `_` are
 """
 
 from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
+from ._cost import RolloutCost
 from ._engine import RolloutEngine, RolloutHandle
 from ._sandbox import SandboxRuntime, SessionCallError
 from ._stats import EngineStats
@@ -25,6 +26,7 @@ __all__ = [
     "EngineStats",
     "Outcome",
     "RolloutBatch",
+    "RolloutCost",
     "RolloutEngine",
     "RolloutHandle",
     "RolloutOutcome",

@@ -25,6 +25,14 @@ INVOKE_TPS = 200  # InvokeAgentRuntime calls per second per agent, every call (w
 NEW_SESSIONS_PER_MINUTE = 400  # per endpoint, container deployments (was 100; code: 25/s)
 ACTIVE_SESSIONS = 5_000  # per account, us-east-1 and us-west-2
 LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1_209_600  # what the API and CloudFormation accept
+# AgentCore Runtime's published prices (us-east-1; check your region's): it bills per second
+# (1 s minimum) the vCPUs a session actively uses and the peak GB of memory it holds.
+VCPU_HOUR_USD = 0.0895
+GB_HOUR_USD = 0.00945
+# A Runtime session's microVM, as reported for AgentCore Runtime (not a setting of the runtime):
+# billed at most this much, so an estimate from them is an upper bound.
+SESSION_VCPUS = 2.0
+SESSION_GB = 8.0
 
 # AgentCore error types (x-amzn-ErrorType) -> (retryable, throttled)
 _AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
+from ._cost import RolloutCost
 from ._stats import EngineStats
 from .contract import Outcome, RolloutResult
 
@@ -62,6 +63,10 @@ class RolloutOutcome:
     """The gateway session the agent called the policy through (none without a gateway)."""
     delivered_at: float | None = None
     finished_at: float = 0.0
+    cost: RolloutCost | None = None
+    """What it cost: sandbox seconds from `started_at` to `finished_at` (0 if its session never
+    started), the trace's tokens (None without one) and the estimate at `engine.cost`'s prices.
+    Every outcome an engine builds has one, failures included; None only for one built by hand."""
 
     @property
     def reward(self) -> float | None:
@@ -95,6 +100,7 @@ class RolloutOutcome:
             "reward": self.reward,
             "error": self.error,
             "latency": round(self.latency, 4),
+            "cost": self.cost.to_dict(counts=False) if self.cost is not None else None,
             "result": self.result.model_dump(mode="json", exclude={"sig"}) if self.result else None,
             "trace": self.trace,
         }
@@ -145,6 +151,11 @@ class RolloutBatch:
         return len(self.outcomes) / self.wall_time if self.wall_time > 0 else 0.0
 
     @property
+    def cost(self) -> RolloutCost:
+        """The sum of its outcomes' costs: sandbox seconds, tokens, estimated dollars."""
+        return RolloutCost.total(o.cost for o in self.outcomes)
+
+    @property
     def api_calls(self) -> dict[str, int]:
         return self.stats.api_calls
 
@@ -161,6 +172,7 @@ class RolloutBatch:
         out["rollout/wall_time"] = self.wall_time
         out["rollout/throughput"] = self.throughput
         out["rollout/api_calls_per_rollout"] = self.api_calls_per_rollout
+        out |= self.cost.metrics(ok=len(self.ok))
         return out | self.stats.metrics()
 
 

@@ -63,6 +63,9 @@ class LiveSession:
     maybe_started: bool = False
     """Some attempt may have created the session (sent, and not clearly refused), or it is an
     earlier engine's, still running: leaving the slot stops it."""
+    sent_at: float | None = None
+    """When the first attempt that may have created the session was sent (unix seconds): from
+    then on it may cost, even if no attempt was accepted."""
 
 
 class _Outage:
@@ -256,10 +259,14 @@ class RequestDispatcher:
                 deadline = min(sent + timeout, cutoff)
                 self.invokes += 1
                 already, session.maybe_started = session.maybe_started, True
+                first = session.sent_at is None
+                session.sent_at = sent if first else session.sent_at
                 try:
                     await self._runtime.invoke(session.session_id, payload_for(deadline))
                 except SessionCallError as e:
                     session.maybe_started = already or e.maybe_started
+                    if first and not e.maybe_started:
+                        session.sent_at = None  # refused: this attempt created nothing
                     raise
         finally:
             self._starting_slots.release()

@@ -25,11 +25,12 @@ from ._agentcore import AgentCoreRuntime
 from ._aws import AwsClients
 from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
 from ._buffer import Delivery, RolloutBuffer
+from ._cost import rollout_cost
 from ._dispatcher import LiveSession, RequestDispatcher, SubmitFailed
 from ._gateway_admin import GatewayAdmin, GatewayError, GatewaySession
 from ._sandbox import SandboxRuntime
 from ._stats import EngineStats
-from .config import ConfigError, EngineConfig
+from .config import ConfigError, CostConfig, EngineConfig
 from .contract import (
     CONTROL_KEY,
     LLMSettings,
@@ -350,6 +351,7 @@ class RolloutEngine:
             submitted_at=submitted,
             on_start=on_start,
             resumed=resumed,
+            prices=cfg.cost,
         )
 
     async def stream(
@@ -420,8 +422,10 @@ class RolloutEngine:
         async with self._dispatcher.live_session(
             job.session_id, job.start_by, priority=job.step
         ) as session:
+            job.session = session
             if resumed is not None and (resumed.deadline or 0) > time.time():
                 session.maybe_started = True  # the earlier engine's, still running: wait
+                session.sent_at = time.time()  # its cost before the takeover is unknown here
                 job.deadline, job.gateway_session_id = resumed.deadline, resumed.gateway_session_id
             else:
                 await self._start(job, session)
@@ -564,6 +568,8 @@ class _Job:
     submitted_at: float
     on_start: Callable[[RolloutStart], None] | None
     resumed: _Resumed | None
+    prices: CostConfig
+    session: LiveSession | None = None  # its live-session slot, once it has one
     started_at: float | None = None
     deadline: float | None = None
     gateway_session_id: str | None = None
@@ -577,7 +583,10 @@ class _Job:
             else (Outcome.CANCELLED, "cancelled")
         )
 
-    def outcome(self, outcome: Outcome, **ended: Any) -> RolloutOutcome:
+    def outcome(
+        self, outcome: Outcome, *, trace: dict[str, Any] | None = None, **ended: Any
+    ) -> RolloutOutcome:
+        finished = time.time()
         return RolloutOutcome(
             self.request,
             self.step,
@@ -587,9 +596,20 @@ class _Job:
             started_at=self.started_at,
             deadline=self.deadline,
             gateway_session_id=self.gateway_session_id,
-            finished_at=time.time(),
+            finished_at=finished,
+            trace=trace,
+            cost=rollout_cost(self.prices, self.sandbox_since(), finished, trace),
             **ended,
         )
+
+    def sandbox_since(self) -> float | None:
+        """When its sandbox session may have begun to cost: the first invocation that may have
+        created it (even if none was accepted), or for one taken over still running, the
+        takeover; None if none may have."""
+        session = self.session
+        first = session.sent_at if session is not None and session.maybe_started else None
+        known = [t for t in (first, self.started_at) if t is not None]
+        return min(known) if known else None
 
 
 async def _despite_cancel(work: Coroutine[Any, Any, _T]) -> _T:

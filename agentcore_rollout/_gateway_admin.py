@@ -16,7 +16,8 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
       "backend": "sglang" | "openai", "model": str,
       "created": unix s, "finished": unix s,
       "num_turns": int, "num_samples": int,
-      "usage": {"prompt_tokens": int, "completion_tokens": int},
+      "usage": {"prompt_tokens": int, "completion_tokens": int,   # over the turns
+                "reused_prompt_tokens": int},   # of prompt_tokens, taken from earlier turns
       "limits": {"max_turns", "max_context", "rejected_turns", "context_limited_turns"},
       "in_flight_at_finish": int,     # turns still running when finished (not recorded)
       "truncated": bool, "ill_formed": bool,   # any turn

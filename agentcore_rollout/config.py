@@ -26,7 +26,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+from ._agentcore import (
+    GB_HOUR_USD,
+    IDLE_TIMEOUT_S,
+    MAX_LIFETIME_S,
+    SESSION_GB,
+    SESSION_VCPUS,
+    VCPU_HOUR_USD,
+)
 from .contract import DEFAULT_MAX_RESULT_BYTES, ID_MAX, ID_PATTERN, LLMSettings, first_error
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
@@ -211,6 +218,39 @@ class ResultsConfig(_Section):
         return self
 
 
+class CostConfig(_Section):
+    """Prices for the estimated cost of each rollout (`RolloutOutcome.cost`): its sandbox
+    session's seconds at AgentCore Runtime's prices, its gateway tokens at per-token prices.
+
+    AgentCore bills the vCPUs a session actively uses (not while it waits on the LLM) and its
+    peak memory, so the defaults, a whole session's 2 vCPU and 8 GB, make the sandbox estimate
+    an upper bound: set what your agent uses. Token prices default to 0 (a self-hosted policy,
+    paid for by its GPUs, not per token); set them for a policy billed per token."""
+
+    vcpu_hour_usd: float = Field(default=VCPU_HOUR_USD, ge=0, description="AgentCore's, us-east-1")
+    gb_hour_usd: float = Field(default=GB_HOUR_USD, ge=0, description="AgentCore's, us-east-1")
+    session_vcpus: float = Field(
+        default=SESSION_VCPUS, ge=0, description="vCPUs a session is billed for, on average"
+    )
+    session_gb: float = Field(
+        default=SESSION_GB, ge=0, description="GB of memory a session is billed for (its peak)"
+    )
+    prompt_usd_per_mtok: float = Field(default=0.0, ge=0, description="per million prompt tokens")
+    completion_usd_per_mtok: float = Field(
+        default=0.0, ge=0, description="per million completion tokens"
+    )
+    reused_usd_per_mtok: float | None = Field(
+        default=None,
+        ge=0,
+        description="per million prompt tokens the gateway reused from the session's earlier "
+        "turns (a prefix cache's hits); None: the prompt price",
+    )
+
+    @property
+    def sandbox_usd_per_second(self) -> float:
+        return (self.session_vcpus * self.vcpu_hour_usd + self.session_gb * self.gb_hour_usd) / 3600
+
+
 _SECTIONS = {"dispatch": DispatchConfig, "limits": LimitsConfig, "results": ResultsConfig}
 
 
@@ -233,6 +273,7 @@ class EngineConfig(_Section):
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     results: ResultsConfig = Field(default_factory=ResultsConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
     run_secret: str | None = Field(
         default=None,
         min_length=16,

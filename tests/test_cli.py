@@ -107,6 +107,22 @@ def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
     assert summary["groups"]["g1"]["n"] == 3 and "p99" in summary["latency_s"]
     assert summary["api_calls"]["bedrock-agentcore:InvokeAgentRuntime"] == 6
     assert "reward mean per group" in stderr
+    # what the run cost: each row's tokens are its trace's; summary.json holds their sums
+    for line in lines:
+        usage, cost = line["trace"]["usage"], line["cost"]
+        assert (cost["prompt_tokens"], cost["completion_tokens"]) == (
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
+        )
+        assert 0 < cost["sandbox_seconds"] < line["latency"] and cost["usd"] > 0
+    cost = summary["cost"]
+    assert cost["rollouts"] == 6 and cost["untraced"] == 0
+    assert cost["prompt_tokens"] == sum(r["cost"]["prompt_tokens"] for r in lines) > 0
+    assert cost["sandbox_seconds"] == pytest.approx(
+        sum(r["cost"]["sandbox_seconds"] for r in lines)
+    )
+    assert cost["usd_per_ok"] == pytest.approx(cost["usd"] / 6)
+    assert "sandbox seconds" in stderr and "est. cost USD" in stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -379,7 +395,7 @@ def test_dataset_ids_name_groups(tmp_path):
 )
 def test_exit_code(ok, requests, min_ok_fraction, interrupted, code):
     summary = RunSummary(
-        requests, {"ok": ok}, None, {}, {}, 0.0, 0.0, {}, 0.0, EngineStats(), interrupted
+        requests, {"ok": ok}, None, {}, {}, 0.0, 0.0, {}, 0.0, {}, EngineStats(), interrupted
     )
     assert cli_run.exit_code(summary, min_ok_fraction) == code
 

@@ -82,6 +82,8 @@ async def test_char_policy_conversations_render_incrementally_and_exactly() -> N
         assert [t["render"] for t in turns] == ["full", "incremental", "incremental"]
         assert trace["render"] == {"incremental": 2, "fallback": 0, "full": 1}
         assert all(t["reused_prompt_tokens"] > 0 for t in turns[1:])
+        total = sum(t["reused_prompt_tokens"] for t in turns)  # the trace's total, for cost
+        assert trace["usage"]["reused_prompt_tokens"] == total > 0
     assert stats["render"] == {"incremental": 12, "fallback": 0, "full": 6}
     assert stats["turns"] == 18 and stats["sessions"] == 0
     reused = sum(t["reused_prompt_tokens"] for tr in traces for t in tr["turns"])

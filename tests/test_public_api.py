@@ -23,6 +23,7 @@ TRAINER_API = {
     "EngineStats",
     "Outcome",
     "RolloutBatch",
+    "RolloutCost",
     "RolloutEngine",
     "RolloutHandle",
     "RolloutOutcome",

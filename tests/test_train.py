@@ -182,6 +182,9 @@ def test_train_learns_and_replays_captured_logprobs(tmp_path, monkeypatch):
         assert set(components) == {"reward", "correct", "turns", "format"}
         assert components["reward"] == pytest.approx(r["reward_mean"], abs=1e-6)
         assert 0 <= components["correct"] <= 1 and 1 <= components["turns"] <= 3
+        cost = r["cost"]  # what the step's rollouts cost, each traced through the gateway
+        assert cost["rollouts"] == 64 and cost["untraced"] == 0 and cost["prompt_tokens"] > 0
+        assert cost["sandbox_seconds"] > 0 and cost["usd"] > 0
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "weights" / "step-0010.npz").is_file()
 

@@ -9,8 +9,9 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from itertools import chain
+from typing import Any
 
-from .. import EngineStats, Outcome, RolloutOutcome
+from .. import EngineStats, Outcome, RolloutCost, RolloutOutcome
 
 SUMMARY = "summary.json"
 _WHEN_SET = ("resumed_after", "write_error")
@@ -32,9 +33,12 @@ class Tally:
     def __init__(self) -> None:
         self.latencies: list[float] = []
         self.groups: dict[str, list[tuple[Outcome, float | None]]] = {}  # (outcome, reward) each
+        self.cost = RolloutCost.total(())
 
     def add(self, o: RolloutOutcome) -> None:
         self.latencies.append(o.latency)
+        if o.cost is not None:
+            self.cost += o.cost
         self.groups.setdefault(o.request.input_id, []).append((o.outcome, o.reward))
 
 
@@ -52,6 +56,7 @@ class RunSummary:
     throughput_per_s: float
     api_calls: dict[str, int]
     api_calls_per_rollout: float
+    cost: dict[str, Any]  # RolloutCost's sums (estimated usd), usd_per_rollout, usd_per_ok
     engine: EngineStats
     interrupted: bool
     resumed_after: int = 0  # a resumed run: the requests that had ended before it, counted in
@@ -73,6 +78,7 @@ class RunSummary:
             throughput_per_s=requests / wall_time if wall_time > 0 else 0.0,
             api_calls=stats.api_calls,
             api_calls_per_rollout=sum(stats.api_calls.values()) / requests if requests else 0.0,
+            cost=_cost(tally.cost, counts[Outcome.OK]),
             engine=stats,
             interrupted=interrupted,
         )
@@ -98,6 +104,16 @@ class RunSummary:
         """summary.json's text: `resumed_after` and `write_error` only when they happened."""
         fields = {k: v for k, v in asdict(self).items() if v or k not in _WHEN_SET}
         return json.dumps(fields, indent=2) + "\n"
+
+
+def _cost(cost: RolloutCost, ok: int) -> dict[str, Any]:
+    """This run's cost (a resumed run's: what ran after the restart), with the dollars per
+    rollout and per ok rollout: what one training sample cost, failures included."""
+    per = {
+        "usd_per_rollout": cost.usd / cost.rollouts if cost.rollouts else None,
+        "usd_per_ok": cost.usd / ok if ok else None,
+    }
+    return cost.to_dict() | per
 
 
 def _group(members: list[tuple[Outcome, float | None]]) -> GroupFigures:

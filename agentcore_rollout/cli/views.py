@@ -95,6 +95,10 @@ def print_summary(summary: RunSummary) -> None:
     figures.add_row("throughput (rollouts/s)", _fmt(summary.throughput_per_s))
     figures.add_row("API calls per rollout", _fmt(summary.api_calls_per_rollout))
     figures.add_row("wall time (s)", _fmt(summary.wall_time_s))
+    cost = summary.cost
+    figures.add_row("sandbox seconds (total / mean)", _sandbox(cost))
+    figures.add_row("tokens prompt / completion / reused", _tokens(cost))
+    figures.add_row("est. cost USD (total / per rollout / per ok)", _usd(cost))
     console.print(figures)
     groups = Table(title="reward mean per group", title_justify="left")
     for col in ("group", "n", "ok", "reward mean"):
@@ -105,6 +109,23 @@ def print_summary(summary: RunSummary) -> None:
     if len(items) > 20:
         groups.add_row(f"... {len(items) - 20} more in summary.json", "", "", "")
     console.print(groups)
+
+
+def _sandbox(cost: dict[str, Any]) -> str:
+    mean = cost["sandbox_seconds"] / cost["rollouts"] if cost["rollouts"] else None
+    return f"{_fmt(cost['sandbox_seconds'])} / {_fmt(mean)}"
+
+
+def _tokens(cost: dict[str, Any]) -> str:
+    """The run's tokens; how many rollouts had no trace (their tokens are not in the sums)."""
+    keys = ("prompt_tokens", "completion_tokens", "reused_prompt_tokens")
+    shown = " / ".join("-" if cost[k] is None else f"{cost[k]:,}" for k in keys)
+    return shown + (f" ({cost['untraced']} without a trace)" if cost["untraced"] else "")
+
+
+def _usd(cost: dict[str, Any]) -> str:
+    keys = ("usd", "usd_per_rollout", "usd_per_ok")
+    return " / ".join("-" if cost[k] is None else f"{cost[k]:.6f}" for k in keys)
 
 
 def _fmt(value: float | None) -> str:

@@ -107,6 +107,7 @@ class Session:
             "usage": {
                 "prompt_tokens": sum(t.prompt_tokens or 0 for t in turns),
                 "completion_tokens": sum(t.completion_tokens or 0 for t in turns),
+                "reused_prompt_tokens": sum(t.reused_prompt_tokens for t in turns),
             },
             "limits": {
                 "max_turns": self.max_turns,

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from .. import Outcome, RolloutEngine
+from .. import Outcome, RolloutCost, RolloutEngine
 from ..config import Config, ConfigError
 from ..contract import NamedRewards
 from ..training import (
@@ -195,6 +195,7 @@ def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats)
         "groups_too_few_ok": by_status[GroupStatus.TOO_FEW_OK],
         "stale": len(stale),
         "stale_requests": sum(m.outcome is Outcome.STALE for g in stale for m in g.members),
+        "cost": RolloutCost.total(m.cost for g in [*taken, *stale] for m in g.members).to_dict(),
         "step_lag_mean": _mean([step - g.step for g in taken if g.status is GroupStatus.TRAIN]),
         "resumed_turns": sum(
             bool(turn.get("resumed"))
