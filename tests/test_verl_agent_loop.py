@@ -64,6 +64,18 @@ def _agent_loop(
     )
 
 
+def _held_stack(name: str) -> LocalConfig:
+    """The embedded stack running the held agent in-process, its worker recording samples."""
+    return LocalConfig(
+        app="tests.agents.held:app",
+        mode="in_process",
+        policy_workers=1,
+        record_samples=True,
+        bucket=name,
+        queue=name,
+    )
+
+
 async def _group(
     loop: AgentCoreAgentLoop, uid: str, n: int, extra_info: dict, step: int = 1
 ) -> list:
@@ -79,14 +91,7 @@ async def _group(
 
 async def test_agent_loop_rows_failures_and_min_group_ok_through_the_wire(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    local = LocalConfig(
-        app="tests.agents.held:app",
-        mode="in_process",
-        policy_workers=1,
-        record_samples=True,
-        bucket="verl-loop",
-        queue="verl-loop",
-    )
+    local = _held_stack("verl-loop")
     question = {"question": "What is 2 + 5?"}
     async with LocalStack(local) as stack:
         engine = stack.engine_config(flat_config(exp_id="verl", start_rate=50.0, wait_time=1))
@@ -264,14 +269,7 @@ async def test_prompts_reissued_after_a_restart_take_over_their_earlier_sessions
     takes over its earlier session (its result from S3, or the session still running, with the
     trace the stack's gateway kept), so no agent runs twice; a new prompt runs as usual."""
     monkeypatch.chdir(ROOT)
-    local = LocalConfig(
-        app="tests.agents.held:app",
-        mode="in_process",
-        policy_workers=1,
-        record_samples=True,
-        bucket="verl-reissue",
-        queue="verl-reissue",
-    )
+    local = _held_stack("verl-reissue")
     question = {"question": "What is 2 + 5?"}
     earlier = {"written": question, "running": {**question, "hold": 6.0}}
     trainer = {**_async(2), "default_local_dir": str(tmp_path / "checkpoints")}
