@@ -130,7 +130,10 @@ class RolloutEngine:
         self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
         self._buffer.advance(self._step)
         if self.config.gateway is not None:
-            self._gateway = GatewayAdmin(self.config.gateway.url, self.config.gateway.admin_token)
+            replicas = self.config.gateway.all_replicas
+            if len(replicas) > 1:
+                raise ConfigError("engine.gateway.replicas: several replicas are not built yet")
+            self._gateway = GatewayAdmin(replicas[0].url, self.config.gateway.admin_token)
         await self._buffer.start()
 
     async def aclose(self) -> None:
@@ -518,7 +521,7 @@ class RolloutEngine:
         if gateway_session is not None:  # agents call the gateway with their session's key
             assert cfg.gateway is not None
             llm = LLMSettings(
-                base_url=f"{(cfg.gateway.public_url or cfg.gateway.url).rstrip('/')}/v1",
+                base_url=f"{cfg.gateway.all_replicas[0].agent_url.rstrip('/')}/v1",
                 model=llm.model if llm else (gateway_session.model or "policy"),
                 api_key=gateway_session.api_key,
                 sampling=llm.sampling if llm else {},

@@ -115,15 +115,45 @@ class Endpoints(_Section):
     agentcore: str | None = None
 
 
-class GatewayConfig(_Section):
-    """The token-capture gateway: the engine opens one session per request through its admin
-    API and hands the agent that session's key."""
+class GatewayReplica(_Section):
+    """One gateway process: where the engine reaches its admin API, and what agents call."""
 
     url: str
+    public_url: str | None = Field(default=None, description="what agents call; default url")
+
+    @property
+    def agent_url(self) -> str:
+        return self.public_url or self.url
+
+
+class GatewayConfig(_Section):
+    """The token-capture gateway: the engine opens one session per request through its admin
+    API and hands the agent that session's key. One gateway (`url`, `public_url`) or several
+    replicas sharing one admin token (`replicas`): a session lives on the replica it was opened
+    on, and its agent is given that replica's URL, so every turn lands where its state is."""
+
+    url: str | None = None
     admin_token: str = Field(repr=False)
     public_url: str | None = Field(default=None, description="what agents call; default url")
+    replicas: list[GatewayReplica] = Field(default_factory=list)
     max_context: int | None = Field(default=None, ge=1)
     max_turns: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> GatewayConfig:
+        if (self.url is None) == (not self.replicas):
+            raise PydanticCustomError("gateway", "set url (one gateway) or replicas, not both")
+        if self.replicas and self.public_url is not None:
+            raise PydanticCustomError("gateway", "with replicas, set each replica's public_url")
+        return self
+
+    @property
+    def all_replicas(self) -> list[GatewayReplica]:
+        """Every replica: `replicas`, or the one at `url`."""
+        if self.replicas:
+            return list(self.replicas)
+        assert self.url is not None  # _one_way
+        return [GatewayReplica(url=self.url, public_url=self.public_url)]
 
 
 class DispatchConfig(_Section):
