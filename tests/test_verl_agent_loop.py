@@ -171,10 +171,12 @@ def test_settings_are_checked(tmp_path):
         _agent_loop(tmp_path / "x.yaml", n=2, on_failure="ignore")
 
 
-def _async(threshold: int | None, strategy: str = "drop") -> dict:
-    """`trainer` of veRL's colocate_async trainer with the replay buffer's staleness bound."""
+def _async(threshold: int | None, folder: Path, strategy: str = "drop") -> dict:
+    """`trainer` of veRL's colocate_async trainer with the replay buffer's staleness bound;
+    `folder` its checkpoints' (where the service keeps the run secret), never the checkout."""
     sampler = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy}
-    return {"v1": {"trainer_mode": "colocate_async", "sampler": sampler}}
+    v1 = {"trainer_mode": "colocate_async", "sampler": sampler}
+    return {"v1": v1, "default_local_dir": str(folder / "checkpoints")}
 
 
 async def _engine_yaml(stack: LocalStack, tmp_path: Path, exp_id: str) -> Path:
@@ -200,7 +202,7 @@ async def test_async_steps_overlap_and_no_group_fails_within_veRLs_bound(
     question = {"question": "What is 2 + 5?"}
     async with LocalStack(local) as stack:
         loop = _agent_loop(
-            await _engine_yaml(stack, tmp_path, "async"), n=2, trainer=_async(threshold)
+            await _engine_yaml(stack, tmp_path, "async"), n=2, trainer=_async(threshold, tmp_path)
         )
         try:
             old = asyncio.ensure_future(_group(loop, "old", 2, {**question, "hold": 3.0}))
@@ -223,7 +225,9 @@ async def test_a_group_behind_veRLs_drop_bound_fails_as_veRL_would_evict_it(tmp_
     )
     question = {"question": "What is 2 + 5?"}
     async with LocalStack(local) as stack:
-        loop = _agent_loop(await _engine_yaml(stack, tmp_path, "drop"), n=2, trainer=_async(2))
+        loop = _agent_loop(
+            await _engine_yaml(stack, tmp_path, "drop"), n=2, trainer=_async(2, tmp_path)
+        )
         try:
             old = asyncio.ensure_future(_group(loop, "old", 2, {**question, "hold": 5.0}))
             await asyncio.sleep(1.0)
@@ -272,7 +276,7 @@ async def test_prompts_reissued_after_a_restart_take_over_their_earlier_sessions
     local = _held_stack("verl-reissue")
     question = {"question": "What is 2 + 5?"}
     earlier = {"written": question, "running": {**question, "hold": 6.0}}
-    trainer = {**_async(2), "default_local_dir": str(tmp_path / "checkpoints")}
+    trainer = _async(2, tmp_path)
     async with LocalStack(local) as stack:
         engine_yaml = await _engine_yaml(stack, tmp_path, "reissue")  # no run_secret set
         # The first life's engine listens on a queue no bucket notifies, so the kill finds its
