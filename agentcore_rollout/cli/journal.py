@@ -2,8 +2,8 @@
 the process died, without running an agent twice.
 
 `OUT/journal.jsonl` holds one `request` line per request (written before any is submitted)
-and one `started` line per session started (its deadline and gateway session). Ended requests
-are the lines of `OUT/rollouts.jsonl`. The signing keys derive from the run's secret
+and one `started` line per session started (its deadline, gateway session and replica). Ended
+requests are the lines of `OUT/rollouts.jsonl`. The signing keys derive from the run's secret
 (`engine.run_secret`, else `OUT/run_secret`, 0600), which never goes to S3 or the logs.
 """
 
