@@ -131,7 +131,9 @@ class GatewayConfig(_Section):
     """The token-capture gateway: the engine opens one session per request through its admin
     API and hands the agent that session's key. One gateway (`url`, `public_url`) or several
     replicas sharing one admin token (`replicas`): a session lives on the replica it was opened
-    on, and its agent is given that replica's URL, so every turn lands where its state is."""
+    on (the least loaded), and its agent is given that replica's URL, so every turn lands where
+    its state is. A replica that cannot be reached gets no new session for
+    `dispatch.backoff_max` seconds; the sessions it held end `invalid_result` (trace lost)."""
 
     url: str | None = None
     admin_token: str = Field(repr=False)

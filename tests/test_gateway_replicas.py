@@ -13,10 +13,13 @@ token in front of one policy worker.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -25,9 +28,31 @@ from agentcore_rollout import RolloutEngine, RolloutRequest, RolloutStart
 from agentcore_rollout.cli.journal import JOURNAL, Journal, Lines, left_open
 from agentcore_rollout.config import GatewayConfig, LocalConfig, load_config
 from agentcore_rollout.gateway import GatewayAdmin
+from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# An engine that journals each start on stdout (as `run` does in journal.jsonl), then is killed.
+FIRST_LIFE = """
+import asyncio, json, sys
+from agentcore_rollout import EngineConfig, RolloutEngine, RolloutRequest
+
+def journal(start):
+    print(json.dumps({"request_id": start.request.request_id, "deadline": start.deadline,
+                      "gateway_session_id": start.gateway_session_id,
+                      "gateway_url": start.gateway_url}), flush=True)
+
+async def main():
+    config = EngineConfig.model_validate_json(open(sys.argv[1]).read())
+    requests = [RolloutRequest(**r) for r in json.load(open(sys.argv[2]))]
+    async with RolloutEngine(config) as engine:
+        await asyncio.gather(*(engine.submit(r, on_start=journal) for r in requests))
+
+asyncio.run(main())
+"""
 
 
 def _local(name: str, **fields: object) -> LocalConfig:
@@ -129,6 +154,66 @@ async def test_a_dead_replica_loses_its_sessions_and_the_survivor_takes_the_rest
     assert none_left.outcome == "submit_failed"
     assert (none_left.error or "").startswith("gateway: no gateway replica answered")
     assert "\n" not in (none_left.error or "")
+
+
+async def test_a_resumed_request_is_finished_on_the_replica_its_start_journaled(tmp_path) -> None:
+    """An engine SIGKILLed with sessions on both replicas, written and running; a new engine
+    resumes each from its journaled start and collects each trace from its own replica."""
+    requests = [_request(f"resume-{i}", hold=0.0 if i < 2 else 4.0) for i in range(4)]
+    async with LocalStack(_local("replicas-resume")) as stack:
+        config = stack.engine_config(
+            flat_config(exp_id="replicas", run_secret="r" * 32, start_rate=50.0, wait_time=1)
+        )
+        # The first engine listens on a queue no bucket notifies: it never delivers anything.
+        silent = stack.moto.client("sqs").create_queue(QueueName="replicas-silent")["QueueUrl"]
+        (tmp_path / "first.json").write_text(
+            config.model_copy(update={"queue_url": silent}).model_dump_json()
+        )
+        (tmp_path / "requests.json").write_text(json.dumps([vars(r) for r in requests]))
+        first = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            FIRST_LIFE,
+            str(tmp_path / "first.json"),
+            str(tmp_path / "requests.json"),
+            cwd=ROOT,
+            env={**os.environ, **LOCAL_CREDENTIALS, "PYTHONPATH": str(ROOT)},
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert first.stdout is not None
+        async with asyncio.timeout(60):
+            started = [json.loads(await first.stdout.readline()) for _ in requests]
+            s3 = stack.moto.client("s3")
+            while s3.list_objects_v2(Bucket=config.bucket).get("KeyCount", 0) < 2:
+                assert first.returncode is None, "the first engine died"
+                await asyncio.sleep(0.1)  # the quick two wrote; the held two are running
+        first.kill()
+        await first.wait()
+
+        journaled = {line["request_id"]: line for line in started}
+        async with RolloutEngine(config) as second:
+            outcomes = await asyncio.gather(
+                *(
+                    second.resume(
+                        r,
+                        step=0,
+                        deadline=journaled[r.request_id]["deadline"],
+                        gateway_session_id=journaled[r.request_id]["gateway_session_id"],
+                        gateway_url=journaled[r.request_id]["gateway_url"],
+                    )
+                    for r in requests
+                )
+            )
+
+    urls = [replica.url for replica in config.gateway.replicas]
+    assert Counter(line["gateway_url"] for line in started) == Counter(urls * 2)
+    assert [o.outcome for o in outcomes] == ["ok"] * 4, [o.error for o in outcomes]
+    for outcome in outcomes:
+        start = journaled[outcome.request.request_id]
+        assert outcome.started_at is None  # collected or waited for, not run again
+        assert outcome.gateway_url == start["gateway_url"]
+        assert outcome.trace is not None and outcome.trace["num_turns"] == 1
+        assert outcome.trace["session_id"] == start["gateway_session_id"]
 
 
 def test_replicas_from_the_environment_are_admin_urls_separated_by_commas(tmp_path) -> None:
