@@ -25,10 +25,12 @@ import aiohttp
 import pytest
 
 from agentcore_rollout import RolloutEngine, RolloutRequest, RolloutStart
+from agentcore_rollout._gateway_replicas import GatewayReplicas
 from agentcore_rollout.cli.journal import JOURNAL, Journal, Lines, left_open
-from agentcore_rollout.config import GatewayConfig, LocalConfig, load_config
-from agentcore_rollout.gateway import GatewayAdmin
+from agentcore_rollout.config import GatewayConfig, GatewayReplica, LocalConfig, load_config
+from agentcore_rollout.gateway import Gateway, GatewayAdmin, GatewayError, SGLangBackend
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
+from agentcore_rollout.local.policy import CharRenderer
 from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config
@@ -214,6 +216,42 @@ async def test_a_resumed_request_is_finished_on_the_replica_its_start_journaled(
         assert outcome.gateway_url == start["gateway_url"]
         assert outcome.trace is not None and outcome.trace["num_turns"] == 1
         assert outcome.trace["session_id"] == start["gateway_session_id"]
+
+
+async def test_a_replica_that_is_down_is_skipped_then_probed_again_after_retry_after() -> None:
+    token = "t" * 24
+    backend = SGLangBackend("http://127.0.0.1:9")  # never called: no turn is taken here
+
+    def gateway(port: int = 0) -> Gateway:
+        return Gateway(backend, CharRenderer(), admin_token=token, port=port)
+
+    async with gateway() as gone:
+        down, port = gone.url, gone.port
+    async with gateway() as up:  # `down`'s port now has nothing listening
+        replicas = GatewayReplicas(
+            [GatewayReplica(url=down), GatewayReplica(url=up.url)], token, retry_after=0.5
+        )
+        # Both empty: the lowest index is tried first, refuses, is marked down; `up` takes it.
+        assert (await replicas.open("req-1"))[0] == up.url and replicas.is_down(down)
+        assert (await replicas.open("req-2"))[0] == up.url  # skipped without a try
+        async with gateway(port):  # the replica restarts where it was
+            assert replicas.is_down(down)
+            await asyncio.sleep(0.6)  # its retry_after passed: the next open probes it
+            opened = [(await replicas.open(f"req-{i}"))[0] for i in range(3, 7)]
+            assert opened == [down] * 3 + [up.url]  # least loaded first; a tie: lowest index
+            assert not replicas.is_down(down)
+            assert replicas.open_sessions() == {down: 3, up.url: 3}
+            found = await replicas.session_of("req-4")  # every replica asked
+            assert found is not None and found[0] == down
+            assert (await replicas.finish(down, found[1].session_id))["request_id"] == "req-4"
+        # Down for good: a finish there fails and marks it down; every replica down: one line.
+        with pytest.raises(GatewayError) as lost:
+            await replicas.finish(down, "any-session")
+        assert lost.value.status == 0 and replicas.is_down(down)
+        assert replicas.open_sessions() == {down: 2, up.url: 3}
+    with pytest.raises(GatewayError, match=r"^no gateway replica answered"):
+        await replicas.open("req-none")
+    await replicas.close()
 
 
 def test_replicas_from_the_environment_are_admin_urls_separated_by_commas(tmp_path) -> None:
