@@ -100,6 +100,7 @@ class RolloutOutcome:
             "step": self.step,
             "weight_versions": list(self.weight_versions),
             "session_id": self.session_id,
+            "gateway_url": self.gateway_url,  # the replica its trace came from (or was lost on)
             "outcome": str(self.outcome),
             "reward": self.reward,
             "error": self.error,

@@ -148,6 +148,7 @@ async def test_a_dead_replica_loses_its_sessions_and_the_survivor_takes_the_rest
     for outcome in lost:
         assert outcome.trace is None and outcome.result is None
         assert f"gateway replica {dead.url} lost its trace" in (outcome.error or "")
+        assert outcome.to_dict()["gateway_url"] == dead.url  # rollouts.jsonl names it
     assert [o.outcome for o in kept] == ["ok"] * 3, [o.error for o in kept]
     assert all(o.trace is not None and o.trace["num_turns"] == 1 for o in kept)
     assert [(o.outcome, o.gateway_url) for o in later] == [("ok", survivor)] * 4, [
