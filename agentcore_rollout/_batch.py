@@ -39,6 +39,8 @@ class RolloutStart:
     request's cutoff."""
     gateway_session_id: str | None
     """The gateway session the agent calls the policy through (none without a gateway)."""
+    gateway_url: str | None = None
+    """The gateway replica holding that session (its admin URL): where its trace is."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class RolloutOutcome:
     """The rollout's deadline given to its agent (see `RolloutStart.deadline`)."""
     gateway_session_id: str | None = None
     """The gateway session the agent called the policy through (none without a gateway)."""
+    gateway_url: str | None = None
+    """The gateway replica that session was on (its admin URL)."""
     delivered_at: float | None = None
     finished_at: float = 0.0
     cost: RolloutCost | None = None
@@ -96,6 +100,7 @@ class RolloutOutcome:
             "step": self.step,
             "weight_versions": list(self.weight_versions),
             "session_id": self.session_id,
+            "gateway_url": self.gateway_url,  # the replica its trace came from (or was lost on)
             "outcome": str(self.outcome),
             "reward": self.reward,
             "error": self.error,

@@ -27,7 +27,8 @@ from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, 
 from ._buffer import Delivery, RolloutBuffer
 from ._cost import rollout_cost
 from ._dispatcher import LiveSession, RequestDispatcher, SubmitFailed
-from ._gateway_admin import GatewayAdmin, GatewayError, GatewaySession
+from ._gateway_admin import GatewayError, GatewaySession
+from ._gateway_replicas import GatewayReplicas
 from ._sandbox import SandboxRuntime
 from ._stats import EngineStats
 from .config import ConfigError, CostConfig, EngineConfig
@@ -102,7 +103,7 @@ class RolloutEngine:
         self._run_secret = config.run_secret or new_run_secret()
         self._requests: dict[asyncio.Task[RolloutOutcome], _Job] = {}  # each running request
         self._cleanups: set[asyncio.Task[Any]] = set()  # gateway sessions being dropped
-        self._gateway: GatewayAdmin | None = None
+        self._gateway: GatewayReplicas | None = None
         self._dispatcher: RequestDispatcher
         self._buffer: RolloutBuffer
 
@@ -130,10 +131,11 @@ class RolloutEngine:
         self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
         self._buffer.advance(self._step)
         if self.config.gateway is not None:
-            replicas = self.config.gateway.all_replicas
-            if len(replicas) > 1:
-                raise ConfigError("engine.gateway.replicas: several replicas are not built yet")
-            self._gateway = GatewayAdmin(replicas[0].url, self.config.gateway.admin_token)
+            self._gateway = GatewayReplicas(  # a dead replica is tried again at this cadence
+                self.config.gateway.all_replicas,
+                self.config.gateway.admin_token,
+                retry_after=self.config.dispatch.backoff_max,
+            )
         await self._buffer.start()
 
     async def aclose(self) -> None:
@@ -250,6 +252,7 @@ class RolloutEngine:
         step: int,
         deadline: float | None = None,
         gateway_session_id: str | None = None,
+        gateway_url: str | None = None,
         timeout: float | None = None,
         on_start: Callable[[RolloutStart], None] | None = None,
     ) -> RolloutHandle:
@@ -257,9 +260,10 @@ class RolloutEngine:
         `run_secret`) submitted, e.g. after a crash. If its result is in S3 it is delivered
         without invoking the agent again; if its session started and its `deadline` (as the
         earlier engine's `RolloutStart` had it) has not passed, the engine waits for it;
-        otherwise it is dispatched as `submit` would. `gateway_session_id` (from the same
-        `RolloutStart`) lets the gateway's trace be collected."""
-        resumed = _Resumed(deadline, gateway_session_id)
+        otherwise it is dispatched as `submit` would. `gateway_session_id` and `gateway_url`
+        (from the same `RolloutStart`; no URL: the first replica, where every session was before
+        there were several) let the gateway's trace be collected."""
+        resumed = _Resumed(deadline, gateway_session_id, gateway_url)
         return self._submit(request, step, timeout, None, on_start, resumed)
 
     async def reclaim(
@@ -280,23 +284,21 @@ class RolloutEngine:
 
         The step is not checked against `max_staleness`: the earlier engine accepted it."""
         check_request(request.request_id, request.input_id, request.sample_index, request.payload)
-        held = None
+        held, url = None, None
         if self._gateway is not None:
-            try:
-                held = await self._gateway.session_of(request.request_id)
-            except GatewayError as e:
-                log.warning("gateway session of request_id=%s: %s", request.request_id, e)
-            if held is None:
+            found = await self._gateway.session_of(request.request_id)  # asks every replica
+            if found is None:
                 return None  # a result without its trace trains nothing: run it anew
+            url, held = found
         gateway_session_id = held.session_id if held is not None else None
         if await self._buffer.stored(request.request_id, step):
-            resumed = _Resumed(None, gateway_session_id)
+            resumed = _Resumed(None, gateway_session_id, url)
         elif held is not None and held.turns > 0:
             wait = self.config.limits.rollout_timeout if timeout is None else timeout
-            resumed = _Resumed(time.time() + wait, gateway_session_id)
+            resumed = _Resumed(time.time() + wait, gateway_session_id, url)
         else:
-            if held is not None:
-                await self._gateway_dropped(request.request_id, held.session_id)
+            if held is not None and url is not None:
+                await self._gateway_dropped(request.request_id, url, held.session_id)
             return None
         return self._submit(request, step, timeout, None, None, resumed, checked_step=False)
 
@@ -420,7 +422,7 @@ class RolloutEngine:
         engine's session wrote, or waits to write."""
         rid, resumed = job.request.request_id, job.resumed
         if resumed is not None and (found := await self._buffer.look_up(rid)) is not None:
-            job.gateway_session_id = resumed.gateway_session_id
+            job.took_over(resumed, self._gateway)
             return found
         async with self._dispatcher.live_session(
             job.session_id, job.start_by, priority=job.step
@@ -429,7 +431,8 @@ class RolloutEngine:
             if resumed is not None and (resumed.deadline or 0) > time.time():
                 session.maybe_started = True  # the earlier engine's, still running: wait
                 session.sent_at = time.time()  # its cost before the takeover is unknown here
-                job.deadline, job.gateway_session_id = resumed.deadline, resumed.gateway_session_id
+                job.deadline = resumed.deadline
+                job.took_over(resumed, self._gateway)
             else:
                 await self._start(job, session)
             assert job.deadline is not None
@@ -437,8 +440,7 @@ class RolloutEngine:
 
     async def _start(self, job: _Job, session: LiveSession) -> None:
         """Open the rollout's gateway session, then start its sandbox session."""
-        gateway_session = await self._open_gateway_session(job.request)
-        job.gateway_session_id = gateway_session.session_id if gateway_session else None
+        gateway_session = await self._open_gateway_session(job)
         started = await self._dispatcher.start(
             session,
             lambda deadline: self._payload(job, deadline, gateway_session),
@@ -455,6 +457,7 @@ class RolloutEngine:
                     started.sent_at,
                     started.deadline,
                     job.gateway_session_id,
+                    job.gateway_url,
                 )
             )
 
@@ -468,12 +471,17 @@ class RolloutEngine:
         trace = None
         if result is None:
             self._drop_gateway_session(job)
-        elif job.gateway_session_id is not None and self._gateway is not None:
+        elif job.gateway_session_id is not None and job.gateway_url is not None:
+            assert self._gateway is not None
             try:
-                trace = await self._gateway.finish_session(job.gateway_session_id)
+                trace = await self._gateway.finish(job.gateway_url, job.gateway_session_id)
             except GatewayError as e:
                 log.warning("gateway session of request_id=%s: %s", job.request.request_id, e)
-                if outcome is Outcome.OK:
+                if e.status == 0:  # the replica died: whatever the agent made of it, no tokens
+                    said = f" (the agent's result: {outcome.value}: {error})" if error else ""
+                    outcome, result = Outcome.INVALID_RESULT, None
+                    error = f"gateway replica {job.gateway_url} lost its trace: {e}{said}"
+                elif outcome is Outcome.OK:
                     outcome, result, error = Outcome.INVALID_RESULT, None, f"trace lost: {e}"
         return job.outcome(
             outcome, result=result, error=error, trace=trace, delivered_at=delivery.handed_off_at
@@ -487,41 +495,44 @@ class RolloutEngine:
 
     def _drop_gateway_session(self, job: _Job) -> None:
         """Drop the request's gateway session behind its outcome, if it has one."""
-        session_id = job.gateway_session_id
-        if self._gateway is None or session_id is None:
+        session_id, url = job.gateway_session_id, job.gateway_url
+        if self._gateway is None or session_id is None or url is None:
             return
-        task = asyncio.create_task(self._gateway_dropped(job.request.request_id, session_id))
+        task = asyncio.create_task(self._gateway_dropped(job.request.request_id, url, session_id))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    async def _gateway_dropped(self, request_id: str, session_id: str) -> None:
+    async def _gateway_dropped(self, request_id: str, url: str, session_id: str) -> None:
         assert self._gateway is not None
         try:
-            await self._gateway.drop_session(session_id)
+            await self._gateway.drop(url, session_id)
         except GatewayError as e:
             log.warning("gateway session of request_id=%s: %s", request_id, e)
 
-    async def _open_gateway_session(self, request: RolloutRequest) -> GatewaySession | None:
+    async def _open_gateway_session(self, job: _Job) -> GatewaySession | None:
+        """Open the rollout's session on the least-loaded replica that answers."""
         if self._gateway is None:
             return None
         gw, llm = self.config.gateway, self.config.llm
         assert gw is not None
         try:
-            return await self._gateway.create_session(
-                request.request_id,
+            job.gateway_url, session = await self._gateway.open(
+                job.request.request_id,
                 sampling=llm.sampling if llm else None,
                 max_context=gw.max_context,
                 max_turns=gw.max_turns,
             )
         except GatewayError as e:
             raise SubmitFailed(f"gateway: {e}") from None
+        job.gateway_session_id = session.session_id
+        return session
 
     def _payload(self, job: _Job, deadline: float, gateway_session: GatewaySession | None) -> bytes:
         cfg, llm, request = self.config, self.config.llm, job.request
-        if gateway_session is not None:  # agents call the gateway with their session's key
-            assert cfg.gateway is not None
+        if gateway_session is not None:  # agents call their session's replica with its key
+            assert self._gateway is not None and job.gateway_url is not None
             llm = LLMSettings(
-                base_url=f"{cfg.gateway.all_replicas[0].agent_url.rstrip('/')}/v1",
+                base_url=f"{self._gateway.agent_url(job.gateway_url).rstrip('/')}/v1",
                 model=llm.model if llm else (gateway_session.model or "policy"),
                 api_key=gateway_session.api_key,
                 sampling=llm.sampling if llm else {},
@@ -552,6 +563,7 @@ class RolloutEngine:
 class _Resumed:
     deadline: float | None
     gateway_session_id: str | None
+    gateway_url: str | None  # the replica holding it; None: the first (journals of one)
 
 
 @dataclass
@@ -576,7 +588,15 @@ class _Job:
     started_at: float | None = None
     deadline: float | None = None
     gateway_session_id: str | None = None
+    gateway_url: str | None = None  # the replica its gateway session is on
     stale: str | None = None  # why `set_step` ended it, if it did
+
+    def took_over(self, resumed: _Resumed, gateway: GatewayReplicas | None) -> None:
+        """Its gateway session is the earlier engine's, on the replica that engine recorded."""
+        self.gateway_session_id = resumed.gateway_session_id
+        if gateway is not None and self.gateway_session_id is not None:
+            self.gateway_url = (resumed.gateway_url or gateway.urls[0]).rstrip("/")
+            gateway.adopt(self.gateway_url, self.gateway_session_id)
 
     def why_cancelled(self) -> tuple[Outcome, str]:
         """`stale` if `set_step` cancelled it, else `cancelled`."""
@@ -599,6 +619,7 @@ class _Job:
             started_at=self.started_at,
             deadline=self.deadline,
             gateway_session_id=self.gateway_session_id,
+            gateway_url=self.gateway_url,
             finished_at=finished,
             trace=trace,
             cost=rollout_cost(self.prices, self.sandbox_since(), finished, trace),

@@ -92,7 +92,8 @@ class GatewayAdmin:
     def __init__(self, url: str, admin_token: str, *, timeout: float = 60.0) -> None:
         self.url = url.rstrip("/")
         self._token = admin_token
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        # A replica that is down answers nothing: the engine moves on after 5 s, not `timeout`.
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 5.0))
         self._http: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:

@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -130,7 +131,9 @@ class GatewayConfig(_Section):
     """The token-capture gateway: the engine opens one session per request through its admin
     API and hands the agent that session's key. One gateway (`url`, `public_url`) or several
     replicas sharing one admin token (`replicas`): a session lives on the replica it was opened
-    on, and its agent is given that replica's URL, so every turn lands where its state is."""
+    on (the least loaded), and its agent is given that replica's URL, so every turn lands where
+    its state is. A replica that cannot be reached gets no new session for
+    `dispatch.backoff_max` seconds; the sessions it held end `invalid_result` (trace lost)."""
 
     url: str | None = None
     admin_token: str = Field(repr=False)
@@ -138,6 +141,17 @@ class GatewayConfig(_Section):
     replicas: list[GatewayReplica] = Field(default_factory=list)
     max_context: int | None = Field(default=None, ge=1)
     max_turns: int | None = Field(default=None, ge=1)
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> Any:
+        """From the environment, a string: `[{url: ..., public_url: ...}, ...]` as YAML, or
+        admin URLs separated by commas (`AGENTCORE_ROLLOUT_GATEWAY__REPLICAS=http://a,http://b`)."""
+        if not isinstance(value, str):
+            return value
+        if value.strip().startswith("["):
+            return yaml.safe_load(value)
+        return [{"url": url.strip()} for url in value.split(",") if url.strip()]
 
     @model_validator(mode="after")
     def _one_way(self) -> GatewayConfig:
@@ -373,6 +387,9 @@ class LocalConfig(_Section):
         "abort and resume, as a real model's are (a model policy is paced by its compute)",
     )
     gateway: bool = Field(default=True, description="token-capture gateway in front of the policy")
+    gateway_replicas: int = Field(
+        default=1, ge=1, description="gateway processes; each session on one (engine.gateway)"
+    )
     max_context: int = Field(default=2048, ge=16, description="gateway context limit, tokens")
     agent_log_dir: str | None = None
 

@@ -23,13 +23,20 @@ aiohttp. Three parts:
    the gateway's own work and its extra HTTP hop. Sessions run closed-loop (each sends its next
    turn when the last is answered), so at N sessions a turn also waits behind the others' turns
    on the gateway's one event loop: about N times its CPU per turn.
+4. `dialects`: the gateway's CPU per turn for the same conversations in each API it speaks.
+5. `replicas`: turns per second with 1 and 2 gateway replicas (`engine.gateway.replicas`) in
+   front of the instant backend: the engine's own `GatewayReplicas` opens each session on the
+   least-loaded replica, and each session's turns go straight to its replica's URL, closed-loop,
+   in alternating rounds. Each process's CPU per wall second says where the cores went: on a
+   2-core machine the client and the backend share the cores with the gateways, so a second
+   replica buys what the first left idle, not a second core's worth.
 
 The client encodes and parses JSON with orjson on every arm, so that its own CPU, which competes
 with the servers for the same cores, stays small. Arms alternate in rounds to cancel drift.
 Absolute numbers are a 2-core machine's, shared with
 this client; the point is the gateway's share.
 
-    python bench/gateway.py [--sessions 1 16 64] [--turns 8] [--rounds 2]
+    python bench/gateway.py [--sessions 1 16 64] [--turns 8] [--rounds 2] [--replicas-only]
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agentcore_rollout._gateway_replicas import GatewayReplicas  # noqa: E402
+from agentcore_rollout.config import GatewayReplica  # noqa: E402
 from agentcore_rollout.gateway import GatewayAdmin, HFRenderer  # noqa: E402
 from agentcore_rollout.gateway.__main__ import TOKEN_ENV  # noqa: E402
 from agentcore_rollout.serving.process import ServiceProcess  # noqa: E402
@@ -519,12 +528,140 @@ async def dialect_part(turns: int, sessions: int, rounds: int) -> dict[str, Any]
     }
 
 
+async def replicas_part(
+    counts: list[int], sessions: int, turns: int, rounds: int
+) -> dict[str, Any]:
+    """Turns per second through 1..N gateway replicas, each session on the one the engine's
+    `GatewayReplicas` picked; every trace checked to hold its session's turns."""
+    token = secrets.token_urlsafe(32)
+    backend = ServiceProcess(
+        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
+    )
+    backend.start()
+    gateways: list[ServiceProcess] = []
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
+    try:
+        for _ in range(max(counts)):
+            gateways.append(start_gateway(backend.url, str(TOKENIZER_DIR), token))
+        pids = [g.pid for g in gateways]
+        assert backend.pid is not None and None not in pids
+        limits = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=limits) as http:
+            for round_ in range(rounds + 1):  # round 0 warms every replica up
+                for n in counts:
+                    replicas = [GatewayReplica(url=g.url) for g in gateways[:n]]
+                    pool = GatewayReplicas(replicas, token, retry_after=20.0)
+                    opened = [await pool.open(f"r-{i}", sampling=SAMPLING) for i in range(sessions)]
+                    by_url: dict[str, list[str | None]] = {}
+                    for url, session in opened:
+                        by_url.setdefault(url, []).append(session.api_key)
+                    procs = [*pids[:n], backend.pid]
+                    before = [cpu_seconds(pid) for pid in procs] + [time.process_time()]
+                    t0 = time.perf_counter()
+                    await asyncio.gather(
+                        *(
+                            drive(
+                                http,
+                                f"{url}/v1/chat/completions",
+                                keys,
+                                turns,
+                                long_conversation,
+                                {"tools": TOOLS},
+                            )
+                            for url, keys in by_url.items()
+                        )
+                    )
+                    wall = time.perf_counter() - t0
+                    after = [cpu_seconds(pid) for pid in procs] + [time.process_time()]
+                    used = [a - b for a, b in zip(after, before, strict=True)]
+                    for url, session in opened:
+                        trace = await pool.finish(url, session.session_id)
+                        assert trace["num_turns"] == turns
+                    await pool.close()
+                    if round_:
+                        runs[n].append(
+                            {
+                                "turns_per_s": sessions * turns / wall,
+                                "sessions_per_replica": sorted(len(k) for k in by_url.values()),
+                                "gateway_cpu_ms_per_turn": sum(used[:n])
+                                * 1000
+                                / (sessions * turns),
+                                "core_share": {
+                                    "gateways": sum(used[:n]) / wall,
+                                    "backend": used[n] / wall,
+                                    "client": used[n + 1] / wall,
+                                },
+                            }
+                        )
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        backend.stop()
+
+    def median(n: int, pick: Callable[[dict[str, Any]], float]) -> float:
+        return round(float(np.median([pick(r) for r in runs[n]])), 3)
+
+    by_replicas = {
+        str(n): {
+            "turns_per_s": median(n, lambda r: r["turns_per_s"]),
+            "turns_per_s_runs": [round(r["turns_per_s"], 1) for r in runs[n]],
+            "sessions_per_replica": runs[n][0]["sessions_per_replica"],
+            "gateway_cpu_ms_per_turn": median(n, lambda r: r["gateway_cpu_ms_per_turn"]),
+            "core_share": {
+                k: median(n, lambda r, k=k: r["core_share"][k])
+                for k in ("gateways", "backend", "client")
+            },
+        }
+        for n in counts
+    }
+    first = by_replicas[str(counts[0])]["turns_per_s"]
+    return {
+        "setup": f"{sessions} concurrent sessions of {turns} turns (about 250 prompt tokens a "
+        "turn, HF renderer with one tool), closed loop, instant backend in its own process; "
+        "sessions opened by the engine's GatewayReplicas (least loaded first), each driven at "
+        f"its replica's URL; {rounds} alternating rounds after a warm-up, medians; core_share: "
+        f"CPU seconds per wall second of each group of processes ({os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} at the end)",
+        "by_replicas": by_replicas,
+        "speedup": {str(n): round(by_replicas[str(n)]["turns_per_s"] / first, 3) for n in counts},
+    }
+
+
+def plot_replicas(figures: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = figures["by_replicas"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    labels = [f"{n} replica" + ("" if n == "1" else "s") for n in data]
+    bars = left.bar(labels, [data[n]["turns_per_s"] for n in data], 0.5, color="tab:blue")
+    left.bar_label(
+        bars, labels=[f"{data[n]['turns_per_s']:.0f} ({figures['speedup'][n]:.2f}x)" for n in data]
+    )
+    left.set(ylabel="turns per second", title="gateway throughput, median of rounds")
+    left.set_ylim(top=1.15 * max(data[n]["turns_per_s"] for n in data))
+    bottom = np.zeros(len(data))
+    for name in ("gateways", "backend", "client"):
+        values = np.array([data[n]["core_share"][name] for n in data])
+        right.bar(labels, values, 0.5, bottom=bottom, label=name)
+        bottom += values
+    right.axhline(os.cpu_count() or 2, color="grey", linestyle="--", linewidth=1, label="cores")
+    right.set(ylabel="CPU s per wall s", title="who used the cores")
+    right.legend(fontsize=8)
+    fig.suptitle("Gateway replicas: sessions spread by the engine, no proxy hop", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
     concurrent = await policy_part(sessions, turns, rounds)
     cpu_sessions = 16
     instant = await instant_part(sessions, turns, rounds, [turns, 4 * turns], cpu_sessions)
     cpu = instant["cpu"]
     dialects = await dialect_part(turns, cpu_sessions, max(rounds, 3))
+    replicas = await replicas_part([1, 2], 64, turns, max(rounds, 3))
     return {
         "setup": "policy server and gateway in separate processes on 127.0.0.1, aiohttp client, "
         f"{turns} turns per session, {rounds} alternating rounds, max_tokens 8",
@@ -545,6 +682,7 @@ async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
             "concurrent_sessions": instant["latency"],
         },
         "dialects": dialects,
+        "replicas": replicas,
     }
 
 
@@ -646,6 +784,11 @@ def main() -> None:
     parser.add_argument(
         "--dialects-only", action="store_true", help="only part 4: CPU per turn by API"
     )
+    parser.add_argument(
+        "--replicas-only",
+        action="store_true",
+        help="only part 5: turns/s with 1 and 2 replicas (gateway_replicas.json and .png)",
+    )
     args = parser.parse_args()
     if args.serve_instant:  # the instant backend's own process
         serve_instant()
@@ -653,8 +796,15 @@ def main() -> None:
     if args.dialects_only:
         print(json.dumps(asyncio.run(dialect_part(args.turns, 16, args.rounds + 1)), indent=2))
         return
-    figures = asyncio.run(run(args.sessions, args.turns, args.rounds))
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.replicas_only:
+        replicas = asyncio.run(replicas_part([1, 2], 64, args.turns, max(args.rounds, 3)))
+        plot_replicas(replicas, args.out / "gateway_replicas.png")
+        (args.out / "gateway_replicas.json").write_text(json.dumps(replicas, indent=2) + "\n")
+        print(json.dumps(replicas, indent=2))
+        return
+    figures = asyncio.run(run(args.sessions, args.turns, args.rounds))
+    plot_replicas(figures["replicas"], args.out / "gateway_replicas.png")
     plot(figures, args.out / "gateway.png")
     (args.out / "gateway.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))

@@ -106,8 +106,9 @@ async def test_a_cancel_that_lands_while_the_trace_is_fetched_changes_nothing(
     async with Gateway(SGLangBackend("http://127.0.0.1:9"), CharRenderer()) as gateway:
         gw = {"url": gateway.url, "admin_token": gateway.admin_token}
         async with RolloutEngine(engine_config(moto, channel, emu, gateway=gw)) as engine:
-            await engine._gateway.close()
-            engine._gateway = held = _HeldTraces(gateway.url, gateway.admin_token)
+            admins = engine._gateway._admins  # the one replica's client, replaced
+            await admins[gateway.url].close()
+            admins[gateway.url] = held = _HeldTraces(gateway.url, gateway.admin_token)
             request = RolloutRequest({"a": 3, "b": 4}, input_id="q")
             handle = engine.submit(request)
             async with asyncio.timeout(20):

@@ -42,7 +42,7 @@ async def test_an_unknown_policy_is_a_config_error_and_starts_nothing() -> None:
     message = str(info.value)
     assert message.startswith("config: local.policy: unknown model 'gpt-5'"), message
     assert "\n" not in message and "smollm2-135m-instruct" in message
-    assert stack.workers == [] and stack.gateway is None and stack.emulator is None
+    assert stack.workers == [] and stack.gateways == [] and stack.emulator is None
 
 
 async def test_without_the_models_extra_a_model_policy_is_a_one_line_config_error(
@@ -108,8 +108,8 @@ async def test_a_real_tool_call_from_smollm2_through_the_gateway_is_token_exact(
         {"question": "What is 23 * 47?", "answer": 1081, "max_turns": 2}, input_id="calc"
     )
     async with LocalStack(local) as stack:
-        assert stack.gateway is not None
-        greedy = LLMSettings(base_url=f"{stack.gateway.url}/v1", sampling={"temperature": 0.0})
+        assert stack.gateways
+        greedy = LLMSettings(base_url=f"{stack.gateways[0].url}/v1", sampling={"temperature": 0.0})
         base = flat_config(exp_id="smollm2", rollout_timeout=120.0)
         async with RolloutEngine(stack.engine_config(base, llm=greedy)) as engine:
             batch = await engine.rollout([request])

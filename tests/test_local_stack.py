@@ -71,6 +71,6 @@ async def test_a_failed_start_stops_every_child_and_never_blocks_the_loop(
         async with stack:
             pytest.fail("the stack started")
     assert blocking == []
-    assert sorted(started) == ["gateway", "moto", "policy worker 0"]
+    assert sorted(started) == ["gateway 0", "moto", "policy worker 0"]
     assert stack.channel is not None  # provisioning, concurrent with the failure, was awaited
     assert [name for name, pid in started.items() if alive(pid)] == []

@@ -2,8 +2,8 @@
 the process died, without running an agent twice.
 
 `OUT/journal.jsonl` holds one `request` line per request (written before any is submitted)
-and one `started` line per session started (its deadline and gateway session). Ended requests
-are the lines of `OUT/rollouts.jsonl`. The signing keys derive from the run's secret
+and one `started` line per session started (its deadline, gateway session and replica). Ended
+requests are the lines of `OUT/rollouts.jsonl`. The signing keys derive from the run's secret
 (`engine.run_secret`, else `OUT/run_secret`, 0600), which never goes to S3 or the logs.
 """
 
@@ -33,6 +33,7 @@ class Journaled:
     step: int
     deadline: float | None = None  # the one given to its agent (epoch s); None: not started
     gateway_session_id: str | None = None
+    gateway_url: str | None = None  # the replica holding that session
 
 
 class Lines:
@@ -78,6 +79,7 @@ class Journal:
                 "request_id": start.request.request_id,
                 "deadline": start.deadline,
                 "gateway_session_id": start.gateway_session_id,
+                "gateway_url": start.gateway_url,
             }
         )
 
@@ -114,6 +116,7 @@ def _read_journal(out: Path) -> list[Journaled]:
         elif rid in entries:
             entries[rid].deadline = event["deadline"]
             entries[rid].gateway_session_id = event["gateway_session_id"]
+            entries[rid].gateway_url = event.get("gateway_url")  # absent: written by one gateway
     if not entries:
         raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())

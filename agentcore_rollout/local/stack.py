@@ -4,7 +4,9 @@ moto (S3 + SQS, wired with the bucket notification the infra configures on AWS),
 AgentCore Runtime emulator running the agent app (a process of its own, like the real service,
 so agents never share the engine's event loop), and the policy path:
 agents -> token-capture gateway -> sglang-router -> local policy workers (the router
-only with more than one worker; the gateway only with the [gateway] extra).
+only with more than one worker; the gateway only with the [gateway] extra). With
+`local.gateway_replicas: N`, N gateway processes share one admin token and the backend; the
+engine opens each session on one of them and its agent calls that one.
 
 The workers serve `local.policy`: the toy (the gateway renders with its `CharRenderer`), or a
 Hugging Face causal LM on CPU, named (`models.ready_model`: a known name, converted once into a
@@ -28,7 +30,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, EngineConfig, GatewayConfig, LocalConfig
+from ..config import ConfigError, EngineConfig, GatewayConfig, GatewayReplica, LocalConfig
 from ..contract import LLMSettings
 from ..serving.process import ServiceProcess
 from .models import ready_model
@@ -51,7 +53,7 @@ class LocalStack:
         self.model_dir: str | None = None  # the served model's directory; None: the toy
         self.workers: list[ServiceProcess] = []  # made on entry, once the model is resolved
         self.router: Any = None
-        self.gateway: ServiceProcess | None = None
+        self.gateways: list[ServiceProcess] = []  # the gateway's replicas
         self._admin_token = secrets.token_urlsafe(24)
         self.channel: ResultsChannel | None = None
         self.emulator: ServiceProcess | None = None
@@ -85,7 +87,7 @@ class LocalStack:
                 await asyncio.to_thread(self.emulator.stop)
         finally:
             await _together(
-                *([asyncio.to_thread(self.gateway.stop)] if self.gateway is not None else []),
+                *(asyncio.to_thread(gateway.stop) for gateway in self.gateways),
                 *([self.router.stop()] if self.router is not None else []),
                 *(asyncio.to_thread(worker.stop) for worker in self.workers),
                 asyncio.to_thread(self.moto.stop),
@@ -151,13 +153,16 @@ class LocalStack:
         if not self.config.gateway:
             return
         renderer = self.model_dir or CHAR_RENDERER  # a model dir: HFRenderer, family detected
-        self.gateway = ServiceProcess(
-            "gateway",
-            "agentcore_rollout.gateway",
-            *("--backend", "sglang", "--backend-url", backend, "--renderer", renderer),
-            env={"AGENTCORE_GATEWAY_ADMIN_TOKEN": self._admin_token},
-        )
-        await asyncio.to_thread(self.gateway.start)
+        self.gateways = [
+            ServiceProcess(
+                f"gateway {i}",
+                "agentcore_rollout.gateway",
+                *("--backend", "sglang", "--backend-url", backend, "--renderer", renderer),
+                env={"AGENTCORE_GATEWAY_ADMIN_TOKEN": self._admin_token},
+            )
+            for i in range(self.config.gateway_replicas)
+        ]
+        await _together(*(asyncio.to_thread(gateway.start) for gateway in self.gateways))
 
     @property
     def policy_url(self) -> str:
@@ -191,9 +196,10 @@ class LocalStack:
                 "agentcore": self.emulator.url,
             },
         }
-        if self.gateway is not None and base.gateway is None:
-            fill["gateway"] = GatewayConfig(  # the engine points agents at it, per session
-                url=self.gateway.url,
+        if self.gateways and base.gateway is None:
+            replicas = [GatewayReplica(url=gateway.url) for gateway in self.gateways]
+            fill["gateway"] = GatewayConfig(  # the engine points agents at one, per session
+                **({"url": replicas[0].url} if len(replicas) == 1 else {"replicas": replicas}),
                 admin_token=self._admin_token,
                 max_context=self.config.max_context,
             )
@@ -219,7 +225,11 @@ class LocalStack:
         if cfg.llm:
             lines.append(f"AGENTCORE_ROLLOUT_LLM__BASE_URL={cfg.llm.base_url}")
         if cfg.gateway:  # an ephemeral token of this local stack, printed so a shell can use it
-            lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__URL={cfg.gateway.url}")
+            if cfg.gateway.url is not None:
+                lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__URL={cfg.gateway.url}")
+            else:
+                urls = ",".join(replica.url for replica in cfg.gateway.replicas)
+                lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__REPLICAS={urls}")
             lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__ADMIN_TOKEN={cfg.gateway.admin_token}")
         return lines
 

@@ -1,0 +1,148 @@
+"""GatewayReplicas: the engine's gateway replicas, each session on one, no proxy in between.
+
+A gateway session's state (its key, its rendered prefix, its trace) lives in the process that
+opened it, so every turn of a session must land there. Rather than put a sticky proxy in front
+(a hop per turn, and one process that every turn crosses again), the engine opens each session
+on a replica it picks and hands the agent that replica's URL. It picks the replica with the
+fewest sessions this engine holds open there (ties: the lowest index), skipping replicas that
+failed to answer in the last `retry_after` seconds; the first session opened after that is the
+probe that brings a replica back.
+
+A replica that dies takes its sessions' traces with it: the engine cannot finish them, and their
+rollouts end `invalid_result` (see `RolloutEngine`); new sessions go to the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ._gateway_admin import GatewayAdmin, GatewayError, GatewaySession, HeldSession
+from .config import GatewayReplica
+
+log = logging.getLogger("agentcore_rollout.gateway")
+
+
+class GatewayReplicas:
+    """One `GatewayAdmin` per replica, named by its admin URL (what the journal records)."""
+
+    def __init__(
+        self, replicas: list[GatewayReplica], admin_token: str, *, retry_after: float
+    ) -> None:
+        self._token = admin_token
+        self._retry_after = retry_after
+        self._replicas = {r.url.rstrip("/"): r for r in replicas}
+        self._admins = {url: GatewayAdmin(url, admin_token) for url in self._replicas}
+        self._open: dict[str, set[str]] = {url: set() for url in self._replicas}
+        self._opening = dict.fromkeys(self._replicas, 0)  # creates in flight count as load
+        self._down_until: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"GatewayReplicas({list(self._replicas)!r}, admin_token='***')"
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._replicas)
+
+    def open_sessions(self) -> dict[str, int]:
+        """Sessions this engine holds open, per replica URL."""
+        return {url: len(ids) for url, ids in self._open.items()}
+
+    def agent_url(self, url: str) -> str:
+        """What agents of a session on replica `url` call."""
+        replica = self._replicas.get(url)
+        return replica.agent_url if replica is not None else url
+
+    async def open(self, request_id: str, **settings: Any) -> tuple[str, GatewaySession]:
+        """A new session on the least-loaded replica that answers: (its URL, the session).
+        A replica that cannot be reached is marked down and the next is tried; when none can
+        be, GatewayError says so in one line. An error the gateway answered with is raised."""
+        now = time.monotonic()
+        order = sorted(
+            (url for url in self._replicas if self._down_until.get(url, 0.0) <= now),
+            key=lambda url: len(self._open[url]) + self._opening[url],  # ties: the lowest index
+        )
+        failures: list[str] = []
+        for url in order:
+            self._opening[url] += 1
+            try:
+                session = await self._admins[url].create_session(request_id, **settings)
+            except GatewayError as e:
+                if e.status != 0:
+                    raise
+                self.mark_down(url, e)
+                failures.append(str(e))
+                continue
+            finally:
+                self._opening[url] -= 1
+            self._down_until.pop(url, None)
+            self._open[url].add(session.session_id)
+            return url, session
+        down = len(self._replicas) - len(failures)
+        raise GatewayError(
+            f"no gateway replica answered ({len(failures)} unreachable now, {down} marked down "
+            f"within the last {self._retry_after:g}s)" + (f": {failures[-1]}" if failures else "")
+        )
+
+    def adopt(self, url: str, session_id: str) -> None:
+        """Count a session an earlier engine opened on `url`, now this engine's to close."""
+        self._open.setdefault(url, set()).add(session_id)
+
+    async def finish(self, url: str, session_id: str) -> dict[str, Any]:
+        """The session's trace. Unreachable: the replica is marked down, GatewayError raised."""
+        self._open.get(url, set()).discard(session_id)
+        try:
+            return await self._admin(url).finish_session(session_id)
+        except GatewayError as e:
+            if e.status == 0:
+                self.mark_down(url, e)
+            raise
+
+    async def drop(self, url: str, session_id: str) -> None:
+        """Close the session without its trace (gone already, or unreachable: nothing to do
+        but log; a replica that restarted holds nothing of it)."""
+        self._open.get(url, set()).discard(session_id)
+        try:
+            await self._admin(url).drop_session(session_id)
+        except GatewayError as e:
+            if e.status == 0:
+                self.mark_down(url, e)
+            raise
+
+    async def session_of(self, request_id: str) -> tuple[str, HeldSession] | None:
+        """The live session some replica holds for `request_id`: every replica is asked (a
+        session is on one of them); unreachable ones are logged and skipped."""
+        urls = list(self._replicas)
+        found = await asyncio.gather(
+            *(self._admins[url].session_of(request_id) for url in urls), return_exceptions=True
+        )
+        for url, held in zip(urls, found, strict=True):
+            if isinstance(held, GatewayError):
+                log.warning("gateway session of request_id=%s: %s", request_id, held)
+            elif isinstance(held, BaseException):
+                raise held
+            elif held is not None:
+                return url, held
+        return None
+
+    def mark_down(self, url: str, error: GatewayError) -> None:
+        """No new session on `url` for `retry_after` seconds."""
+        if url in self._replicas and url not in self._down_until:
+            log.warning(
+                "gateway replica %s is down, retried in %gs: %s", url, self._retry_after, error
+            )
+        self._down_until[url] = time.monotonic() + self._retry_after
+
+    def is_down(self, url: str) -> bool:
+        return self._down_until.get(url, 0.0) > time.monotonic()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(admin.close() for admin in self._admins.values()))
+
+    def _admin(self, url: str) -> GatewayAdmin:
+        """The client for `url`; one not configured (a journal of another config) gets one."""
+        if url not in self._admins:
+            self._admins[url] = GatewayAdmin(url, self._token)
+        return self._admins[url]
