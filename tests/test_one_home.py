@@ -106,9 +106,11 @@ def test_the_engine_reads_in_short_functions() -> None:
 # by request id (45), and the veRL service's look-back and run secret kept with the checkpoints
 # (75). What each rollout cost (issue 23, item 4) added about 260: `_cost.py` (130), the
 # `engine.cost` prices and AgentCore's published ones (50), where a session's cost begins in the
-# engine and dispatcher (30), and the run's summary and table (40). Raise it only with a reason
-# in the same commit.
-MAX_LINES = 16_300
+# engine and dispatcher (30), and the run's summary and table (40). The hosted gateway as N Ray
+# actors under veRL (issue 23, item 2) added about 190: `integrations/verl/replicas.py` (146:
+# the actor, start/stop, placement, the port and public-URL checks) and the service's settings
+# (40). Raise it only with a reason in the same commit.
+MAX_LINES = 16_470
 
 
 def test_the_package_did_not_grow() -> None:
