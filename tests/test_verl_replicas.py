@@ -16,11 +16,19 @@ import pytest
 import ray
 from ray.exceptions import RayActorError
 
+from agentcore_rollout import ConfigError
 from agentcore_rollout.gateway import GatewayAdmin
 from agentcore_rollout.integrations.verl import agent_loop, replicas
-from agentcore_rollout.integrations.verl.agent_loop import EngineService, HostedGateway
+from agentcore_rollout.integrations.verl.agent_loop import (
+    SERVICE_NAME,
+    EngineService,
+    HostedGateway,
+    close_services,
+)
 from agentcore_rollout.local.policy import PolicyServer
+from agentcore_rollout.local.stack import LocalStack
 
+from .test_verl_agent_loop import _agent_loop, _engine_yaml, _held_stack, _samples
 from .verl_support import PolicyServerManager
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,3 +181,52 @@ async def _wait_refused(url: str) -> None:
                 return
             await asyncio.sleep(0.05)
     raise AssertionError(f"{url} still answers")
+
+
+@pytest.mark.xfail(
+    raises=ConfigError,
+    strict=True,  # passes once merged with the engine's replicas: then drop this mark
+    reason="needs the engine spreading sessions over replicas (issue 23 item 2, engine side)",
+)
+async def test_agent_loops_under_ray_spread_sessions_over_two_gateway_actors(tmp_path, monkeypatch):
+    """veRL's agent loops under Ray with `gateway.replicas: 2`: the engine actor starts two
+    gateway actors sampling through the loop's server manager; a batch opens sessions on both,
+    every row is exactly what the worker sampled, and the actors end with the engine actor."""
+    monkeypatch.chdir(ROOT)
+    question = {"question": "What is 2 + 5?"}
+    async with LocalStack(_held_stack("verl-replicas")) as stack:
+        engine_yaml = await _engine_yaml(stack, tmp_path, "replicas")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            loop = _agent_loop(
+                engine_yaml,
+                n=2,
+                server_manager=PolicyServerManager(stack.workers[0].url, global_steps=1),
+                gateway={"renderer": RENDERER, "replicas": 2},
+            )
+            groups = await asyncio.gather(
+                *(
+                    loop.run({}, uid=f"g{i}", session_id=k, global_steps=1, extra_info=question)
+                    for i in range(3)
+                    for k in range(2)
+                )
+            )
+            service = ray.get_actor(SERVICE_NAME)
+            config = await service.__ray_call__.remote(lambda s: s._gateway.config)
+            stats = [await _stats(r.url, config.admin_token) for r in config.replicas]
+            del service
+            await close_services()  # the engine actor's last handle: it ends, its replicas too
+            for replica in config.replicas:
+                await _wait_refused(replica.url)
+        finally:
+            await close_services()
+            ray.shutdown()
+        sampled = await _samples(stack)
+    assert len(config.replicas) == 2
+    assert all(s["turns"] >= 1 for s in stats), stats  # sessions opened on both
+    assert sum(s["turns"] for s in stats) == len(sampled) == 6
+    by_output = {tuple(s["output_ids"]): s for s in sampled}
+    for [row] in groups:
+        tokens = [t for t, m in zip(row.response_ids, row.response_mask, strict=True) if m]
+        assert row.response_logprobs == by_output[tuple(tokens)]["output_logprobs"]
+        assert row.extra_fields["min_global_steps"] == 1

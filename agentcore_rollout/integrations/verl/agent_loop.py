@@ -232,10 +232,15 @@ class EngineService:
                 if self._limits is not None:
                     limits = LimitsConfig(**{**config.limits.model_dump(), **self._limits})
                     config = config.model_copy(update={"limits": limits})
-                if self._hosted is not None:
-                    config = config.model_copy(update={"gateway": await self._host(self._hosted)})
-                engine = RolloutEngine(config)
-                await engine.start()
+                try:
+                    if self._hosted is not None:
+                        gateway = await self._host(self._hosted)
+                        config = config.model_copy(update={"gateway": gateway})
+                    engine = RolloutEngine(config)
+                    await engine.start()
+                except BaseException:
+                    await self.close()  # the next call starts anew: nothing hosted may leak
+                    raise
                 self._engine = engine
         return self._engine
 
