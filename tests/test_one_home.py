@@ -107,11 +107,13 @@ def test_the_engine_reads_in_short_functions() -> None:
 # (75). What each rollout cost (issue 23, item 4) added about 260: `_cost.py` (130), the
 # `engine.cost` prices and AgentCore's published ones (50), where a session's cost begins in the
 # engine and dispatcher (30), and the run's summary and table (40). Gateway replicas (issue 23,
-# item 2) added about 200: `_gateway_replicas.py` (150: the least-loaded pick, a dead replica
+# item 2) added about 390: `_gateway_replicas.py` (150: the least-loaded pick, a dead replica
 # marked down and tried again, `reclaim` asking every replica), the replica journaled and used
-# to finish, drop and resume in the engine (30), and the stack's N gateway processes (20). Raise
-# it only with a reason in the same commit.
-MAX_LINES = 16_500
+# to finish, drop and resume in the engine (30), the stack's N gateway processes (20), and the
+# hosted gateway as N Ray actors under veRL (190: `integrations/verl/replicas.py`, the actor,
+# start/stop, placement, the port and public-URL checks, and the service's settings). Raise it
+# only with a reason in the same commit.
+MAX_LINES = 16_690
 
 
 def test_the_package_did_not_grow() -> None:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _agent_loop(
-    engine_yaml: Path, n: int, trainer: dict | None = None, **custom
+    engine_yaml: Path, n: int, trainer: dict | None = None, server_manager=None, **custom
 ) -> AgentCoreAgentLoop:
     config = OmegaConf.create(
         {
@@ -56,7 +56,7 @@ def _agent_loop(
     )
     return AgentCoreAgentLoop(
         trainer_config=DictConfigWrap(config),
-        server_manager=None,
+        server_manager=server_manager,
         tokenizer=AutoTokenizer.from_pretrained(TOKENIZER_DIR),
         processor=None,
         dataset_cls=None,

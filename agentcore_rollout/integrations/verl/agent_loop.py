@@ -25,7 +25,11 @@ prefix): `config` (the engine's YAML; default `$AGENTCORE_ROLLOUT_CONFIG`), `pay
 service starts one (`host`, default 127.0.0.1; `port`, default any; `public_url`, what agents
 call; `renderer`, a tokenizer directory or `module:attr`, default the model's path) sampling
 through the agent loop's server manager (`backend.VerlServerBackend`), and the engine opens
-each rollout's session on it. Without it, the engine config's own `gateway` is used.
+each rollout's session on it. Without it, the engine config's own `gateway` is used. With
+`replicas: N` (N >= 2; default 1, in the service's process) it starts N gateway replicas as Ray
+actors that take no CPU from veRL's plan (`replicas.GatewayReplicas`; a fixed `port` P puts
+replica i on P + i, and `public_url` is then a list, one URL per replica), and the engine spreads
+the sessions over them.
 
 veRL's async trainers (`trainer.v1.trainer_mode` `colocate_async`, `separate_async`) keep
 prompts of several `global_steps` in flight: a step-k member may reach the engine after step
@@ -68,10 +72,11 @@ from ...config import GatewayConfig, LimitsConfig
 from ...contract import new_run_secret
 from ...training import Group, GroupPolicy
 from .convert import OnFailure, agent_loop_outputs
+from .replicas import GatewayReplicas, check_replicas
 
 SERVICE_NAME = "agentcore_rollout_engine"
 _WHERE = "actor_rollout_ref.rollout.custom.agentcore"
-_GATEWAY_KEYS = ("host", "port", "public_url", "renderer")
+_GATEWAY_KEYS = ("host", "port", "public_url", "renderer", "replicas")
 
 
 class GroupFailed(RuntimeError):
@@ -121,7 +126,21 @@ class HostedGateway:
     renderer: str
     host: str = "127.0.0.1"
     port: int = 0
-    public_url: str | None = None
+    public_url: str | tuple[str, ...] | None = None  # with replicas, one per replica
+    replicas: int = 1  # 1: in the engine service's process; N >= 2: N Ray actors (`replicas`)
+
+    def __post_init__(self) -> None:
+        if self.replicas == 1 and not isinstance(self.public_url, tuple):
+            return
+        if self.replicas == 1 or isinstance(self.public_url, str):
+            raise ValueError(
+                f"{_WHERE}.gateway.public_url: one URL for one replica, a list of one per "
+                f"replica for several; got replicas={self.replicas}, public_url={self.public_url}"
+            )
+        try:
+            check_replicas(self.replicas, self.port, self.public_url or ())
+        except ValueError as e:
+            raise ValueError(f"{_WHERE}.{e}") from None
 
 
 class EngineService:
@@ -213,14 +232,30 @@ class EngineService:
                 if self._limits is not None:
                     limits = LimitsConfig(**{**config.limits.model_dump(), **self._limits})
                     config = config.model_copy(update={"limits": limits})
-                if self._hosted is not None:
-                    config = config.model_copy(update={"gateway": await self._host(self._hosted)})
-                engine = RolloutEngine(config)
-                await engine.start()
+                try:
+                    if self._hosted is not None:
+                        gateway = await self._host(self._hosted)
+                        config = config.model_copy(update={"gateway": gateway})
+                    engine = RolloutEngine(config)
+                    await engine.start()
+                except BaseException:
+                    await self.close()  # the next call starts anew: nothing hosted may leak
+                    raise
                 self._engine = engine
         return self._engine
 
     async def _host(self, hosted: HostedGateway) -> GatewayConfig:
+        if hosted.replicas > 1:
+            replicas = await GatewayReplicas.start(
+                hosted.replicas,
+                hosted.server_manager,
+                hosted.renderer,
+                host=hosted.host,
+                port=hosted.port,
+                public_urls=hosted.public_url or (),
+            )
+            self._gateway = replicas
+            return replicas.config
         from ...gateway import Gateway, load_renderer
         from .backend import VerlServerBackend
 
@@ -297,6 +332,12 @@ def request_id(uid: str, session_id: int, step: int) -> str:
     return hashlib.sha256(f"{uid}/{session_id}/{step}".encode()).hexdigest()[:32]
 
 
+def _replica_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{_WHERE}.gateway.replicas: an integer >= 1; got {value!r}")
+    return value
+
+
 def _known_keys(where: str, given: Iterable[str], known: Iterable[str]) -> None:
     if unknown := set(given) - set(known):
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
@@ -357,12 +398,16 @@ class AgentCoreAgentLoop(AgentLoopBase):
         self._reissue = reissue_settings(self.config)
         self._hosted: HostedGateway | None = None
         if (gateway := s.gateway) is not None:
+            public_url = gateway.get("public_url")
+            if public_url is not None and not isinstance(public_url, str):
+                public_url = tuple(str(url) for url in public_url)
             self._hosted = HostedGateway(
                 self.server_manager,  # the service is given it once, by the loop that creates it
                 gateway.get("renderer") or str(self.config.actor_rollout_ref.model.path),
                 host=gateway.get("host") or "127.0.0.1",
                 port=int(gateway.get("port") or 0),
-                public_url=gateway.get("public_url"),
+                public_url=public_url,
+                replicas=_replica_count(gateway.get("replicas", 1)),
             )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:

@@ -1,0 +1,226 @@
+"""The hosted gateway as N Ray actors (`custom.agentcore.gateway.replicas`): each replica a real
+Gateway in its own Ray worker process, sampling through the server manager veRL hands the agent
+loop (here `verl_support.PolicyServerManager`, veRL's `TokenOutput` over a local policy worker),
+behind one admin token; started by the engine service, killed when it closes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+import ray
+from ray.exceptions import RayActorError
+
+from agentcore_rollout.gateway import GatewayAdmin
+from agentcore_rollout.integrations.verl import agent_loop, replicas
+from agentcore_rollout.integrations.verl.agent_loop import (
+    SERVICE_NAME,
+    EngineService,
+    HostedGateway,
+    close_services,
+)
+from agentcore_rollout.local.policy import PolicyServer
+from agentcore_rollout.local.stack import LocalStack
+
+from .test_verl_agent_loop import _agent_loop, _engine_yaml, _held_stack, _samples
+from .verl_support import PolicyServerManager
+
+ROOT = Path(__file__).resolve().parent.parent
+RENDERER = "agentcore_rollout.local.policy.render:CharRenderer"
+
+
+def _two_free_ports() -> int:
+    """P such that P and P + 1 are free now (outside the ephemeral range other tests draw from)."""
+    for _ in range(200):
+        port = random.randrange(20_000, 30_000)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two consecutive free ports")
+
+
+async def _turn(replica, token: str, request_id: str) -> dict:
+    """One agent turn on `replica` through its public API; the session's trace."""
+    async with GatewayAdmin(replica.url, token) as admin:
+        session = await admin.create_session(request_id, sampling={"temperature": 1.0})
+        client = openai.AsyncOpenAI(
+            base_url=f"{replica.url}/v1", api_key=session.api_key, max_retries=0
+        )
+        try:
+            await client.chat.completions.create(
+                model="policy",
+                messages=[{"role": "user", "content": "What is 5 + 7?"}],
+                max_tokens=6,
+            )
+        finally:
+            await client.close()
+        return await admin.finish_session(session.session_id)
+
+
+async def test_replicas_are_zero_cpu_actors_each_sampling_through_veRLs_server_manager(
+    monkeypatch,
+):
+    """In a Ray cluster with no CPU to give (as when veRL's plan has taken them all), the
+    service starts two replicas on ports P and P + 1, named by their public URLs; each answers
+    its admin API with the one shared token and samples through veRL's server manager, its trace
+    exactly what the worker sampled; after close, the actors are gone."""
+    monkeypatch.setattr(replicas, "START_TIMEOUT", 60.0)  # a replica Ray cannot place: fail
+    port = _two_free_ports()
+    public = ("https://gw-0.example.test", "https://gw-1.example.test")
+    ray.init(num_cpus=0, include_dashboard=False, log_to_driver=False)
+    try:
+        async with PolicyServer(record=True) as worker:
+            hosted = HostedGateway(
+                PolicyServerManager(worker.url, global_steps=3),
+                RENDERER,
+                port=port,
+                public_url=public,
+                replicas=2,
+            )
+            service = EngineService("unused.yaml", hosted)
+            config = await service._host(hosted)
+            started = service._gateway.actors
+            try:
+                traces = [
+                    await _turn(replica, config.admin_token, f"r{i}")
+                    for i, replica in enumerate(config.replicas)
+                ]
+                stats = [await _stats(r.url, config.admin_token) for r in config.replicas]
+                async with aiohttp.ClientSession() as http:
+                    wrong = [
+                        (await http.get(f"{r.url}/admin/stats", headers=_bearer("x" * 32))).status
+                        for r in config.replicas
+                    ]
+                async with aiohttp.ClientSession() as http:
+                    samples = (await (await http.get(f"{worker.url}/debug/samples")).json())[
+                        "samples"
+                    ]
+            finally:
+                await service.close()
+            assert service._gateway is None
+            for actor in started:  # killed: a call on it fails
+                with pytest.raises(RayActorError):
+                    await actor.stop.remote()
+            for replica in config.replicas:
+                await _wait_refused(replica.url)
+    finally:
+        ray.shutdown()
+    assert [r.url for r in config.replicas] == [
+        f"http://127.0.0.1:{port}",
+        f"http://127.0.0.1:{port + 1}",
+    ]
+    assert [r.agent_url for r in config.replicas] == list(public)
+    assert [s["turns"] for s in stats] == [1, 1] and wrong == [401, 401]
+    by_output = {tuple(s["output_ids"]): s for s in samples}
+    assert len(samples) == 2
+    for trace in traces:
+        [sample] = trace["samples"]
+        worker_sample = by_output[tuple(sample["response_ids"])]
+        assert sample["prompt_ids"] == worker_sample["input_ids"]
+        assert sample["logprobs"] == worker_sample["output_logprobs"]
+        assert sample["weight_versions"] == ["3"]  # one run: every token sampled by version 3
+
+
+def _bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def _stats(url: str, token: str) -> dict:
+    async with GatewayAdmin(url, token) as admin:
+        return await admin.stats()
+
+
+@pytest.mark.parametrize(
+    ("replica_count", "port", "public_url", "error"),
+    [
+        (0, 0, None, "gateway.replicas: an integer >= 1; got 0"),
+        (2, 0, "https://gw.example.test", "a list of one per replica for several"),
+        (1, 0, ("https://a", "https://b"), "one URL for one replica"),
+        (3, 9000, ("https://a", "https://b"), "2 URLs for 3 replicas; give one each"),
+        (2, 0, ("https://a", "https://b"), "a list needs a fixed port"),
+    ],
+)
+def test_replica_settings_are_checked_in_one_line(replica_count, port, public_url, error):
+    gateway = {"replicas": replica_count, "port": port, "public_url": public_url}
+    with pytest.raises(ValueError, match=error) as caught:
+        HostedGateway(
+            None,
+            RENDERER,
+            port=port,
+            public_url=public_url,
+            replicas=agent_loop._replica_count(gateway["replicas"]),
+        )
+    assert "\n" not in str(caught.value)
+    assert str(caught.value).startswith("actor_rollout_ref.rollout.custom.agentcore.gateway.")
+
+
+async def test_replicas_outside_Ray_are_refused_in_one_line():
+    hosted = HostedGateway(None, RENDERER, replicas=2)
+    assert not ray.is_initialized()
+    with pytest.raises(RuntimeError, match="gateway replicas are Ray actors: initialize Ray"):
+        await EngineService("unused.yaml", hosted)._host(hosted)
+
+
+async def _wait_refused(url: str) -> None:
+    """Until nothing listens at `url` (a killed actor's socket closes as its process ends)."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):
+            try:
+                await http.get(f"{url}/admin/stats")
+            except aiohttp.ClientConnectionError:
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} still answers")
+
+
+async def test_agent_loops_under_ray_spread_sessions_over_two_gateway_actors(tmp_path, monkeypatch):
+    """veRL's agent loops under Ray with `gateway.replicas: 2`: the engine actor starts two
+    gateway actors sampling through the loop's server manager; a batch opens sessions on both,
+    every row is exactly what the worker sampled, and the actors end with the engine actor."""
+    monkeypatch.chdir(ROOT)
+    question = {"question": "What is 2 + 5?"}
+    async with LocalStack(_held_stack("verl-replicas")) as stack:
+        engine_yaml = await _engine_yaml(stack, tmp_path, "replicas")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            loop = _agent_loop(
+                engine_yaml,
+                n=2,
+                server_manager=PolicyServerManager(stack.workers[0].url, global_steps=1),
+                gateway={"renderer": RENDERER, "replicas": 2},
+            )
+            groups = await asyncio.gather(
+                *(
+                    loop.run({}, uid=f"g{i}", session_id=k, global_steps=1, extra_info=question)
+                    for i in range(3)
+                    for k in range(2)
+                )
+            )
+            service = ray.get_actor(SERVICE_NAME)
+            config = await service.__ray_call__.remote(lambda s: s._gateway.config)
+            stats = [await _stats(r.url, config.admin_token) for r in config.replicas]
+            del service
+            await close_services()  # the engine actor's last handle: it ends, its replicas too
+            for replica in config.replicas:
+                await _wait_refused(replica.url)
+        finally:
+            await close_services()
+            ray.shutdown()
+        sampled = await _samples(stack)
+    assert len(config.replicas) == 2
+    assert all(s["turns"] >= 1 for s in stats), stats  # sessions opened on both
+    assert sum(s["turns"] for s in stats) == len(sampled) == 6
+    by_output = {tuple(s["output_ids"]): s for s in sampled}
+    for [row] in groups:
+        tokens = [t for t, m in zip(row.response_ids, row.response_mask, strict=True) if m]
+        assert row.response_logprobs == by_output[tuple(tokens)]["output_logprobs"]
+        assert row.extra_fields["min_global_steps"] == 1
