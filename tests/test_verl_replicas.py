@@ -73,7 +73,9 @@ async def test_replicas_are_zero_cpu_actors_each_sampling_through_veRLs_server_m
     service starts two replicas on ports P and P + 1, named by their public URLs; each answers
     its admin API with the one shared token and samples through veRL's server manager, its trace
     exactly what the worker sampled; after close, the actors are gone."""
-    monkeypatch.setattr(replicas, "START_TIMEOUT", 60.0)  # a replica Ray cannot place: fail
+    # a replica Ray cannot place fails the test rather than hang it; two actors importing veRL
+    # and torch take ~30 s on a quiet 2-core machine, several times that on a loaded one
+    monkeypatch.setattr(replicas, "START_TIMEOUT", 240.0)
     port = _two_free_ports()
     public = ("https://gw-0.example.test", "https://gw-1.example.test")
     ray.init(num_cpus=0, include_dashboard=False, log_to_driver=False)
@@ -173,7 +175,7 @@ async def test_replicas_outside_Ray_are_refused_in_one_line():
 async def _wait_refused(url: str) -> None:
     """Until nothing listens at `url` (a killed actor's socket closes as its process ends)."""
     async with aiohttp.ClientSession() as http:
-        for _ in range(200):
+        for _ in range(1200):  # a minute: a killed worker process may take a while to end
             try:
                 await http.get(f"{url}/admin/stats")
             except aiohttp.ClientConnectionError:
