@@ -31,6 +31,7 @@ from typing import Any
 from ..config import ConfigError, EngineConfig, GatewayConfig, LocalConfig
 from ..contract import LLMSettings
 from ..serving.process import ServiceProcess
+from .containers import container_url, ensure_image
 from .models import ready_model
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
 from .policy.server import MODEL_NAME as TOY_MODEL_NAME
@@ -62,6 +63,8 @@ class LocalStack:
         try:
             if self.config.policy != TOY:  # a known name may convert first (once, ~30 s)
                 self.model_dir = str(await asyncio.to_thread(_resolve, self.config.policy))
+            if self.config.mode == "container":  # built once, before anything starts
+                await asyncio.to_thread(ensure_image, self.config.dockerfile, self.config.image)
             self.workers = self._workers()
             await _together(
                 asyncio.to_thread(self.moto.start),
@@ -121,6 +124,7 @@ class LocalStack:
             *("--invoke-tps", str(cfg.invoke_tps)),
             *("--new-sessions-per-minute", str(cfg.new_sessions_per_minute)),
             *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
+            *(["--image", cfg.image] if cfg.mode == "container" else []),
             env=self.agent_env(),  # agents inherit the emulator's environment
         )
 
@@ -164,6 +168,11 @@ class LocalStack:
         """Where the policy is served: the router, or the one worker."""
         return self.router.url if self.router is not None else self.workers[0].url
 
+    @property
+    def _containers(self) -> bool:
+        """Agents run in containers: they reach the host's loopback at another address."""
+        return self.config.mode == "container"
+
     def agent_env(self) -> dict[str, str]:
         """What an agent process needs to reach the local S3 and SQS."""
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
@@ -194,12 +203,15 @@ class LocalStack:
         if self.gateway is not None and base.gateway is None:
             fill["gateway"] = GatewayConfig(  # the engine points agents at it, per session
                 url=self.gateway.url,
+                public_url=container_url(self.gateway.url) if self._containers else None,
                 admin_token=self._admin_token,
                 max_context=self.config.max_context,
             )
         elif base.llm is None:
             model = Path(self.model_dir).name if self.model_dir else TOY_MODEL_NAME
-            fill["llm"] = LLMSettings(base_url=f"{self.policy_url}/v1", model=model)
+            base_url = f"{self.policy_url}/v1"
+            base_url = container_url(base_url) if self._containers else base_url
+            fill["llm"] = LLMSettings(base_url=base_url, model=model)
         return EngineConfig.model_validate(base.model_dump() | fill | overrides)
 
     def env_lines(self) -> list[str]:
