@@ -232,7 +232,7 @@ class ContainerAgent(ProcessAgent):
 
     def _exited(self) -> str:
         if self.process.returncode in _ENGINE_ERRORS:
-            return f"{self.engine.name} could not start the container (fix the runtime)"
+            return f"{self.engine.name} could not start the container"
         return "container exited"
 
     def kill(self) -> None:
