@@ -8,10 +8,12 @@ of a missing runtime need none and always run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
@@ -105,22 +107,36 @@ async def test_a_container_killed_mid_rollout_ends_its_request(
     agent_image, engine, no_container_left
 ):
     """The killed session's request ends by its deadline (`timeout`, no result); the others
-    are untouched. The toy is paced so the rollouts are still running at the kill."""
-    config = _stack_config(agent_image, token_delay=0.3)
+    are untouched. The toy is paced (one turn of 16 tokens: 4 s), so the rollout is running
+    when its container, answering /ping, is killed."""
+    config = _stack_config(agent_image, token_delay=0.25)
     async with LocalStack(config) as stack:
-        engine_cfg = stack.engine_config(flat_config(rollout_timeout=15.0, result_grace=1.0))
-        requests = [RolloutRequest(q, input_id=f"m{i}") for i, q in enumerate(MATH[:3])]
+        engine_cfg = stack.engine_config(flat_config(rollout_timeout=25.0, result_grace=1.0))
+        requests = [
+            RolloutRequest({**q, "max_turns": 1}, input_id=f"m{i}") for i, q in enumerate(MATH[:3])
+        ]
         victim = session_id(engine_cfg.exp_id, 0, requests[0].request_id)
-        async with RolloutEngine(engine_cfg) as rollouts:
+        async with RolloutEngine(engine_cfg) as rollouts, aiohttp.ClientSession() as http:
             handles = [rollouts.submit(r) for r in requests]
-            while not _by_session(engine, victim):  # noqa: ASYNC110 (podman has no event here)
-                await asyncio.sleep(0.2)
-            await asyncio.sleep(2.0)  # its server up and the invocation accepted
+            await _until_pinged(engine, http, victim)
+            await asyncio.sleep(0.5)  # the invocation, forwarded once it answered, accepted
             killed = engine.run("kill", *_by_session(engine, victim))
             assert killed.returncode == 0, killed.stderr
             outcomes = [await h for h in handles]
     assert outcomes[0].outcome is Outcome.TIMEOUT and outcomes[0].result is None
     assert [o.outcome for o in outcomes[1:]] == [Outcome.OK, Outcome.OK]
+
+
+async def _until_pinged(engine: ContainerEngine, http: aiohttp.ClientSession, sid: str) -> None:
+    """Until the session's container answers `GET /ping` on its mapped port."""
+    while True:
+        if ids := _by_session(engine, sid):
+            port = engine.run("port", ids[0], "8080").stdout.strip()
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"http://{port}/ping") as resp:
+                    if port and resp.status == 200:
+                        return
+        await asyncio.sleep(0.1)
 
 
 def _by_session(engine: ContainerEngine, sid: str) -> list[str]:
