@@ -93,7 +93,7 @@ def container_engine() -> ContainerEngine:
     if docker := shutil.which("docker"):
         info = subprocess.run([docker, "info"], capture_output=True, text=True, timeout=20)
         if info.returncode != 0:
-            why = _last_line(info.stderr + info.stdout)
+            why = _last_line(info.stderr or info.stdout)
             raise ContainerRuntimeError(
                 f"docker is present but not running ({why}): start its daemon, or {_INSTALL}"
             )
@@ -117,22 +117,24 @@ def build_image(dockerfile: str | Path, image: str = AGENT_IMAGE, context: str |
     if engine.name == "podman" and not engine.image_exists(base):
         pulled = engine.run("pull", "-q", base, timeout=300)
         if pulled.returncode != 0:
+            why = _last_line(pulled.stderr).rsplit(": ", 1)[-1]
             print(
-                f"{base} cannot be pulled ({_last_line(pulled.stderr)}): building on "
-                f"{BASE_IMAGE}, Debian's python3 instead",
+                f"{base} cannot be pulled ({why}): building on {BASE_IMAGE}, Debian's python3",
                 file=sys.stderr,
             )
             base = debian_base(engine)
             extra = ["--from", base]
-    built = subprocess.run(
-        engine.argv("build", *extra, "-f", str(dockerfile), "-t", image, str(context)),
-        env=engine.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    if built.returncode != 0:
-        raise ImageBuildError(f"image {image} did not build: {_last_line(built.stdout)}")
+    argv = engine.argv("build", *extra, "-f", str(dockerfile), "-t", image, str(context))
+    last = "no output"
+    with subprocess.Popen(
+        argv, env=engine.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as build:
+        assert build.stdout is not None
+        for line in build.stdout:  # the builder's progress, as it goes; its last line kept
+            sys.stderr.write(line)
+            last = line.strip() or last
+    if build.returncode != 0:
+        raise ImageBuildError(f"image {image} did not build: {last[:300]}")
     return base
 
 
