@@ -53,6 +53,8 @@ class ProcessAgent:
     """One OS process per session, in a process group of its own (a command's children go
     with it)."""
 
+    _what = "agent"  # what its failures name
+
     def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
         self.process = process
         self.url = url
@@ -134,10 +136,8 @@ class ProcessAgent:
         await self.terminate()
         raise RuntimeError(f"{self._what} not healthy within {timeout:.0f}s (GET /ping)")
 
-    _what = "agent"
-
     def _exited(self) -> str:
-        return "agent exited"
+        return f"{self._what} exited"
 
     async def busy(self, http: aiohttp.ClientSession) -> bool:
         return await _ping_busy(http, self.url)
@@ -167,8 +167,10 @@ class ProcessAgent:
                 self.process.send_signal(sig)
 
 
-_AWS_NAMES = ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-_AWS_NAMES += ("AWS_SESSION_TOKEN",)
+_AWS_NAMES = (
+    *("AWS_REGION", "AWS_DEFAULT_REGION"),
+    *("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
+)
 _ENGINE_ERRORS = (125, 126, 127)  # podman/docker run's own failures, not the container's
 
 
@@ -179,14 +181,14 @@ class ContainerAgent(ProcessAgent):
     environment AgentCore gives (region, credentials) and the AWS endpoint URLs, loopback
     ones rewritten to the host as the container sees it."""
 
+    _what = "container"
+
     def __init__(
         self, process: asyncio.subprocess.Process, url: str, engine: ContainerEngine, name: str
     ) -> None:
         super().__init__(process, url)
         self.engine = engine
         self.name = name
-
-    _what = "container"
 
     @classmethod
     async def spawn_container(
@@ -206,10 +208,12 @@ class ContainerAgent(ProcessAgent):
         given = {k: container_url(v) for k, v in {**given, **env}.items() if k != "PYTHONPATH"}
         name = f"agentcore-rollout-{uuid.uuid4().hex[:12]}"
         argv = engine.argv(
-            *("run", "--rm", "--sig-proxy=false", "--name", name),
+            # --init: an init as PID 1 passes SIGTERM on and reaps (a server as PID 1 may
+            # not exit on it: 2 s to a SIGKILL per stop, measured)
+            *("run", "--rm", "--init", "--sig-proxy=false", "--name", name),
             *("--label", f"{LABEL}={label}", "--label", f"{SESSION_LABEL}={session_id}"),
             *("--network", NETWORK, "-p", f"127.0.0.1:{port}:8080"),
-            *(f"--env={k}={v}" for k, v in sorted(given.items())),
+            *(f"--env={k}" for k in sorted(given)),  # values from the client's environment
             image,
         )
         out: int | IO[bytes] = asyncio.subprocess.PIPE
@@ -219,7 +223,7 @@ class ContainerAgent(ProcessAgent):
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
-                env=engine.env,
+                env={**engine.env, **given},  # not in argv: credentials stay out of `ps`
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
@@ -233,7 +237,7 @@ class ContainerAgent(ProcessAgent):
     def _exited(self) -> str:
         if self.process.returncode in _ENGINE_ERRORS:
             return f"{self.engine.name} could not start the container"
-        return "container exited"
+        return super()._exited()
 
     def kill(self) -> None:
         """SIGKILL the container, as a crash of the microVM would."""
