@@ -22,7 +22,7 @@ $(VENV)/.test: $(VENV)/.models
 	$(PIP) -e '.[dev,gateway,infra,verl,models,frameworks]'
 	touch $@
 
-CONTAINER_PACKAGES := podman runc uidmap slirp4netns mmdebstrap
+CONTAINER_PACKAGES := podman runc catatonit uidmap slirp4netns mmdebstrap
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 containers: $(VENV)/.dev  ## podman & co. from Debian, then the agent's image (local.mode: container)

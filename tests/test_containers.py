@@ -111,7 +111,7 @@ async def test_a_container_killed_mid_rollout_ends_its_request(
     when its container, answering /ping, is killed."""
     config = _stack_config(agent_image, token_delay=0.25)
     async with LocalStack(config) as stack:
-        engine_cfg = stack.engine_config(flat_config(rollout_timeout=25.0, result_grace=1.0))
+        engine_cfg = stack.engine_config(flat_config(rollout_timeout=40.0, result_grace=1.0))
         requests = [
             RolloutRequest({**q, "max_turns": 1}, input_id=f"m{i}") for i, q in enumerate(MATH[:3])
         ]
@@ -119,7 +119,7 @@ async def test_a_container_killed_mid_rollout_ends_its_request(
         async with RolloutEngine(engine_cfg) as rollouts, aiohttp.ClientSession() as http:
             handles = [rollouts.submit(r) for r in requests]
             await _until_pinged(engine, http, victim)
-            await asyncio.sleep(0.5)  # the invocation, forwarded once it answered, accepted
+            await asyncio.sleep(1.0)  # the invocation, forwarded once it answered, accepted
             killed = engine.run("kill", *_by_session(engine, victim))
             assert killed.returncode == 0, killed.stderr
             outcomes = [await h for h in handles]

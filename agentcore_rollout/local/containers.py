@@ -44,7 +44,7 @@ default_ulimits = []
 [engine]
 cgroup_manager = "cgroupfs"
 """
-_INSTALL = "apt-get install podman runc uidmap slirp4netns mmdebstrap"
+_INSTALL = "apt-get install podman runc catatonit uidmap slirp4netns mmdebstrap"
 
 
 class ContainerRuntimeError(RuntimeError):
