@@ -45,7 +45,7 @@ async def one_session(kind: str, http: aiohttp.ClientSession) -> tuple[float, fl
             engine=container_engine(),
             image=AGENT_IMAGE,
             env={},
-            label="bench",
+            label=f"{os.getpid()}-bench",
             session_id="bench",
             log_dir=None,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,3 +195,22 @@ def test_loopback_urls_point_at_the_host_as_a_container_sees_it():
     assert containers.container_url("http://127.0.0.1:5000/v1") == "http://10.0.2.2:5000/v1"
     assert containers.container_url("http://localhost:80") == "http://10.0.2.2:80"
     assert containers.container_url("https://s3.amazonaws.com") == "https://s3.amazonaws.com"
+
+
+@pytest.mark.containers
+def test_containers_of_an_emulator_that_died_are_removed_at_the_next_start(engine):
+    """An emulator killed before its stop leaves its containers: the next one removes them
+    (the label's pid runs no more), and leaves those of live emulators alone."""
+    containers.debian_base(engine)
+    dead, live = f"{2**31 - 1}-gone", f"{os.getpid()}-here"
+    ids = [
+        engine.run(
+            *("run", "-d", "--rm", "--label", f"{LABEL}={label}"), BASE_IMAGE, "sleep", "60"
+        ).stdout.strip()
+        for label in (dead, live)
+    ]
+    try:
+        engine.remove_orphans()
+        assert _ours(engine) == [ids[1][:12]]
+    finally:
+        engine.run("rm", "-f", "-t", "0", *ids)

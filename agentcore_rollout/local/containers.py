@@ -17,6 +17,7 @@ then `cgroups in hybrid mode not supported`).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -74,6 +75,18 @@ class ContainerEngine:
 
     def image_exists(self, image: str) -> bool:
         return self.run("image", "inspect", image).returncode == 0
+
+    def remove_orphans(self) -> None:
+        """Force-remove session containers whose emulator is gone (killed before its stop):
+        the label's value begins with its emulator's pid."""
+        listed = self.run("ps", "-a", "--filter", f"label={LABEL}", "--format", "json")
+        orphans = [
+            c["Id"]
+            for c in json.loads(listed.stdout or "[]")
+            if not _alive(c.get("Labels", {}).get(LABEL, "").split("-")[0])
+        ]
+        if orphans:
+            self.run("rm", "-f", "-t", "0", *orphans)
 
     def remove_containers(self, label_value: str) -> None:
         """Force-remove every container of one emulator (those whose start raced its stop)."""
@@ -186,6 +199,19 @@ def _first_from(dockerfile: Path) -> str:
         if words and words[0].upper() == "FROM":
             return next(w for w in words[1:] if not w.startswith("--"))
     raise ImageBuildError(f"{dockerfile} has no FROM line")
+
+
+def _alive(pid: str) -> bool:
+    """A process of this pid runs (a label not starting with one: not ours to judge)."""
+    if not pid.isdigit() or int(pid) <= 0:
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _last_line(text: str) -> str:

@@ -203,6 +203,7 @@ class RuntimeEmulator(Server):
             await asyncio.to_thread(self._shared.start)
         if self.config.mode == "container":  # fails at start, in one line, if none works
             self._engine = await asyncio.to_thread(container_engine)
+            await asyncio.to_thread(self._engine.remove_orphans)  # an earlier emulator's
             if not await asyncio.to_thread(self._engine.image_exists, self.config.image):
                 raise RuntimeError(
                     f"image {self.config.image} not found: build it (agentcore-rollout local build)"
