@@ -101,7 +101,7 @@ def plot(figures: dict[str, dict[str, list[float]]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     kinds = list(figures)
-    ax.boxplot([figures[k]["start_s"] for k in kinds], labels=kinds)
+    ax.boxplot([figures[k]["start_s"] for k in kinds], tick_labels=kinds)
     ax.set_ylabel("seconds to a healthy agent")
     ax.set_title("session start: process vs container (math agent)")
     ax.set_ylim(bottom=0)
