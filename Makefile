@@ -26,6 +26,7 @@ CONTAINER_PACKAGES := podman runc catatonit uidmap slirp4netns mmdebstrap
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 containers: $(VENV)/.dev  ## podman & co. from Debian, then the agent's image (local.mode: container)
+	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y --no-install-recommends $(CONTAINER_PACKAGES)
 	$(VENV)/bin/agentcore-rollout local build --config configs/local-containers.yaml
 
