@@ -27,7 +27,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 containers: $(VENV)/.dev  ## podman & co. from Debian, then the agent's image (local.mode: container)
 	$(SUDO) apt-get update -qq
-	$(SUDO) apt-get install -y --no-install-recommends $(CONTAINER_PACKAGES)
+	$(SUDO) apt-get install -y $(CONTAINER_PACKAGES)  # with recommends, as measured here
 	$(VENV)/bin/agentcore-rollout local build --config configs/local-containers.yaml
 
 models: $(VENV)/.models  ## torch and SmolLM2's GGUF file, for `local.policy: smollm2-135m-instruct`
