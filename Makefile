@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 ARGS ?=
 
-.PHONY: run train models test lint bench clean
+.PHONY: run train models containers test lint bench clean
 
 $(VENV)/.dev: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,14 @@ $(VENV)/.models: $(VENV)/.dev
 $(VENV)/.test: $(VENV)/.models
 	$(PIP) -e '.[dev,gateway,infra,verl,models,frameworks]'
 	touch $@
+
+CONTAINER_PACKAGES := podman runc catatonit uidmap slirp4netns mmdebstrap
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+containers: $(VENV)/.dev  ## podman & co. from Debian, then the agent's image (local.mode: container)
+	$(SUDO) apt-get update -qq
+	$(SUDO) apt-get install -y $(CONTAINER_PACKAGES)  # with recommends, as measured here
+	$(VENV)/bin/agentcore-rollout local build --config configs/local-containers.yaml
 
 models: $(VENV)/.models  ## torch and SmolLM2's GGUF file, for `local.policy: smollm2-135m-instruct`
 

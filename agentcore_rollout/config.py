@@ -353,7 +353,11 @@ class LocalConfig(_Section):
     """The embedded stack (`stack: local`): moto, the runtime emulator, the local policy."""
 
     app: str = "examples.math_agent.app:app"
-    mode: Literal["process", "in_process"] = "process"
+    mode: Literal["process", "in_process", "container"] = "process"
+    # mode container: each session a container of `image`, built from `dockerfile` when
+    # missing (`agentcore-rollout local build` rebuilds it); `app` is then the image's.
+    image: str = Field(default="localhost/agentcore-rollout-agent:local", min_length=1)
+    dockerfile: str = "examples/math_agent/Dockerfile"
     bucket: _BucketName = "agentcore-rollout-local"
     queue: _QueueName = "agentcore-rollout-results"
     cold_start: float = Field(default=0.0, ge=0)

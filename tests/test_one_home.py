@@ -111,9 +111,12 @@ def test_the_engine_reads_in_short_functions() -> None:
 # marked down and tried again, `reclaim` asking every replica), the replica journaled and used
 # to finish, drop and resume in the engine (30), the stack's N gateway processes (20), and the
 # hosted gateway as N Ray actors under veRL (190: `integrations/verl/replicas.py`, the actor,
-# start/stop, placement, the port and public-URL checks, and the service's settings). Raise it
-# only with a reason in the same commit.
-MAX_LINES = 16_690
+# start/stop, placement, the port and public-URL checks, and the service's settings). The
+# container executor (issue 24) added about 380: `local/containers.py` (the runtime found and
+# checked, the image built, its Debian base, orphans removed: 230), `ContainerAgent` (85), the
+# emulator's mode, sweeps and the stack's image and host-as-seen URLs (50), `local build` (15).
+# Raise it only with a reason in the same commit.
+MAX_LINES = 17_070
 
 
 def test_the_package_did_not_grow() -> None:

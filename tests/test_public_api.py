@@ -102,6 +102,7 @@ def test_cli_imports_only_the_public_api():
     # The local stack serves the CLI's own subcommands (`local up`, `run` on the embedded
     # stack), not the engine. `train` runs the local trainer (`.local.trainer`, `.training`).
     allowed = {".", ".contract", ".local.stack", ".local.trainer", ".training"}
+    allowed |= {".local.containers"}  # `local build`: the agent's image
     allowed |= {".integrations.verl.switch"}  # `verl`: veRL's main_ppo, the switch translated
     allowed |= {"._agentcore"}  # `deploy`'s defaults: AgentCore's published ones, defined once
     assert imported <= allowed, imported

@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
             from .train import train_command  # lazily: numpy, the local trainer
 
             return train_command(config)
+        if args.local_command == "build":
+            return local_build(config)
         run_async(lambda stop: local_up(config, interrupted=stop))
         return 0
     except (ConfigError, UsageError, RuntimeError) as e:  # InfraError: Runtime
@@ -69,6 +71,16 @@ async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
         console.print(table)
         print("\n".join(local.env_lines()), flush=True)
         await interrupted.wait()
+
+
+def local_build(config: Config) -> int:
+    """`local build`: the agent's image (`local.image`) from `local.dockerfile`, for this
+    machine, as `local.mode: container` runs it."""
+    from ..local.containers import build_image  # lazily: subprocesses only
+
+    base = build_image(config.local.dockerfile, config.local.image)
+    print(f"built {config.local.image} from {config.local.dockerfile} on {base}", file=sys.stderr)
+    return 0
 
 
 def _verl(hydra_args: list[str]) -> int:
@@ -150,6 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     local_p = sub.add_parser("local", help="the embedded local stack")
     local_sub = local_p.add_subparsers(dest="local_command", required=True)
     _config_args(local_sub.add_parser("up", help="start the stack and keep it running"))
+    _config_args(
+        local_sub.add_parser("build", help="build the agent's image (local.dockerfile) here")
+    )
     _infra_args(sub)
     return parser
 

@@ -2,6 +2,8 @@
 
 - `ProcessAgent`: one OS process per session, as a microVM per session is on AWS: the app
   served by `host.py` on a socket the emulator bound for it, or a command serving on `$PORT`.
+- `ContainerAgent`: one container of the agent's image per session (`containers.py`'s
+  runtime), in its own network namespace, a host loopback port mapped to its 8080.
 - `SharedApp` + `InProcessAgent`: one app instance served in a thread for every session (for
   tests and benchmarks that need hundreds of sessions quickly); a RolloutApp keeps sessions
   apart itself (`session_busy`, `cancel_session`), any other app shares its ping status.
@@ -17,11 +19,13 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from typing import IO, Any, Protocol
 
 import aiohttp
 
+from .containers import LABEL, NETWORK, SESSION_LABEL, ContainerEngine, container_url
 from .host import load_asgi_app
 
 PING_TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -48,6 +52,8 @@ async def _ping_busy(http: aiohttp.ClientSession, url: str) -> bool:
 class ProcessAgent:
     """One OS process per session, in a process group of its own (a command's children go
     with it)."""
+
+    _what = "agent"  # what its failures name
 
     def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
         self.process = process
@@ -121,14 +127,17 @@ class ProcessAgent:
                         await asyncio.wait_for(asyncio.shield(self._drain), timeout=1)
                 lines = self._tail.decode(errors="replace").strip().splitlines()
                 why = f": {lines[-1][:300]}" if lines else ""
-                raise RuntimeError(f"agent exited with code {self.process.returncode}{why}")
+                raise RuntimeError(f"{self._exited()} with code {self.process.returncode}{why}")
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with http.get(f"{self.url}/ping", timeout=PING_TIMEOUT) as resp:
                     if resp.status == 200:
                         return
             await asyncio.sleep(0.05)
         await self.terminate()
-        raise RuntimeError(f"agent not healthy within {timeout:.0f}s")
+        raise RuntimeError(f"{self._what} not healthy within {timeout:.0f}s (GET /ping)")
+
+    def _exited(self) -> str:
+        return f"{self._what} exited"
 
     async def busy(self, http: aiohttp.ClientSession) -> bool:
         return await _ping_busy(http, self.url)
@@ -156,6 +165,89 @@ class ProcessAgent:
         except (ProcessLookupError, PermissionError):
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(sig)
+
+
+_AWS_NAMES = (
+    *("AWS_REGION", "AWS_DEFAULT_REGION"),
+    *("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
+)
+_ENGINE_ERRORS = (125, 126, 127)  # podman/docker run's own failures, not the container's
+
+
+class ContainerAgent(ProcessAgent):
+    """One container per session: `run --rm` attached, so the client process lives as long as
+    the container and its output is the container's. The app binds 8080 in its own network
+    namespace, as on AgentCore; the emulator reaches it on a host loopback port. It gets the
+    environment AgentCore gives (region, credentials) and the AWS endpoint URLs, loopback
+    ones rewritten to the host as the container sees it."""
+
+    _what = "container"
+
+    def __init__(
+        self, process: asyncio.subprocess.Process, url: str, engine: ContainerEngine, name: str
+    ) -> None:
+        super().__init__(process, url)
+        self.engine = engine
+        self.name = name
+
+    @classmethod
+    async def spawn_container(
+        cls,
+        *,
+        engine: ContainerEngine,
+        image: str,
+        env: dict[str, str],
+        label: str,
+        session_id: str,
+        log_dir: str | None,
+    ) -> ContainerAgent:
+        with socket.socket() as sock:  # free now, bound by podman's port forwarder next
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        given = {k: v for k, v in os.environ.items() if k in _AWS_NAMES or "ENDPOINT_URL" in k}
+        given = {k: container_url(v) for k, v in {**given, **env}.items() if k != "PYTHONPATH"}
+        name = f"agentcore-rollout-{uuid.uuid4().hex[:12]}"
+        argv = engine.argv(
+            # --init: an init as PID 1 passes SIGTERM on and reaps (a server as PID 1 may
+            # not exit on it: 2 s to a SIGKILL per stop, measured)
+            *("run", "--rm", "--init", "--sig-proxy=false", "--name", name),
+            *("--label", f"{LABEL}={label}", "--label", f"{SESSION_LABEL}={session_id}"),
+            *("--network", NETWORK, "-p", f"127.0.0.1:{port}:8080"),
+            *(f"--env={k}" for k in sorted(given)),  # values from the client's environment
+            image,
+        )
+        out: int | IO[bytes] = asyncio.subprocess.PIPE
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+            out = open(os.path.join(log_dir, f"{session_id}.log"), "ab")  # noqa: SIM115, ASYNC230
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                env={**engine.env, **given},  # not in argv: credentials stay out of `ps`
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            if not isinstance(out, int):
+                out.close()
+        return cls(process, f"http://127.0.0.1:{port}", engine, name)
+
+    def _exited(self) -> str:
+        if self.process.returncode in _ENGINE_ERRORS:
+            return f"{self.engine.name} could not start the container"
+        return super()._exited()
+
+    def kill(self) -> None:
+        """SIGKILL the container, as a crash of the microVM would."""
+        self.engine.run("kill", self.name, timeout=30)
+
+    async def terminate(self) -> None:
+        """Remove the container (SIGTERM, SIGKILL after 2 s), then end its client."""
+        if self.alive():
+            await asyncio.to_thread(self.engine.run, "rm", "-f", "-t", "2", self.name)
+        await super().terminate()
 
 
 class SharedApp:

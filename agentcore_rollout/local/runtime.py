@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shlex
 import time
 from collections import Counter
@@ -42,7 +43,8 @@ from .._agentcore import (
 from .._limits import Gauge
 from ..serving.http import Handler
 from ..serving.server import Server
-from .agents import Agent, InProcessAgent, ProcessAgent, SharedApp
+from .agents import Agent, ContainerAgent, InProcessAgent, ProcessAgent, SharedApp
+from .containers import ContainerEngine, container_engine
 from .host import AppLoadError
 from .quotas import Quotas
 from .wire import (
@@ -85,7 +87,9 @@ class EmulatorConfig:
     app: str = ""
     """`module:attr` of the app each session runs: any BedrockAgentCoreApp (RolloutApp
     included) or ASGI app serving `POST /invocations` and `GET /ping`."""
-    mode: Literal["process", "in_process"] = "process"
+    mode: Literal["process", "in_process", "container"] = "process"
+    image: str = field(default="", metadata={"help": "the agent's image (mode container)"})
+    """The image each session runs as a container (mode `container`; `app` is unused)."""
     runtime_arns: tuple[str, ...] = field(
         default=(), metadata={"flag": "--runtime-arn", "help": "ARNs that exist"}
     )
@@ -118,6 +122,10 @@ class EmulatorConfig:
     def validate(self) -> None:
         """Raise ValueError for a config no emulator can run (also checked at start, since
         tests set fields after construction)."""
+        if self.mode == "container":
+            if not self.image or self.command:
+                raise ValueError("mode='container' needs an image and no command")
+            return
         if bool(self.app) == bool(self.command):
             raise ValueError("EmulatorConfig needs exactly one of app and command")
         if self.command and self.mode != "process":
@@ -170,6 +178,8 @@ class RuntimeEmulator(Server):
         self._http: aiohttp.ClientSession | None = None
         self._watchers: set[asyncio.Task[None]] = set()
         self._shared: SharedApp | None = None
+        self._engine: ContainerEngine | None = None
+        self._label = f"{os.getpid()}-{id(self):x}"  # its containers', for the sweep at stop
 
     @property
     def sessions(self) -> dict[str, _Session]:
@@ -191,6 +201,13 @@ class RuntimeEmulator(Server):
         if self.config.mode == "in_process":
             self._shared = SharedApp(self.config.app)
             await asyncio.to_thread(self._shared.start)
+        if self.config.mode == "container":  # fails at start, in one line, if none works
+            self._engine = await asyncio.to_thread(container_engine)
+            await asyncio.to_thread(self._engine.remove_orphans)  # an earlier emulator's
+            if not await asyncio.to_thread(self._engine.image_exists, self.config.image):
+                raise RuntimeError(
+                    f"image {self.config.image} not found: build it (agentcore-rollout local build)"
+                )
         # No total timeout: the service's caps (sync_timeout, stream_timeout) are applied per
         # invocation; a connect that hangs is still bounded. No connection limit either: open
         # streams must not queue other sessions' invocations (only the quotas bound them).
@@ -210,6 +227,8 @@ class RuntimeEmulator(Server):
         await asyncio.gather(*self._watchers, return_exceptions=True)  # ends under way
         if self._shared is not None:
             await asyncio.to_thread(self._shared.stop)
+        if self._engine is not None:  # any container whose start raced the stop
+            await asyncio.to_thread(self._engine.remove_containers, self._label)
         if self._http is not None:
             await self._http.close()
 
@@ -217,7 +236,7 @@ class RuntimeEmulator(Server):
         """Kill a session's agent process abruptly (SIGKILL), as a crash would."""
         agent = self.sessions[session_id].agent
         if not isinstance(agent, ProcessAgent):
-            raise RuntimeError("kill_agent needs mode='process'")
+            raise RuntimeError("kill_agent needs mode='process' or 'container'")
         agent.kill()
 
     # ------------------------------------------------------------------ API
@@ -312,13 +331,7 @@ class RuntimeEmulator(Server):
             if self._shared is not None:
                 session.agent = InProcessAgent(self._shared, session.session_id)
             else:
-                agent = await ProcessAgent.spawn(
-                    app=cfg.app,
-                    command=cfg.command,
-                    env=cfg.env,
-                    session_id=session.session_id,
-                    log_dir=cfg.log_dir,
-                )
+                agent = await self._spawn(session.session_id)
                 session.agent = agent
                 if session.ended:  # during the spawn, so `_end` saw no agent to stop
                     await agent.terminate()
@@ -427,6 +440,26 @@ class RuntimeEmulator(Server):
             with contextlib.suppress(Exception):
                 request.transport.close()  # type: ignore[union-attr]
         return reply
+
+    async def _spawn(self, session_id: str) -> ProcessAgent:
+        """The session's agent: a container of the image, or a process on the host."""
+        cfg = self.config
+        if self._engine is not None:
+            return await ContainerAgent.spawn_container(
+                engine=self._engine,
+                image=cfg.image,
+                env=cfg.env,
+                label=self._label,
+                session_id=session_id,
+                log_dir=cfg.log_dir,
+            )
+        return await ProcessAgent.spawn(
+            app=cfg.app,
+            command=cfg.command,
+            env=cfg.env,
+            session_id=session_id,
+            log_dir=cfg.log_dir,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 

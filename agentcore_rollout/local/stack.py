@@ -33,6 +33,7 @@ from typing import Any
 from ..config import ConfigError, EngineConfig, GatewayConfig, GatewayReplica, LocalConfig
 from ..contract import LLMSettings
 from ..serving.process import ServiceProcess
+from .containers import container_url, ensure_image
 from .models import ready_model
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
 from .policy.server import MODEL_NAME as TOY_MODEL_NAME
@@ -64,6 +65,8 @@ class LocalStack:
         try:
             if self.config.policy != TOY:  # a known name may convert first (once, ~30 s)
                 self.model_dir = str(await asyncio.to_thread(_resolve, self.config.policy))
+            if self.config.mode == "container":  # built once, before anything starts
+                await asyncio.to_thread(ensure_image, self.config.dockerfile, self.config.image)
             self.workers = self._workers()
             await _together(
                 asyncio.to_thread(self.moto.start),
@@ -123,6 +126,7 @@ class LocalStack:
             *("--invoke-tps", str(cfg.invoke_tps)),
             *("--new-sessions-per-minute", str(cfg.new_sessions_per_minute)),
             *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
+            *(["--image", cfg.image] if cfg.mode == "container" else []),
             env=self.agent_env(),  # agents inherit the emulator's environment
         )
 
@@ -169,6 +173,11 @@ class LocalStack:
         """Where the policy is served: the router, or the one worker."""
         return self.router.url if self.router is not None else self.workers[0].url
 
+    @property
+    def _containers(self) -> bool:
+        """Agents run in containers: they reach the host's loopback at another address."""
+        return self.config.mode == "container"
+
     def agent_env(self) -> dict[str, str]:
         """What an agent process needs to reach the local S3 and SQS."""
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
@@ -197,15 +206,28 @@ class LocalStack:
             },
         }
         if self.gateways and base.gateway is None:
-            replicas = [GatewayReplica(url=gateway.url) for gateway in self.gateways]
+            replicas = [
+                GatewayReplica(
+                    url=gateway.url,
+                    public_url=container_url(gateway.url) if self._containers else None,
+                )
+                for gateway in self.gateways
+            ]
+            one = replicas[0]
             fill["gateway"] = GatewayConfig(  # the engine points agents at one, per session
-                **({"url": replicas[0].url} if len(replicas) == 1 else {"replicas": replicas}),
+                **(
+                    {"url": one.url, "public_url": one.public_url}
+                    if len(replicas) == 1
+                    else {"replicas": replicas}
+                ),
                 admin_token=self._admin_token,
                 max_context=self.config.max_context,
             )
         elif base.llm is None:
             model = Path(self.model_dir).name if self.model_dir else TOY_MODEL_NAME
-            fill["llm"] = LLMSettings(base_url=f"{self.policy_url}/v1", model=model)
+            base_url = f"{self.policy_url}/v1"
+            base_url = container_url(base_url) if self._containers else base_url
+            fill["llm"] = LLMSettings(base_url=base_url, model=model)
         return EngineConfig.model_validate(base.model_dump() | fill | overrides)
 
     def env_lines(self) -> list[str]:

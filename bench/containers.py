@@ -1,0 +1,128 @@
+"""Session start time, container against process: what the emulator spends on a new session's
+agent before its first invocation is forwarded (spawned, then answering `GET /ping`), and on
+removing it at the session's end.
+
+Both executors run the example math agent: a process serving `examples.math_agent.app:app` on
+the host, and a container of its image (`agentcore-rollout local build`; built here if missing).
+Sessions start one after another, so the figure is one start's latency, not a throughput.
+Prints JSON; writes bench/results/containers.json and containers.png.
+
+    python bench/containers.py [--sessions 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+
+from agentcore_rollout.local.agents import ContainerAgent, ProcessAgent  # noqa: E402
+from agentcore_rollout.local.containers import (  # noqa: E402
+    AGENT_IMAGE,
+    container_engine,
+    ensure_image,
+)
+
+APP = "examples.math_agent.app:app"
+
+
+async def one_session(kind: str, http: aiohttp.ClientSession) -> tuple[float, float]:
+    """(seconds to a healthy agent, seconds to remove it)."""
+    began = time.perf_counter()
+    if kind == "container":
+        agent: ProcessAgent = await ContainerAgent.spawn_container(
+            engine=container_engine(),
+            image=AGENT_IMAGE,
+            env={},
+            label=f"{os.getpid()}-bench",
+            session_id="bench",
+            log_dir=None,
+        )
+    else:
+        agent = await ProcessAgent.spawn(
+            app=APP, command=(), env={"PYTHONPATH": str(ROOT)}, session_id="bench", log_dir=None
+        )
+    await agent.wait_ready(http, timeout=120)
+    ready = time.perf_counter()
+    await agent.terminate()
+    return ready - began, time.perf_counter() - ready
+
+
+async def measure(sessions: int) -> dict[str, dict[str, list[float]]]:
+    figures: dict[str, dict[str, list[float]]] = {}
+    async with aiohttp.ClientSession() as http:
+        for kind in ("process", "container"):
+            await one_session(kind, http)  # warm: the page cache, podman's storage
+            runs = [await one_session(kind, http) for _ in range(sessions)]
+            figures[kind] = {"start_s": [r[0] for r in runs], "stop_s": [r[1] for r in runs]}
+    return figures
+
+
+def summary(figures: dict[str, dict[str, list[float]]], sessions: int) -> dict[str, object]:
+    def stats(xs: list[float]) -> dict[str, float]:
+        return {
+            "median": round(statistics.median(xs), 3),
+            "min": round(min(xs), 3),
+            "max": round(max(xs), 3),
+        }
+
+    out: dict[str, object] = {
+        "sessions_each": sessions,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+            "runtime": container_engine().run("--version").stdout.strip(),
+        },
+    }
+    for kind, fig in figures.items():
+        out[kind] = {"start_s": stats(fig["start_s"]), "stop_s": stats(fig["stop_s"])}
+    p, c = figures["process"]["start_s"], figures["container"]["start_s"]
+    out["container_over_process_start"] = round(statistics.median(c) / statistics.median(p), 2)
+    return out
+
+
+def plot(figures: dict[str, dict[str, list[float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    kinds = list(figures)
+    ax.boxplot([figures[k]["start_s"] for k in kinds], tick_labels=kinds)
+    ax.set_ylabel("seconds to a healthy agent")
+    ax.set_title("session start: process vs container (math agent)")
+    ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results")
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    ensure_image(ROOT / "examples/math_agent/Dockerfile", AGENT_IMAGE)
+    figures = asyncio.run(measure(args.sessions))
+    result = summary(figures, args.sessions)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(figures, args.out / "containers.png")
+    (args.out / "containers.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The container executor (`local.mode: container`) on the real wire: the example's image built
+once per test session, sessions as containers of it, its named failures, no container left.
+
+Marked `containers`: without a container runtime that works they skip, saying why. The checks
+of a missing runtime need none and always run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
+from agentcore_rollout.config import LocalConfig
+from agentcore_rollout.contract import session_id
+from agentcore_rollout.local import containers
+from agentcore_rollout.local.containers import (
+    BASE_IMAGE,
+    LABEL,
+    SESSION_LABEL,
+    ContainerEngine,
+    ContainerRuntimeError,
+    ImageBuildError,
+    build_image,
+    container_engine,
+)
+from agentcore_rollout.local.stack import LocalStack
+
+from .conftest import ROOT, engine_config
+from .factories import flat_config
+
+TEST_IMAGE = "localhost/agentcore-rollout-agent:test"
+MATH = [
+    {"question": "What is 6 + 6?", "answer": 12},
+    {"question": "What is 7 - 6?", "answer": 1},
+    {"question": "What is 2 + 3?", "answer": 5},
+    {"question": "What is 9 - 4?", "answer": 5},
+]
+
+
+@pytest.fixture(scope="session")
+def engine() -> ContainerEngine:
+    try:
+        return container_engine()
+    except ContainerRuntimeError as e:
+        pytest.skip(f"no container runtime here: {e}")
+
+
+@pytest.fixture(scope="session")
+def agent_image(engine: ContainerEngine) -> str:
+    """The example's image, built once per test session (its base once per machine)."""
+    build_image(ROOT / "examples/math_agent/Dockerfile", TEST_IMAGE, ROOT)
+    return TEST_IMAGE
+
+
+def _small_image(engine: ContainerEngine, tmp_path: Path, lines: str) -> str:
+    """An image of a few lines on the Debian base (built in seconds: no package installed)."""
+    containers.debian_base(engine)
+    image = f"localhost/agentcore-rollout-test-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\n{lines}\n")
+    build_image(tmp_path / "Dockerfile", image, tmp_path)
+    return image
+
+
+def _ours(engine: ContainerEngine) -> list[str]:
+    """Every session container on this machine, running or not."""
+    return engine.run("ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
+
+
+@pytest.fixture
+def no_container_left(engine: ContainerEngine) -> Iterator[None]:
+    yield
+    assert _ours(engine) == []
+
+
+def _stack_config(image: str, **overrides: object) -> LocalConfig:
+    name = f"c-{uuid.uuid4().hex[:10]}"
+    return LocalConfig(
+        mode="container", image=image, policy_workers=1, bucket=name, queue=name, **overrides
+    )
+
+
+@pytest.mark.containers
+async def test_a_batch_runs_one_container_per_session(agent_image, no_container_left, tmp_path):
+    """Four sessions at once, each the unmodified image binding 8080 in its own network
+    namespace, reaching the gateway and S3/SQS on the host's loopback: each ends ok."""
+    config = _stack_config(agent_image, agent_log_dir=str(tmp_path))
+    async with LocalStack(config) as stack:
+        engine_cfg = stack.engine_config(flat_config(max_live_sessions=8, rollout_timeout=60.0))
+        async with RolloutEngine(engine_cfg) as engine:
+            batch = await engine.rollout(
+                [RolloutRequest(q, input_id=f"m{i}") for i, q in enumerate(MATH)]
+            )
+    assert [o.outcome for o in batch.outcomes] == [Outcome.OK] * 4, batch.counts
+    assert all(o.reward is not None for o in batch.outcomes)
+    assert len(list(tmp_path.glob("*.log"))) == 4  # one container per session
+
+
+@pytest.mark.containers
+async def test_a_container_killed_mid_rollout_ends_its_request(
+    agent_image, engine, no_container_left
+):
+    """The killed session's request ends by its deadline (`timeout`, no result); the others
+    are untouched. The toy is paced (one turn of 16 tokens: 4 s), so the rollout is running
+    when its container, answering /ping, is killed."""
+    config = _stack_config(agent_image, token_delay=0.25)
+    async with LocalStack(config) as stack:
+        engine_cfg = stack.engine_config(flat_config(rollout_timeout=40.0, result_grace=1.0))
+        requests = [
+            RolloutRequest({**q, "max_turns": 1}, input_id=f"m{i}") for i, q in enumerate(MATH[:3])
+        ]
+        victim = session_id(engine_cfg.exp_id, 0, requests[0].request_id)
+        async with RolloutEngine(engine_cfg) as rollouts, aiohttp.ClientSession() as http:
+            handles = [rollouts.submit(r) for r in requests]
+            await _until_pinged(engine, http, victim)
+            await asyncio.sleep(1.0)  # the invocation, forwarded once it answered, accepted
+            killed = engine.run("kill", *_by_session(engine, victim))
+            assert killed.returncode == 0, killed.stderr
+            outcomes = [await h for h in handles]
+    assert outcomes[0].outcome is Outcome.TIMEOUT and outcomes[0].result is None
+    assert [o.outcome for o in outcomes[1:]] == [Outcome.OK, Outcome.OK]
+
+
+async def _until_pinged(engine: ContainerEngine, http: aiohttp.ClientSession, sid: str) -> None:
+    """Until the session's container answers `GET /ping` on its mapped port."""
+    while True:
+        if ids := _by_session(engine, sid):
+            port = engine.run("port", ids[0], "8080").stdout.strip()
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"http://{port}/ping") as resp:
+                    if port and resp.status == 200:
+                        return
+        await asyncio.sleep(0.1)
+
+
+def _by_session(engine: ContainerEngine, sid: str) -> list[str]:
+    return engine.run("ps", "-q", "--filter", f"label={SESSION_LABEL}={sid}").stdout.split()
+
+
+@pytest.mark.containers
+async def test_failures_are_named(engine, no_container_left, moto, channel, emulator, tmp_path):
+    """An image that does not build, a container that exits at start, one that never answers
+    /ping: each a one-line error, the start failures the request's `submit_failed`."""
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(ImageBuildError, match=r"did not build: .*exit status 3"):
+        _small_image(engine, tmp_path / "bad", "RUN exit 3")
+    exits = _small_image(engine, tmp_path, 'CMD ["python3", "-c", "raise SystemExit(\'boom\')"]')
+    silent = _small_image(engine, tmp_path, 'CMD ["sleep", "600"]')
+    try:
+        for image, why in [
+            (exits, "agent failed to start: container exited with code 1: boom"),
+            (silent, "agent failed to start: container not healthy within 3s (GET /ping)"),
+        ]:
+            emu = await emulator(mode="container", image=image, agent_ready_timeout=3.0)
+            async with RolloutEngine(engine_config(moto, channel, emu)) as rollouts:
+                (outcome,) = (
+                    await rollouts.rollout([RolloutRequest({"a": 1}, input_id="a")])
+                ).outcomes
+            assert outcome.outcome is Outcome.SUBMIT_FAILED
+            assert why in outcome.error and "\n" not in outcome.error
+    finally:
+        engine.run("rmi", "-f", exits, silent)
+
+
+def test_a_missing_runtime_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    containers.container_engine.cache_clear()
+    try:
+        with pytest.raises(ContainerRuntimeError, match=r"no container runtime .*apt-get install"):
+            container_engine()
+        docker = tmp_path / "docker"  # a client whose daemon is not running
+        docker.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+        docker.chmod(0o755)
+        with pytest.raises(ContainerRuntimeError, match="docker is present but not running"):
+            container_engine()
+    finally:
+        containers.container_engine.cache_clear()
+
+
+def test_an_emulator_without_an_image_is_refused():
+    from agentcore_rollout.local.runtime import EmulatorConfig
+
+    with pytest.raises(ValueError, match="mode='container' needs an image"):
+        EmulatorConfig(mode="container")
+
+
+def test_loopback_urls_point_at_the_host_as_a_container_sees_it():
+    assert containers.container_url("http://127.0.0.1:5000/v1") == "http://10.0.2.2:5000/v1"
+    assert containers.container_url("http://localhost:80") == "http://10.0.2.2:80"
+    assert containers.container_url("https://s3.amazonaws.com") == "https://s3.amazonaws.com"
+
+
+@pytest.mark.containers
+def test_containers_of_an_emulator_that_died_are_removed_at_the_next_start(engine):
+    """An emulator killed before its stop leaves its containers: the next one removes them
+    (the label's pid runs no more), and leaves those of live emulators alone."""
+    containers.debian_base(engine)
+    dead, live = f"{2**31 - 1}-gone", f"{os.getpid()}-here"
+    ids = [
+        engine.run(
+            *("run", "-d", "--rm", "--label", f"{LABEL}={label}"), BASE_IMAGE, "sleep", "60"
+        ).stdout.strip()
+        for label in (dead, live)
+    ]
+    try:
+        engine.remove_orphans()
+        assert _ours(engine) == [ids[1][:12]]
+    finally:
+        engine.run("rm", "-f", "-t", "0", *ids)
