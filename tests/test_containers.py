@@ -108,9 +108,9 @@ async def test_a_container_killed_mid_rollout_ends_its_request(
     agent_image, engine, no_container_left
 ):
     """The killed session's request ends by its deadline (`timeout`, no result); the others
-    are untouched. The toy is paced (one turn of 16 tokens: 4 s), so the rollout is running
-    when its container, answering /ping, is killed."""
-    config = _stack_config(agent_image, token_delay=0.25)
+    are untouched. The toy is paced at 2 s a token (its answers may end after one or two), so
+    the rollout's first turn is running when its container, answering /ping, is killed."""
+    config = _stack_config(agent_image, token_delay=2.0)
     async with LocalStack(config) as stack:
         engine_cfg = stack.engine_config(flat_config(rollout_timeout=40.0, result_grace=1.0))
         requests = [
