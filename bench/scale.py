@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import itertools
 import json
 import logging
@@ -88,6 +89,7 @@ ENGINE_STATS = (  # the engine's counters copied into the figures
     "peak_starts_in_flight",
     "messages",
     "downloads",
+    "inline_results",
     "duplicates",
     "s3_lookups",
     "invoke_errors",
@@ -159,7 +161,7 @@ async def engine_child(spec: dict[str, Any]) -> None:
             "max_live_sessions": max(n, 1),
         },
         limits={"rollout_timeout": spec["rollout_timeout"]},  # no deadline lookups while live
-        results={"wait_time": 20},
+        results={"wait_time": 20, "notify_directly": True},  # small results come inline
         max_pool_connections=spec["pool"],
     )
     requests = [
@@ -405,6 +407,7 @@ async def run(
     write_concurrency: int = 10,
     pool: int = 64,
     quiet: bool = False,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     """Start moto, the fast runtime and the engine; run both phases; stop them all."""
     began = time.time()
@@ -427,7 +430,7 @@ async def run(
         runtime = Child(
             "runtime",
             [sys.executable, str(ROOT / "bench" / "_fast_runtime.py")],
-            env | {"AWS_ENDPOINT_URL_S3": moto.url},
+            env | {"AWS_ENDPOINT_URL_S3": moto.url, "AWS_ENDPOINT_URL_SQS": moto.url},
         )
         await runtime.start()
         runtime_url = await runtime.line(timeout=60)
@@ -443,6 +446,7 @@ async def run(
             # Deadlines far past the run: no S3 lookups while the sessions are live.
             "rollout_timeout": 600.0 + 2 * sessions / start_rate + 4 * sessions / result_rate,
             "pool": pool,
+            "profile": str(profile) if profile else None,
         }
         engine = Child(
             "engine", [sys.executable, str(SCRIPT), "--child-engine", json.dumps(spec)], env
@@ -718,12 +722,27 @@ def main(argv: list[str] | None = None) -> None:
         help="where scale.json and scale.png go",
     )
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="run the engine under cProfile and write its stats (pstats) to FILE",
+    )
     parser.add_argument("--child-engine", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.child_engine:
+        spec = json.loads(args.child_engine)
+        profile = cProfile.Profile() if spec.get("profile") else None
         with contextlib.suppress(asyncio.CancelledError):  # stopped by the bench: quietly
-            asyncio.run(_cancel_on_sigterm(engine_child, json.loads(args.child_engine)))
+            if profile is not None:
+                profile.enable()
+            try:
+                asyncio.run(_cancel_on_sigterm(engine_child, spec))
+            finally:
+                if profile is not None:
+                    profile.disable()
+                    profile.dump_stats(spec["profile"])
         return
     # Ctrl-C and SIGTERM cancel the run, whose `finally` stops every child, even when started
     # in the background (where a shell leaves SIGINT ignored).
@@ -738,6 +757,7 @@ def main(argv: list[str] | None = None) -> None:
                 max_pending=args.max_pending,
                 pool=args.pool,
                 quiet=args.quiet,
+                profile=args.profile,
             )
         )
     except (KeyboardInterrupt, asyncio.CancelledError):
