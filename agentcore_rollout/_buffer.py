@@ -52,18 +52,19 @@ log = logging.getLogger("agentcore_rollout.buffer")
 
 # keep: back after the visibility timeout; the others: see `_hidden_for`
 _MessageFate = Literal[
-    "delete", "release", "other_exp", "foreign", "malformed", "keep", "await_inline", "forged"
+    "delete", "release", "other_exp", "foreign", "malformed", "keep", "held", "forged"
 ]
-_Handled = Literal["delete", "release", "await_inline", "forged"]  # one result's fate
+_Handled = Literal["delete", "release", "held", "forged"]  # one result's fate
 _MAX_BATCHES = 4  # received batches being downloaded at once, per poller
 _CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
 _SQS_MAX_VISIBILITY = 12 * 3600  # counted from the receive
 _SET_ASIDE_GROWTH = 4  # each return of a message nobody takes hides it this much longer
-_INLINE_WAIT = 2
-"""Seconds the bucket's notification of a result small enough to come inline is hidden, the
+_INLINE_WAIT = 2.0
+"""Seconds the bucket's notification of a result small enough to come inline is held, the
 first time it is received before the agent's own message: that message usually follows
-within milliseconds (moto notifies before the put returns; S3 later), and if it never does,
-the object is read when the notification comes back."""
+within milliseconds (moto notifies before the put returns; S3 later), and both are then
+deleted in one call, with no GetObject. If it does not come, the notification is released
+to come back at once, and the object is read."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ class _Waiter:
     sig_key: str
     future: asyncio.Future[Delivery]
     busy: bool = False  # a download for it is under way
+    held: str | None = None  # the receipt of its bucket notification, held for `_INLINE_WAIT`
+    held_timer: asyncio.TimerHandle | None = None
 
 
 class _Transient(Exception):
@@ -133,6 +136,8 @@ class RolloutBuffer:
         ]
 
     async def close(self) -> None:
+        for w in self._waiters.values():  # held notifications come back for the next engine
+            self._settle_held(w, False)
         for task in self._pollers:
             task.cancel()
         for task, ended in zip(
@@ -257,9 +262,10 @@ class RolloutBuffer:
     def _retire(self, w: _Waiter) -> None:
         if self._waiters.pop(w.request_id, None) is None:
             return
+        delivery = w.future.result() if w.future.done() and not w.future.cancelled() else None
+        self._settle_held(w, delivery is not None and delivery.result is not None)
         if w.step < self._step - self._window:
             return  # already out of the window: nothing to remember it for
-        delivery = w.future.result() if w.future.done() and not w.future.cancelled() else None
         late_key = w.sig_key if delivery is None or delivery.result is None else None
         self._ended.setdefault(w.step, {})[w.request_id] = late_key
 
@@ -337,9 +343,7 @@ class RolloutBuffer:
         entry = {"ReceiptHandle": message["ReceiptHandle"]}
         if fate == "delete":
             self._deletes.add(entry)
-        elif fate == "await_inline":
-            self._releases.add(entry | {"VisibilityTimeout": _INLINE_WAIT})
-        elif fate != "keep":
+        elif fate not in ("keep", "held"):
             self._releases.add(entry | {"VisibilityTimeout": self._hidden_for(fate, message)})
 
     def _hidden_for(self, fate: _MessageFate, message: dict[str, Any]) -> int:
@@ -382,16 +386,18 @@ class RolloutBuffer:
         if not own:  # no S3 call for what is not ours
             self._counts["foreign_messages"] += 1
             return "other_exp" if any(k for k, _ in keys) else "foreign"
-        first_receive = _receive_count(message) == 1
+        # a first receipt of a notification of one object may be held for its inline copy
+        holdable = message["ReceiptHandle"] if len(own) == len(parsed) == 1 else None
+        if _receive_count(message) > 1:
+            holdable = None
         size = len(message["Body"])
         try:
             fates = [
-                await self._ingest(key, "notification", ref, size, first_receive)
-                for key, ref in own
+                await self._ingest(key, "notification", ref, size, holdable) for key, ref in own
             ]
         except _Transient:
             return "keep"
-        for fate in ("forged", "await_inline"):
+        for fate in ("forged", "held"):
             if fate in fates:
                 return fate
         if len(own) < len(parsed):  # partly ours: the rest's owner needs it soon
@@ -419,10 +425,11 @@ class RolloutBuffer:
         via: Literal["notification", "lookup"],
         ref: ObjectRef | None = None,
         size: int = 0,
-        first_receive: bool = False,
+        holdable: str | None = None,
     ) -> _Handled:
         """Route one announced result (`ref`: what the notification said of it, the result
-        itself if it came inline, `size` bytes of message). `release` if no request here,
+        itself if it came inline, `size` bytes of message; `holdable`: the receipt of a
+        notification that may be held for the inline copy). `release` if no request here,
         waiting or ended, expects it."""
         w = self._waiters.get(key.request_id)
         if w is None:
@@ -436,8 +443,12 @@ class RolloutBuffer:
                 return "forged"
             self._resolve(w, Delivery(Outcome(result.status), result=result, via=via))
             return "delete"
-        if first_receive and ref is not None and self._may_come_inline(ref):
-            return "await_inline"
+        if holdable and w.held is None and ref is not None and self._may_come_inline(ref):
+            w.held = holdable
+            w.held_timer = asyncio.get_running_loop().call_later(
+                _INLINE_WAIT, self._settle_held, w, False
+            )
+            return "held"
         w.busy = True
         try:
             delivery = await self._verified(key.key, w.request_id, w.step, w.sig_key, via)
@@ -446,6 +457,22 @@ class RolloutBuffer:
         if delivery is not None:
             self._resolve(w, delivery)
         return "delete"
+
+    def _settle_held(self, w: _Waiter, delivered: bool) -> None:
+        """Delete a held notification whose result was delivered (a duplicate now); release
+        any other to come back at once (its inline copy is overdue, or its request ended
+        without a result: it is read like any late one)."""
+        receipt, w.held = w.held, None
+        if w.held_timer is not None:
+            w.held_timer.cancel()
+            w.held_timer = None
+        if receipt is None:
+            return
+        if delivered:
+            self._counts["duplicates"] += 1
+            self._deletes.add({"ReceiptHandle": receipt})
+        else:
+            self._releases.add({"ReceiptHandle": receipt, "VisibilityTimeout": 0})
 
     def _may_come_inline(self, ref: ObjectRef) -> bool:
         """Whether the agent was told to send this object in its own message too."""
