@@ -4,7 +4,7 @@ process.
 Why: a trainer's batch can be 10,000 long-running agents. The engine holds every one of them
 (a task, a live-session slot, a buffer waiter, a deadline) while they run, then drains their
 results through S3 and SQS; the issue's targets are engine RSS < 1 GB with 10,000 sessions
-live and <= 1 ms of engine CPU per rollout.
+live and <= 3 ms of engine CPU per rollout (issue 23).
 
 Three processes besides this one, all on 127.0.0.1, each read from /proc:
 - moto in server mode (`agentcore_rollout.local.moto`): S3 and SQS, with the bucket's real
@@ -34,11 +34,17 @@ scale.json, plus scale.png):
   received, so it slows as the backlog grows; the runtime therefore holds writes back while
   `--max-pending` results await their session's stop).
 
-To see where the engine's time goes, run py-spy on the engine process (its pid is printed at
-the start), e.g. `py-spy record --pid <engine pid>`.
+Agents send their small results inline (`results.notify_directly`): the engine verifies the
+result the agent's own SQS message carries and reads nothing from S3 (`s3:GetObject` 0 in
+`api_calls_per_rollout`); the bucket's notification of each is deleted as a duplicate.
+
+To see where the engine's time goes, `--profile FILE` runs the engine under cProfile (CPU
+time) and writes its stats there (`python -m pstats FILE`); the profiler slows it several
+times over, so read shares from it, not milliseconds.
 
     python bench/scale.py [--sessions 10000] [--start-rate 400] [--result-rate 50]
                           [--max-pending 50] [--pool 64] [--out bench/results]
+                          [--profile FILE]
 """
 
 from __future__ import annotations
