@@ -8,7 +8,10 @@ late, lost, foreign or malformed, so the buffer:
   so at moderate traffic one call brings several messages,
 - leaves messages that are not its own on the queue, hidden longer each time they come back
   (`_hidden_for`): a polluted queue costs a few receives per message, no S3 call,
-- verifies every object (size, schema, signature, key) before a request sees it,
+- verifies every object (size, schema, signature, key) before a request sees it, and a
+  result the agent's own message carries exactly as it would the object: one that passes
+  needs no GetObject (the bucket's notification of it, which still comes, is a duplicate);
+  one that fails is set aside unread, never an outcome, and the object in S3 decides,
 - looks a request's key up in S3 directly when its deadline nears with no notification,
 - remembers ended requests (per step, for a window of steps), so duplicates and late results
   are counted, never mixed in.
@@ -31,6 +34,7 @@ from ._batch import StaleResult
 from ._limits import backoff_delay
 from .config import EngineConfig
 from .contract import (
+    INLINE_RESULT_MAX_BYTES,
     ContractError,
     ObjectRef,
     Outcome,
@@ -47,11 +51,20 @@ from .contract import (
 log = logging.getLogger("agentcore_rollout.buffer")
 
 # keep: back after the visibility timeout; the others: see `_hidden_for`
-_MessageFate = Literal["delete", "release", "other_exp", "foreign", "malformed", "keep"]
+_MessageFate = Literal[
+    "delete", "release", "other_exp", "foreign", "malformed", "keep", "held", "forged"
+]
+_Handled = Literal["delete", "release", "held", "forged"]  # one result's fate
 _MAX_BATCHES = 4  # received batches being downloaded at once, per poller
 _CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
 _SQS_MAX_VISIBILITY = 12 * 3600  # counted from the receive
 _SET_ASIDE_GROWTH = 4  # each return of a message nobody takes hides it this much longer
+_INLINE_WAIT = 2.0
+"""Seconds the bucket's notification of a result small enough to come inline is held, the
+first time it is received before the agent's own message: that message usually follows
+within milliseconds (moto notifies before the put returns; S3 later), and both are then
+deleted in one call, with no GetObject. If it does not come, the notification is released
+to come back at once, and the object is read."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,8 @@ class _Waiter:
     sig_key: str
     future: asyncio.Future[Delivery]
     busy: bool = False  # a download for it is under way
+    held: str | None = None  # the receipt of its bucket notification, held for `_INLINE_WAIT`
+    held_timer: asyncio.TimerHandle | None = None
 
 
 class _Transient(Exception):
@@ -110,6 +125,7 @@ class RolloutBuffer:
         )
         self._counts: Counter[str] = Counter()
         self._invalid: Counter[str] = Counter()
+        self._rejected_inline: Counter[str] = Counter()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -120,6 +136,8 @@ class RolloutBuffer:
         ]
 
     async def close(self) -> None:
+        for w in self._waiters.values():  # held notifications come back for the next engine
+            self._settle_held(w, False)
         for task in self._pollers:
             task.cancel()
         for task, ended in zip(
@@ -139,6 +157,8 @@ class RolloutBuffer:
             "step": self._step,
             "messages": c["messages"],
             "downloads": c["downloads"],
+            "inline_results": c["inline_results"],
+            "rejected_inline": self._rejected_inline,
             "duplicates": c["duplicates"],
             "unmatched": c["unmatched"],
             "late_results": c["late_results"],
@@ -242,9 +262,10 @@ class RolloutBuffer:
     def _retire(self, w: _Waiter) -> None:
         if self._waiters.pop(w.request_id, None) is None:
             return
+        delivery = w.future.result() if w.future.done() and not w.future.cancelled() else None
+        self._settle_held(w, delivery is not None and delivery.result is not None)
         if w.step < self._step - self._window:
             return  # already out of the window: nothing to remember it for
-        delivery = w.future.result() if w.future.done() and not w.future.cancelled() else None
         late_key = w.sig_key if delivery is None or delivery.result is None else None
         self._ended.setdefault(w.step, {})[w.request_id] = late_key
 
@@ -298,17 +319,23 @@ class RolloutBuffer:
 
     async def _process(self, messages: list[dict[str, Any]], done: Callable[[], None]) -> None:
         """Handle one received batch, settling each message as soon as it is handled (so a
-        message whose result was handed over is deleted even if the batch is cut short)."""
+        message whose result was handed over is deleted even if the batch is cut short).
+        Results carried inline go first: the bucket's notification of the same object, in
+        the same batch, then finds it delivered and needs no GetObject."""
         try:
-            await asyncio.gather(*(self._handle_and_settle(m) for m in messages))
+            parsed = [(m, _parsed(m)) for m in messages]
+            parsed.sort(key=lambda mp: not _carries_result(mp[1]))
+            await asyncio.gather(*(self._handle_and_settle(m, refs) for m, refs in parsed))
         finally:
             done()
 
-    async def _handle_and_settle(self, message: dict[str, Any]) -> None:
+    async def _handle_and_settle(
+        self, message: dict[str, Any], parsed: list[ObjectRef] | Exception
+    ) -> None:
         """Never raises (a bug must not stop the poller): a message whose handling failed is
         kept, and comes back."""
         try:
-            fate = await self._handle(message)
+            fate = await self._handle(message, parsed)
         except Exception as e:
             log.error("handling message %s failed: %r", message.get("MessageId"), e)
             self._counts["handler_errors"] += 1
@@ -316,7 +343,7 @@ class RolloutBuffer:
         entry = {"ReceiptHandle": message["ReceiptHandle"]}
         if fate == "delete":
             self._deletes.add(entry)
-        elif fate != "keep":
+        elif fate not in ("keep", "held"):
             self._releases.add(entry | {"VisibilityTimeout": self._hidden_for(fate, message)})
 
     def _hidden_for(self, fate: _MessageFate, message: dict[str, Any]) -> int:
@@ -328,11 +355,12 @@ class RolloutBuffer:
         each time it comes back, as nobody is listening. No engine's (another bucket, outside
         the prefix, malformed): a visibility timeout, then 4x longer each time. A backlog
         nobody takes thus stops taking receives from results, yet is never deleted: a later
-        owner, or a redrive policy, still gets it. Capped at SQS's 12 h."""
+        owner, or a redrive policy, still gets it. A message whose carried result fails
+        verification (`forged`) is set aside the same way. Capped at SQS's 12 h."""
         cfg = self._cfg.results
         if fate == "release":
             return cfg.foreign_visibility
-        returns = int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1)) - 1
+        returns = _receive_count(message) - 1
         if fate == "other_exp":
             first, returns = cfg.foreign_visibility, max(0, returns - 1)
         else:
@@ -340,32 +368,44 @@ class RolloutBuffer:
         longest = _SQS_MAX_VISIBILITY - cfg.visibility_timeout  # handled within the timeout
         return min(longest, first * _SET_ASIDE_GROWTH ** min(returns, 8))  # 4**8 s > 12 h
 
-    async def _handle(self, message: dict[str, Any]) -> _MessageFate:
-        try:
-            refs = parse_notification(message["Body"])
-        except ContractError as e:
+    async def _handle(
+        self, message: dict[str, Any], parsed: list[ObjectRef] | Exception
+    ) -> _MessageFate:
+        if isinstance(parsed, ContractError):
             # Not ours to destroy: another consumer of this queue may read it.
             self._counts["malformed_messages"] += 1
-            log.warning("malformed message %s: %s", message.get("MessageId"), e)
+            log.warning("malformed message %s: %s", message.get("MessageId"), parsed)
             return "malformed"
-        if not refs:
+        if isinstance(parsed, Exception):
+            raise parsed
+        if not parsed:
             self._counts["test_events"] += 1
             return "delete"
-        keys = [self._result_key(ref) for ref in refs]
-        own = [k for k in keys if k is not None and k.exp_id == self._cfg.exp_id]
+        keys = [(self._result_key(ref), ref) for ref in parsed]
+        own = [(k, ref) for k, ref in keys if k is not None and k.exp_id == self._cfg.exp_id]
         if not own:  # no S3 call for what is not ours
             self._counts["foreign_messages"] += 1
-            return "other_exp" if any(keys) else "foreign"
+            return "other_exp" if any(k for k, _ in keys) else "foreign"
+        # a first receipt of a notification of one object may be held for its inline copy
+        holdable = message["ReceiptHandle"] if len(own) == len(parsed) == 1 else None
+        if _receive_count(message) > 1:
+            holdable = None
+        size = len(message["Body"])
         try:
-            expected = [await self._ingest(key, via="notification") for key in own]
+            fates = [
+                await self._ingest(key, "notification", ref, size, holdable) for key, ref in own
+            ]
         except _Transient:
             return "keep"
-        if len(own) < len(refs):  # partly ours: the rest's owner needs it soon
+        for fate in ("forged", "held"):
+            if fate in fates:
+                return fate
+        if len(own) < len(parsed):  # partly ours: the rest's owner needs it soon
             self._counts["foreign_messages"] += 1
             return "release"
         # Ours, but nobody here expects it: another engine of this experiment on the same
         # queue, or one resuming after a restart, may. Let it come back for them.
-        return "delete" if all(expected) else "release"
+        return "delete" if all(f == "delete" for f in fates) else "release"
 
     def _result_key(self, ref: ObjectRef) -> ResultKey | None:
         """The result key `ref` names in our bucket and prefix, of any experiment."""
@@ -379,14 +419,36 @@ class RolloutBuffer:
 
     # ----------------------------------------------------------------- results
 
-    async def _ingest(self, key: ResultKey, via: Literal["notification", "lookup"]) -> bool:
-        """Route one announced result; False if no request here, waiting or ended, expects it."""
+    async def _ingest(
+        self,
+        key: ResultKey,
+        via: Literal["notification", "lookup"],
+        ref: ObjectRef | None = None,
+        size: int = 0,
+        holdable: str | None = None,
+    ) -> _Handled:
+        """Route one announced result (`ref`: what the notification said of it, the result
+        itself if it came inline, `size` bytes of message; `holdable`: the receipt of a
+        notification that may be held for the inline copy). `release` if no request here,
+        waiting or ended, expects it."""
         w = self._waiters.get(key.request_id)
         if w is None:
-            return await self._ingest_unclaimed(key)
+            return await self._ingest_unclaimed(key, ref, size)
         if w.future.done() or w.busy:
             self._counts["duplicates"] += 1
-            return True
+            return "delete"
+        if ref is not None and ref.result is not None:
+            result = self._inline_checked(key, ref.result, size, w.sig_key)
+            if result is None:
+                return "forged"
+            self._resolve(w, Delivery(Outcome(result.status), result=result, via=via))
+            return "delete"
+        if holdable and w.held is None and ref is not None and self._may_come_inline(ref):
+            w.held = holdable
+            w.held_timer = asyncio.get_running_loop().call_later(
+                _INLINE_WAIT, self._settle_held, w, False
+            )
+            return "held"
         w.busy = True
         try:
             delivery = await self._verified(key.key, w.request_id, w.step, w.sig_key, via)
@@ -394,23 +456,70 @@ class RolloutBuffer:
             w.busy = False
         if delivery is not None:
             self._resolve(w, delivery)
-        return True
+        return "delete"
 
-    async def _ingest_unclaimed(self, key: ResultKey) -> bool:
+    def _settle_held(self, w: _Waiter, delivered: bool) -> None:
+        """Delete a held notification whose result was delivered (a duplicate now); release
+        any other to come back at once (its inline copy is overdue, or its request ended
+        without a result: it is read like any late one)."""
+        receipt, w.held = w.held, None
+        if w.held_timer is not None:
+            w.held_timer.cancel()
+            w.held_timer = None
+        if receipt is None:
+            return
+        if delivered:
+            self._counts["duplicates"] += 1
+            self._deletes.add({"ReceiptHandle": receipt})
+        else:
+            self._releases.add({"ReceiptHandle": receipt, "VisibilityTimeout": 0})
+
+    def _may_come_inline(self, ref: ObjectRef) -> bool:
+        """Whether the agent was told to send this object in its own message too."""
+        small = ref.size is not None and ref.size <= INLINE_RESULT_MAX_BYTES
+        return small and self._cfg.results.notify_directly
+
+    def _inline_checked(
+        self, key: ResultKey, result: RolloutResult, size: int, sig_key: str
+    ) -> RolloutResult | None:
+        """A result the agent's own message carried, checked as its object would be (size,
+        the request it answers, signature); None, counted by reason, if it fails."""
+        limit = self._cfg.results.max_result_bytes
+        try:
+            if size > limit:
+                raise ContractError(f"message is {size} bytes, over the {limit} limit", "too_large")
+            _check_identity(result, key.key, self._cfg.exp_id, key.step, key.request_id)
+            verify_result(result, sig_key)
+        except ContractError as e:
+            self._rejected_inline[e.reason] += 1
+            log.warning("inline result request_id=%s set aside: %s", key.request_id, e)
+            return None
+        self._counts["inline_results"] += 1
+        return result
+
+    async def _ingest_unclaimed(self, key: ResultKey, ref: ObjectRef | None, size: int) -> _Handled:
         """A result nobody waits for: a duplicate, a late one (kept apart), or unknown."""
         ended = self._ended.get(key.step, {})
         if key.request_id not in ended:
             self._counts["unmatched"] += 1
-            return False
+            return "release"
         sig_key = ended[key.request_id]
         if sig_key is None:
             self._counts["duplicates"] += 1
-            return True
-        ended[key.request_id] = None  # whatever this turns out to be, it is the only one
-        delivery = await self._verified(key.key, key.request_id, key.step, sig_key, "notification")
-        if delivery is None or delivery.result is None:
-            return True
-        result = delivery.result
+            return "delete"
+        if ref is not None and ref.result is not None:
+            result = self._inline_checked(key, ref.result, size, sig_key)
+            if result is None:
+                return "forged"  # the object in S3, or its notification, may still come
+            ended[key.request_id] = None
+        else:
+            ended[key.request_id] = None  # whatever this turns out to be, it is the only one
+            delivery = await self._verified(
+                key.key, key.request_id, key.step, sig_key, "notification"
+            )
+            result = None if delivery is None else delivery.result
+        if result is None:
+            return "delete"
         self._counts["late_results"] += 1
         self._stale.setdefault(key.step, []).append(
             StaleResult(
@@ -420,7 +529,7 @@ class RolloutBuffer:
                 result=result if self._cfg.results.keep_stale_results else None,
             )
         )
-        return True
+        return "delete"
 
     async def _verified(
         self,
@@ -494,13 +603,35 @@ def _checked_result(
 ) -> RolloutResult:
     """Parse, validate and verify one object (pure CPU: may run in a worker thread)."""
     result = decode_result(body, max_bytes)
+    _check_identity(result, key, exp_id, step, request_id)
+    verify_result(result, sig_key)
+    return result
+
+
+def _check_identity(
+    result: RolloutResult, key: str, exp_id: str, step: int, request_id: str
+) -> None:
     if (result.exp_id, result.step, result.request_id) != (exp_id, step, request_id):
         raise ContractError(
             f"object at {key} is for {result.exp_id}/{result.step}/{result.request_id}",
             "wrong_object",
         )
-    verify_result(result, sig_key)
-    return result
+
+
+def _parsed(message: dict[str, Any]) -> list[ObjectRef] | Exception:
+    """What a message announces, or why it cannot be read (handled with the message)."""
+    try:
+        return parse_notification(message["Body"])
+    except Exception as e:
+        return e
+
+
+def _carries_result(parsed: list[ObjectRef] | Exception) -> bool:
+    return not isinstance(parsed, Exception) and any(ref.result is not None for ref in parsed)
+
+
+def _receive_count(message: dict[str, Any]) -> int:
+    return int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1))
 
 
 class _Batched:

@@ -34,6 +34,7 @@ from ._stats import EngineStats
 from .config import ConfigError, CostConfig, EngineConfig
 from .contract import (
     CONTROL_KEY,
+    INLINE_RESULT_MAX_BYTES,
     LLMSettings,
     Outcome,
     ResultTarget,
@@ -548,6 +549,7 @@ class RolloutEngine:
                 bucket=cfg.bucket,
                 key=job.result_key,
                 queue_url=cfg.queue_url if cfg.results.notify_directly else None,
+                inline_max_bytes=INLINE_RESULT_MAX_BYTES if cfg.results.notify_directly else 0,
             ),
             llm=llm,
             deadline=deadline,

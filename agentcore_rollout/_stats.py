@@ -56,6 +56,11 @@ class EngineStats:
     # buffer: notifications and result objects
     messages: int = 0
     downloads: int = 0
+    inline_results: int = 0
+    """Results delivered from the agent's own message, verified as objects are: no GetObject."""
+    rejected_inline: dict[str, int] = field(default_factory=dict)
+    """Messages whose carried result failed verification, by reason: set aside unread; the
+    object in S3 decides."""
     duplicates: int = 0
     unmatched: int = 0
     """Results of this experiment that no request (waiting or remembered) expects."""

@@ -244,7 +244,10 @@ class ResultsConfig(_Section):
     )
     download_concurrency: int = Field(default=16, ge=1)
     max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024)
-    notify_directly: bool = Field(default=False, description="agents also send to SQS")
+    notify_directly: bool = Field(
+        default=False,
+        description="agents also send to SQS after the put, a small result inside: no GetObject",
+    )
     retain_steps: int = Field(
         default=1, ge=0, description="older steps whose ended requests are remembered"
     )

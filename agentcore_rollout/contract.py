@@ -82,12 +82,24 @@ class _Model(BaseModel):
 # --------------------------------------------------------------------------- request
 
 
+INLINE_RESULT_MAX_BYTES = 64 * 1024
+"""The largest result an agent sends in its own SQS message besides writing it to S3 (SQS
+bills each 64 KiB of a message as a request; its messages hold 256 KiB at least)."""
+
+
 class ResultTarget(_Model):
-    """Where the agent writes its result, and optionally which queue it notifies itself."""
+    """Where the agent writes its result, and optionally which queue it notifies itself.
+
+    With `queue_url`, after its put succeeds the agent sends a `DirectNotification` there,
+    carrying the signed result itself when its bytes are at most `inline_max_bytes`: the
+    engine verifies it as it would the object and needs no GetObject. S3 stays the record:
+    the message is sent only after the object is written, and the bucket's own notification
+    still arrives, so a message that is lost or fails verification loses nothing."""
 
     bucket: str = Field(min_length=3)
     key: str = Field(min_length=1)
     queue_url: str | None = None
+    inline_max_bytes: int = Field(default=0, ge=0)
 
 
 class LLMSettings(_Model):
@@ -303,10 +315,13 @@ def decode_result(body: bytes, max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> Rol
         raise ContractError(
             f"result object is {len(body)} bytes, over the {max_bytes} limit", "too_large"
         )
-    data = _loads(body, "result object")
-    _check_version(data, "result object")
-    _check(data, "result object")
-    return _validate(RolloutResult, data, "result object")
+    return _result_from_json(_loads(body, "result object"), "result object")
+
+
+def _result_from_json(data: Any, what: str) -> RolloutResult:
+    _check_version(data, what)
+    _check(data, what)
+    return _validate(RolloutResult, data, what)
 
 
 _Where = tuple[Any, Any] | None  # (key, where the parent is), linked up to the root: None
@@ -447,15 +462,19 @@ def parse_result_key(key: str) -> ResultKey:
 
 
 class ObjectRef(_Model):
-    """An object some notification says was created."""
+    """An object some notification says was created; `result`, the object itself as the
+    agent's own message carried it (unverified: its reader checks it as it would the
+    object)."""
 
     bucket: str
     key: str
     size: int | None = None
+    result: RolloutResult | None = None
 
 
 class DirectNotification(_Model):
-    """What an agent may send to SQS itself, when bucket notifications are not configured."""
+    """What an agent sends to SQS itself, after writing its result (`ResultTarget`): where
+    the object is and, if small, the signed object (`result`), as written."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -465,6 +484,18 @@ class DirectNotification(_Model):
     key: str
     exp_id: str | None = None
     request_id: str | None = None
+    result: dict[str, Any] | None = None
+
+
+def direct_notification(target: ResultTarget, exp_id: str, request_id: str, body: bytes) -> str:
+    """The message an agent sends after putting `body` at `target`: the signed object spliced
+    in whole (no re-encoding) when it is at most `target.inline_max_bytes`."""
+    note = DirectNotification(
+        bucket=target.bucket, key=target.key, exp_id=exp_id, request_id=request_id
+    ).model_dump_json(exclude={"result"})
+    if len(body) > target.inline_max_bytes:
+        return note
+    return f'{note[:-1]},"result":{body.decode()}}}'
 
 
 class _S3Object(BaseModel):
@@ -514,8 +545,10 @@ def parse_notification(body: str) -> list[ObjectRef]:
         ]
     if data.get("kind") == "rollout_result":
         _check_version(data, "direct notification")
+        inline = data.pop("result", None)  # checked as a result object, not as a dict
         msg = _validate(DirectNotification, data, "direct notification")
-        return [ObjectRef(bucket=msg.bucket, key=msg.key)]
+        result = None if inline is None else _result_from_json(inline, "inline result")
+        return [ObjectRef(bucket=msg.bucket, key=msg.key, result=result)]
     raise ContractError("notification is neither an S3 event nor a rollout_result message")
 
 

@@ -11,7 +11,8 @@ stops it.
 Two bench-only endpoints drive and watch it:
 - `POST /bench/finish {"rate": r, "max_pending": w, "concurrency": c}`: every live session
   "finishes": its valid, signed result is written to S3 with the agent SDK's `ResultWriter`
-  (endpoint from `AWS_ENDPOINT_URL_S3`), `r` per second, at most `c` puts in flight and at
+  (endpoints from `AWS_ENDPOINT_URL_S3` and `_SQS`: with a queue in the control block, the
+  writer also sends the result there, inline), `r` per second, at most `c` puts in flight and at
   most `w` results written whose session the engine has not stopped yet (so a slow moto is
   not buried under a backlog it only gets slower at draining).
 - `GET /bench/stats`: counters, peaks, and the S3 put latencies seen by the writer.

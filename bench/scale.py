@@ -4,7 +4,7 @@ process.
 Why: a trainer's batch can be 10,000 long-running agents. The engine holds every one of them
 (a task, a live-session slot, a buffer waiter, a deadline) while they run, then drains their
 results through S3 and SQS; the issue's targets are engine RSS < 1 GB with 10,000 sessions
-live and <= 1 ms of engine CPU per rollout.
+live and <= 3 ms of engine CPU per rollout (issue 23).
 
 Three processes besides this one, all on 127.0.0.1, each read from /proc:
 - moto in server mode (`agentcore_rollout.local.moto`): S3 and SQS, with the bucket's real
@@ -34,11 +34,17 @@ scale.json, plus scale.png):
   received, so it slows as the backlog grows; the runtime therefore holds writes back while
   `--max-pending` results await their session's stop).
 
-To see where the engine's time goes, run py-spy on the engine process (its pid is printed at
-the start), e.g. `py-spy record --pid <engine pid>`.
+Agents send their small results inline (`results.notify_directly`): the engine verifies the
+result the agent's own SQS message carries and reads nothing from S3 (`s3:GetObject` 0 in
+`api_calls_per_rollout`); the bucket's notification of each is deleted as a duplicate.
+
+To see where the engine's time goes, `--profile FILE` runs the engine under cProfile (CPU
+time) and writes its stats there (`python -m pstats FILE`); the profiler slows it several
+times over, so read shares from it, not milliseconds.
 
     python bench/scale.py [--sessions 10000] [--start-rate 400] [--result-rate 50]
                           [--max-pending 50] [--pool 64] [--out bench/results]
+                          [--profile FILE]
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import itertools
 import json
 import logging
@@ -88,6 +95,7 @@ ENGINE_STATS = (  # the engine's counters copied into the figures
     "peak_starts_in_flight",
     "messages",
     "downloads",
+    "inline_results",
     "duplicates",
     "s3_lookups",
     "invoke_errors",
@@ -159,7 +167,7 @@ async def engine_child(spec: dict[str, Any]) -> None:
             "max_live_sessions": max(n, 1),
         },
         limits={"rollout_timeout": spec["rollout_timeout"]},  # no deadline lookups while live
-        results={"wait_time": 20},
+        results={"wait_time": 20, "notify_directly": True},  # small results come inline
         max_pool_connections=spec["pool"],
     )
     requests = [
@@ -179,10 +187,14 @@ async def engine_child(spec: dict[str, Any]) -> None:
         _emit("submitted")
 
         async def report() -> None:
-            pending, all_started = handles, False
+            # Outcomes returned, counted in submission order (the order results are written
+            # in): a lower bound, exact at the end, for O(1) work per report rather than a
+            # scan of every handle, which would bill the engine for the bench's own counting.
+            returned, all_started = 0, False
             while True:
                 await asyncio.sleep(0.25)
-                pending = [h for h in pending if not h.done()]  # only the ones still running
+                while returned < n and handles[returned].done():
+                    returned += 1
                 s = engine.stats()
                 fields = {
                     "live": s.live_sessions,
@@ -192,7 +204,7 @@ async def engine_child(spec: dict[str, Any]) -> None:
                     "starting": s.starts_in_flight,
                     "stops": s.stops,
                     "messages": s.messages,
-                    "returned": n - len(pending),
+                    "returned": returned,
                     "rss": status_mb("self", "VmRSS"),
                 }
                 # every session started, or ended before it could
@@ -405,6 +417,7 @@ async def run(
     write_concurrency: int = 10,
     pool: int = 64,
     quiet: bool = False,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     """Start moto, the fast runtime and the engine; run both phases; stop them all."""
     began = time.time()
@@ -427,7 +440,7 @@ async def run(
         runtime = Child(
             "runtime",
             [sys.executable, str(ROOT / "bench" / "_fast_runtime.py")],
-            env | {"AWS_ENDPOINT_URL_S3": moto.url},
+            env | {"AWS_ENDPOINT_URL_S3": moto.url, "AWS_ENDPOINT_URL_SQS": moto.url},
         )
         await runtime.start()
         runtime_url = await runtime.line(timeout=60)
@@ -443,6 +456,7 @@ async def run(
             # Deadlines far past the run: no S3 lookups while the sessions are live.
             "rollout_timeout": 600.0 + 2 * sessions / start_rate + 4 * sessions / result_rate,
             "pool": pool,
+            "profile": str(profile) if profile else None,
         }
         engine = Child(
             "engine", [sys.executable, str(SCRIPT), "--child-engine", json.dumps(spec)], env
@@ -718,12 +732,28 @@ def main(argv: list[str] | None = None) -> None:
         help="where scale.json and scale.png go",
     )
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="run the engine under cProfile and write its stats (pstats) to FILE",
+    )
     parser.add_argument("--child-engine", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.child_engine:
+        spec = json.loads(args.child_engine)
+        # CPU time, not wall time: a shared machine's waits do not count
+        profile = cProfile.Profile(time.process_time) if spec.get("profile") else None
         with contextlib.suppress(asyncio.CancelledError):  # stopped by the bench: quietly
-            asyncio.run(_cancel_on_sigterm(engine_child, json.loads(args.child_engine)))
+            if profile is not None:
+                profile.enable()
+            try:
+                asyncio.run(_cancel_on_sigterm(engine_child, spec))
+            finally:
+                if profile is not None:
+                    profile.disable()
+                    profile.dump_stats(spec["profile"])
         return
     # Ctrl-C and SIGTERM cancel the run, whose `finally` stops every child, even when started
     # in the background (where a shell leaves SIGINT ignored).
@@ -738,6 +768,7 @@ def main(argv: list[str] | None = None) -> None:
                 max_pending=args.max_pending,
                 pool=args.pool,
                 quiet=args.quiet,
+                profile=args.profile,
             )
         )
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -44,8 +44,11 @@ async def test_scale_bench_tiny_run(tmp_path: Path) -> None:
     assert figures["live_sessions"] == 20  # the engine's peak_live_sessions
     assert figures["runtime_peak_live"] == 20  # all 20 held open at once by the runtime
     stats = figures["engine_stats"]
-    assert stats["invokes"] == stats["stops"] == stats["downloads"] == 20
-    assert stats["s3_lookups"] == 0 and stats["duplicates"] == 0 and not stats["invoke_errors"]
+    assert stats["invokes"] == stats["stops"] == stats["inline_results"] == 20
+    # every result came in the agent's own message: no object is read
+    assert stats["downloads"] == 0
+    assert stats["s3_lookups"] == 0 and not stats["invoke_errors"]
+    assert figures["api_calls_per_rollout"].get("s3:GetObject", 0) == 0
 
     public = {k: v for k, v in figures.items() if not k.startswith("_")}
     out = json.loads(json.dumps(public))  # what main() prints and writes

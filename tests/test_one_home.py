@@ -115,8 +115,11 @@ def test_the_engine_reads_in_short_functions() -> None:
 # container executor (issue 24) added about 380: `local/containers.py` (the runtime found and
 # checked, the image built, its Debian base, orphans removed: 230), `ContainerAgent` (85), the
 # emulator's mode, sweeps and the stack's image and host-as-seen URLs (50), `local build` (15).
-# Raise it only with a reason in the same commit.
-MAX_LINES = 17_070
+# Results carried in the agent's own message (issue 23, item 3) added about 175: the buffer's
+# inline path, its checks and the bucket notifications held for it (130), the contract's
+# `direct_notification` and `inline_max_bytes` (33), the two counters (5) and the fixed
+# User-Agent (7). Raise it only with a reason in the same commit.
+MAX_LINES = 17_245
 
 
 def test_the_package_did_not_grow() -> None:

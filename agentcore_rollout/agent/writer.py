@@ -22,11 +22,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ..contract import (
     ContractError,
-    DirectNotification,
     ErrorInfo,
     RolloutControl,
     RolloutResult,
     check_json,
+    direct_notification,
     encode_result,
     sign_result,
 )
@@ -93,23 +93,19 @@ class ResultWriter:
                 return False
             raise
         if control.result.queue_url:
-            await self._notify(control)
+            await self._notify(control, body)
         return True
 
-    async def _notify(self, control: RolloutControl) -> None:
-        note = DirectNotification(
-            bucket=control.result.bucket,
-            key=control.result.key,
-            exp_id=control.exp_id,
-            request_id=control.request_id,
-        )
+    async def _notify(self, control: RolloutControl, body: bytes) -> None:
+        """Only after the put: the engine may deliver what this message carries at once, and
+        S3 must already hold it (a restarted engine reads its results there)."""
+        note = direct_notification(control.result, control.exp_id, control.request_id, body)
         try:
             sqs = await self._client("sqs")
-            await sqs.send_message(
-                QueueUrl=control.result.queue_url, MessageBody=note.model_dump_json()
-            )
+            await sqs.send_message(QueueUrl=control.result.queue_url, MessageBody=note)
         except (ClientError, BotoCoreError, OSError) as e:
-            # The object is written; the engine's S3 lookup still finds it.
+            # The object is written: the bucket's notification, or the engine's S3 lookup,
+            # still brings it.
             log.warning("direct notification failed request_id=%s: %s", control.request_id, e)
 
 
