@@ -39,6 +39,9 @@ class RolloutStart:
     request's cutoff."""
     gateway_session_id: str | None
     """The gateway session the agent calls the policy through (none without a gateway)."""
+    endpoint: str | None = None
+    """The runtime endpoint the session started on (`RuntimeTarget.name`: `<arn>#<qualifier>`),
+    where `resume` stops it; None: the first of `engine.runtimes`."""
 
 
 @dataclass(frozen=True)

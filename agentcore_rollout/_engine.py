@@ -26,7 +26,7 @@ from ._aws import AwsClients
 from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
 from ._buffer import Delivery, RolloutBuffer
 from ._cost import rollout_cost
-from ._dispatcher import LiveSession, RequestDispatcher, SubmitFailed
+from ._dispatcher import Endpoint, LiveSession, RequestDispatcher, SubmitFailed
 from ._gateway_admin import GatewayAdmin, GatewayError, GatewaySession
 from ._sandbox import SandboxRuntime
 from ._stats import EngineStats
@@ -120,13 +120,11 @@ class RolloutEngine:
         await self._clients.__aenter__()
         try:
             await self._preflight()
+            endpoints = await self._endpoints()
         except BaseException:
             await self._clients.__aexit__(None, None, None)
             raise
-        runtime = self._runtime or AgentCoreRuntime(
-            self._clients.agentcore, self.config.runtime_arn, self.config.qualifier
-        )
-        self._dispatcher = RequestDispatcher(runtime, self.config)
+        self._dispatcher = RequestDispatcher(endpoints, self.config)
         self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
         self._buffer.advance(self._step)
         if self.config.gateway is not None:
@@ -135,6 +133,26 @@ class RolloutEngine:
                 raise ConfigError("engine.gateway.replicas: several replicas are not built yet")
             self._gateway = GatewayAdmin(replicas[0].url, self.config.gateway.admin_token)
         await self._buffer.start()
+
+    async def _endpoints(self) -> list[Endpoint]:
+        """One per runtime endpoint (`engine.runtimes`, or `runtime_arn` + `qualifier`), each
+        with its own start rate and live bound; a runtime given to the engine is the one."""
+        cfg = self.config
+        targets = cfg.all_runtimes
+        if self._runtime is not None:
+            if len(targets) > 1:
+                raise ConfigError("engine.runtimes: a runtime given to the engine is one endpoint")
+            name = targets[0].name if targets else "runtime"
+            return [Endpoint(name, self._runtime, cfg.dispatch.start_rate)]
+        endpoints = []
+        for t in targets:
+            client = await self._clients.agentcore_in(
+                t.region, t.endpoint_url or cfg.endpoints.agentcore
+            )
+            runtime = AgentCoreRuntime(client, t.arn, t.qualifier)
+            rate = t.start_rate or cfg.dispatch.start_rate
+            endpoints.append(Endpoint(t.name, runtime, rate, t.max_live_sessions, t.account))
+        return endpoints
 
     async def aclose(self) -> None:
         """Cancel what runs (each ends `cancelled`), wait for the sessions' stops, close."""
@@ -250,6 +268,7 @@ class RolloutEngine:
         step: int,
         deadline: float | None = None,
         gateway_session_id: str | None = None,
+        endpoint: str | None = None,
         timeout: float | None = None,
         on_start: Callable[[RolloutStart], None] | None = None,
     ) -> RolloutHandle:
@@ -258,8 +277,9 @@ class RolloutEngine:
         without invoking the agent again; if its session started and its `deadline` (as the
         earlier engine's `RolloutStart` had it) has not passed, the engine waits for it;
         otherwise it is dispatched as `submit` would. `gateway_session_id` (from the same
-        `RolloutStart`) lets the gateway's trace be collected."""
-        resumed = _Resumed(deadline, gateway_session_id)
+        `RolloutStart`) lets the gateway's trace be collected; a session still running is
+        stopped on its `endpoint` (None: the first runtime endpoint)."""
+        resumed = _Resumed(deadline, gateway_session_id, endpoint)
         return self._submit(request, step, timeout, None, on_start, resumed)
 
     async def reclaim(
@@ -290,10 +310,10 @@ class RolloutEngine:
                 return None  # a result without its trace trains nothing: run it anew
         gateway_session_id = held.session_id if held is not None else None
         if await self._buffer.stored(request.request_id, step):
-            resumed = _Resumed(None, gateway_session_id)
+            resumed = _Resumed(None, gateway_session_id, None)
         elif held is not None and held.turns > 0:
             wait = self.config.limits.rollout_timeout if timeout is None else timeout
-            resumed = _Resumed(time.time() + wait, gateway_session_id)
+            resumed = _Resumed(time.time() + wait, gateway_session_id, None)
         else:
             if held is not None:
                 await self._gateway_dropped(request.request_id, held.session_id)
@@ -427,7 +447,7 @@ class RolloutEngine:
         ) as session:
             job.session = session
             if resumed is not None and (resumed.deadline or 0) > time.time():
-                session.maybe_started = True  # the earlier engine's, still running: wait
+                self._dispatcher.adopt(session, resumed.endpoint)  # still running: wait
                 session.sent_at = time.time()  # its cost before the takeover is unknown here
                 job.deadline, job.gateway_session_id = resumed.deadline, resumed.gateway_session_id
             else:
@@ -455,6 +475,7 @@ class RolloutEngine:
                     started.sent_at,
                     started.deadline,
                     job.gateway_session_id,
+                    started.endpoint,
                 )
             )
 
@@ -552,6 +573,7 @@ class RolloutEngine:
 class _Resumed:
     deadline: float | None
     gateway_session_id: str | None
+    endpoint: str | None  # where its session started (None: the first)
 
 
 @dataclass

@@ -33,6 +33,7 @@ class Journaled:
     step: int
     deadline: float | None = None  # the one given to its agent (epoch s); None: not started
     gateway_session_id: str | None = None
+    endpoint: str | None = None  # where its session started; None (older lines): the first
 
 
 class Lines:
@@ -78,6 +79,7 @@ class Journal:
                 "request_id": start.request.request_id,
                 "deadline": start.deadline,
                 "gateway_session_id": start.gateway_session_id,
+                "endpoint": start.endpoint,
             }
         )
 
@@ -114,6 +116,7 @@ def _read_journal(out: Path) -> list[Journaled]:
         elif rid in entries:
             entries[rid].deadline = event["deadline"]
             entries[rid].gateway_session_id = event["gateway_session_id"]
+            entries[rid].endpoint = event.get("endpoint")
     if not entries:
         raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())

@@ -169,6 +169,7 @@ async def roll_out(
                 step=j.step,
                 deadline=j.deadline,
                 gateway_session_id=j.gateway_session_id,
+                endpoint=j.endpoint,
                 **started,
             )
 
