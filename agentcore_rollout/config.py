@@ -427,6 +427,13 @@ class LocalConfig(_Section):
         default=None, gt=0, description="emulator's new-session rate (429 above it); None: none"
     )
     max_sessions: int = Field(default=1000, ge=1)
+    endpoints: int = Field(
+        default=1,
+        ge=1,
+        description="endpoints of the emulator's runtime (DEFAULT, endpoint_2, ...), each with "
+        "its own invoke_tps and new_sessions_per_minute; the engine starts sessions on all, each "
+        "at engine.dispatch.start_rate",
+    )
     idle_timeout: float = Field(default=IDLE_TIMEOUT_S, gt=0)
     max_lifetime: float = Field(default=MAX_LIFETIME_S, gt=0)
     # What the workers serve: the toy (numpy, char tokenizer), or a Hugging Face causal LM on
