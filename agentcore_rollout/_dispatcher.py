@@ -96,6 +96,8 @@ class LiveSession:
     then on it may cost, even if no attempt was accepted."""
     endpoint: str | None = None
     """The endpoint whose live slot it holds: where it may have started, and is stopped."""
+    refused_on: str | None = None
+    """The endpoint that clearly refused its last attempt: a retry goes there last."""
 
 
 class _Outage:
@@ -403,7 +405,7 @@ class RequestDispatcher:
                 if first and not e.maybe_started:
                     session.sent_at = None  # refused: this attempt created nothing
                 if not session.maybe_started:  # a retry may go elsewhere
-                    session.endpoint = None
+                    session.endpoint, session.refused_on = None, endpoint.name
                     endpoint.release_live()
                 self._count_failed_start(endpoint, e)
                 raise
@@ -429,7 +431,7 @@ class RequestDispatcher:
         if pinned is None and not any(e.outage.due() for e in self._endpoints.values()):
             raise self._refusal()
         waiting = self._pinned if pinned is not None else self._waiters
-        if not waiting and (endpoint := self._pick(pinned)) is not None:
+        if not waiting and (endpoint := self._pick(pinned, session.refused_on)) is not None:
             self._take(endpoint, session)
             return endpoint
         granted: asyncio.Future[_Endpoint] = asyncio.get_running_loop().create_future()
@@ -444,15 +446,16 @@ class RequestDispatcher:
                 self._untake(granted.result(), session)
             raise
 
-    def _pick(self, pinned: _Endpoint | None) -> _Endpoint | None:
+    def _pick(self, pinned: _Endpoint | None, refused_on: str | None = None) -> _Endpoint | None:
         """Where to start now: the pinned endpoint if it can; else the least loaded endpoint
-        that is up and can start; else one down and due for its probe; None: wait."""
+        that is up and can start (the one that refused the last attempt last); else one down
+        and due for its probe; None: wait."""
         if pinned is not None:
             return pinned if pinned.can_start(holding=True) and pinned.outage.may_try() else None
         free = [e for e in self._endpoints.values() if e.can_start(holding=False)]
         up = [e for e in free if not e.outage.declared.is_set()]
         if up:
-            return min(up, key=_Endpoint.load)
+            return min(up, key=lambda e: (e.name == refused_on, e.load()))
         return next((e for e in free if e.outage.may_try()), None)
 
     def _take(self, endpoint: _Endpoint, session: LiveSession) -> None:
@@ -485,7 +488,7 @@ class RequestDispatcher:
                 if waiter.granted.done():  # gave up waiting
                     heapq.heappop(line)
                     continue
-                endpoint = self._pick(waiter.pinned)
+                endpoint = self._pick(waiter.pinned, waiter.session.refused_on)
                 if endpoint is None:
                     if waiter.pinned is None:
                         break  # no endpoint can start anyone

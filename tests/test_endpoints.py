@@ -6,14 +6,26 @@ endpoint killed mid-run leaves the others to carry every request that can start 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from collections import Counter
 
 import pytest
 
 from agentcore_rollout import ConfigError, Outcome, RolloutEngine, RolloutRequest, RolloutStart
+from agentcore_rollout._dispatcher import (
+    Endpoint,
+    LiveSession,
+    RequestDispatcher,
+    SubmitFailed,
+    retry_budget,
+)
+from agentcore_rollout._sandbox import SessionCallError
 from agentcore_rollout.config import load_config
 
 from .conftest import RUNTIME_ARN, engine_config
 from .factories import flat_config
+from .test_limits import FakeRuntime
 
 ARNS = [RUNTIME_ARN.replace("abc123", suffix) for suffix in ("aaa111", "bbb222", "ccc333")]
 
@@ -138,3 +150,82 @@ def test_runtimes_errors_are_one_line_naming_the_key():
     assert "engine.runtimes.0.start_rate" in error(runtimes=[{"arn": ARNS[0], "start_rate": 0}])
     with pytest.raises(ConfigError, match=r"engine.runtime_arn or engine.runtimes is not set"):
         flat_config(bucket="b-bucket", queue_url="http://q").require_targets()
+
+
+# The dispatcher's choices between endpoints, with runtimes that answer as told.
+
+
+async def _started_on(d: RequestDispatcher, sid: str) -> tuple[str, LiveSession]:
+    async with d.live_session(sid, math.inf) as session:
+        started = await d.start(session, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+    return started.endpoint, session
+
+
+def _dispatcher(*runtimes: FakeRuntime, accounts: tuple[str, ...] = (), **cfg) -> RequestDispatcher:
+    base = {"bucket": "bkt", "queue_url": "q", "runtime_arn": RUNTIME_ARN}
+    config = flat_config(**(base | {"backoff_base": 0.01, "backoff_max": 0.05} | cfg))
+    endpoints = [
+        Endpoint(f"e{i}", r, 1000.0, account=accounts[i] if accounts else "")
+        for i, r in enumerate(runtimes)
+    ]
+    return RequestDispatcher(endpoints, config)
+
+
+async def test_a_refused_start_retries_elsewhere_one_that_may_have_started_where_it_was_sent():
+    refused = SessionCallError("ServiceQuotaExceededException", "full", retryable=True)
+    refused.maybe_started = False
+    a, b = FakeRuntime(errors=[refused]), FakeRuntime()
+    d = _dispatcher(a, b)
+    assert (await _started_on(d, "s" * 40))[0] == "e1"  # refused on e0: started on e1
+    await d.aclose()
+    assert a.stopped == [] and b.stopped == ["s" * 40]  # stopped where it started
+
+    cut = SessionCallError("InternalServerException", "5xx", retryable=True, outage=True)
+    a, b = FakeRuntime(errors=[cut]), FakeRuntime()
+    d = _dispatcher(a, b)
+    assert (await _started_on(d, "t" * 40))[0] == "e0"  # may exist on e0: retried there
+    await d.aclose()
+    assert a.invoked == ["t" * 40] and b.invoked == [] and a.stopped == ["t" * 40]
+
+
+async def test_live_bound_per_account_and_per_endpoint():
+    runtimes = [FakeRuntime(start_time=0.01) for _ in range(3)]
+    d = _dispatcher(*runtimes, accounts=("1", "1", "2"), max_live_sessions=2)
+    held = [d.live_session(f"{i:040d}", math.inf) for i in range(6)]
+    sessions = [await h.__aenter__() for h in held[:4]]  # 2 per account: 4 at most
+    for s in sessions:
+        await d.start(s, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+    by_account = Counter("1" if s.endpoint in ("e0", "e1") else "2" for s in sessions)
+    assert by_account == {"1": 2, "2": 2}
+    with pytest.raises(SubmitFailed, match="live-session slot"):
+        async with d.live_session("x" * 40, time.time() + 0.05):
+            pass
+    for h in held[:4]:
+        await h.__aexit__(None, None, None)
+    await d.aclose()
+    assert sum(len(r.stopped) for r in runtimes) == 4 and d.live.value == 0
+
+
+async def test_every_endpoint_down_fails_waiting_starts_one_down_moves_them():
+    def down() -> SessionCallError:
+        return SessionCallError("EndpointConnectionError", "x", retryable=True, outage=True)
+
+    for e in (a_down := [down() for _ in range(100)]):
+        e.maybe_started = False
+    a, b = FakeRuntime(errors=a_down), FakeRuntime()
+    d = _dispatcher(a, b, max_retries=3)
+    ends = [await _started_on(d, f"{i:040d}") for i in range(20)]
+    assert {e for e, _ in ends} == {"e1"}  # none failed: e0's refusals went to e1
+    assert d.stats()["starts_by_endpoint"] == {"e0": 0, "e1": 20}
+    both = [down() for _ in range(400)]
+    for e in both:
+        e.maybe_started = False
+    d = _dispatcher(FakeRuntime(errors=both[:200]), FakeRuntime(errors=both[200:]), max_retries=3)
+    with pytest.raises(SubmitFailed):  # failing, both, since its first attempt
+        await _started_on(d, "x" * 40)
+    await asyncio.sleep(retry_budget(d._cfg))  # failing for longer than the budget
+    with pytest.raises(SubmitFailed, match=r"every endpoint down: e0 down for .*; e1 down for"):
+        await _started_on(d, "y" * 40)
+    assert d.stats()["runtime_down"] and d.stats()["endpoints_down"] == 2
+    with pytest.raises(SubmitFailed, match=r"every endpoint down"):  # at once, no probe due
+        await _started_on(d, "z" * 40)
