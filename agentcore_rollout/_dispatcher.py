@@ -35,7 +35,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -96,8 +96,9 @@ class LiveSession:
     then on it may cost, even if no attempt was accepted."""
     endpoint: str | None = None
     """The endpoint whose live slot it holds: where it may have started, and is stopped."""
-    refused_on: str | None = None
-    """The endpoint that clearly refused its last attempt: a retry goes there last."""
+    refused_on: set[str] = field(default_factory=set)
+    """Endpoints that clearly refused an attempt (unreachable, throttled, full): its retries
+    wait for the others while any of those is up, so it spends no retries on a dead one."""
 
 
 class _Outage:
@@ -405,7 +406,8 @@ class RequestDispatcher:
                 if first and not e.maybe_started:
                     session.sent_at = None  # refused: this attempt created nothing
                 if not session.maybe_started:  # a retry may go elsewhere
-                    session.endpoint, session.refused_on = None, endpoint.name
+                    session.endpoint = None
+                    session.refused_on.add(endpoint.name)
                     endpoint.release_live()
                 self._count_failed_start(endpoint, e)
                 raise
@@ -446,17 +448,27 @@ class RequestDispatcher:
                 self._untake(granted.result(), session)
             raise
 
-    def _pick(self, pinned: _Endpoint | None, refused_on: str | None = None) -> _Endpoint | None:
+    def _pick(self, pinned: _Endpoint | None, refused_on: Collection[str] = ()) -> _Endpoint | None:
         """Where to start now: the pinned endpoint if it can; else the least loaded endpoint
-        that is up and can start (the one that refused the last attempt last); else one down
-        and due for its probe; None: wait."""
+        that is up and can start, of those that have not refused this session while any such
+        is up; else one down and due for its probe; None: wait."""
         if pinned is not None:
             return pinned if pinned.can_start(holding=True) and pinned.outage.may_try() else None
-        free = [e for e in self._endpoints.values() if e.can_start(holding=False)]
-        up = [e for e in free if not e.outage.declared.is_set()]
+        up = [e for e in self._endpoints.values() if not e.outage.declared.is_set()]
+        untried = [e for e in up if e.name not in refused_on]
+        free = [e for e in untried or up if e.can_start(holding=False)]
+        if free:
+            return min(free, key=_Endpoint.load)
         if up:
-            return min(up, key=lambda e: (e.name == refused_on, e.load()))
-        return next((e for e in free if e.outage.may_try()), None)
+            return None  # an endpoint that is up frees a slot or a token soon
+        return next(
+            (
+                e
+                for e in self._endpoints.values()
+                if e.can_start(holding=False) and e.outage.may_try()
+            ),
+            None,
+        )
 
     def _take(self, endpoint: _Endpoint, session: LiveSession) -> None:
         endpoint.starts.bucket.take()
@@ -490,7 +502,7 @@ class RequestDispatcher:
                     continue
                 endpoint = self._pick(waiter.pinned, waiter.session.refused_on)
                 if endpoint is None:
-                    if waiter.pinned is None:
+                    if waiter.pinned is None and not waiter.session.refused_on:
                         break  # no endpoint can start anyone
                     held.append(heapq.heappop(line))
                     continue

@@ -84,11 +84,15 @@ async def test_a_killed_endpoint_leaves_its_requests_to_the_others(moto, channel
         outcomes = [await h for h in handles]
         stats = engine.stats()
     on_killed = set(killed.started)
-    for o in outcomes:
-        # whatever never started on the killed endpoint started elsewhere and ended ok
-        assert o.outcome is Outcome.OK or o.session_id in on_killed, (o.outcome, o.error)
-        assert o.outcome in {Outcome.OK, Outcome.TIMEOUT, Outcome.SUBMIT_FAILED}
-    assert sum(o.outcome is Outcome.OK for o in outcomes) >= 45 - len(on_killed)
+    assert all(o.outcome in {Outcome.OK, Outcome.TIMEOUT, Outcome.SUBMIT_FAILED} for o in outcomes)
+    # Whatever could start elsewhere did and ended ok. What may have started on the killed
+    # endpoint could not (a second session would run the same rollout): a session it opened,
+    # or an invocation cut off by the kill, each retried and stopped only there.
+    lost = [o for o in outcomes if o.outcome is not Outcome.OK and o.session_id not in on_killed]
+    cut_off = sum(n for code, n in stats.invoke_errors.items() if code != "EndpointConnectionError")
+    assert len(lost) <= cut_off, (stats.invoke_errors, [o.error for o in lost])
+    assert all("bbb222" in (o.error or "") for o in lost)
+    assert sum(o.outcome is Outcome.OK for o in outcomes) >= 45 - len(on_killed) - cut_off
     assert stats.endpoints_down == 1 and not stats.runtime_down
     alive = set(emus[0].started) | set(emus[2].started)
     assert alive and sorted(emus[0].stopped + emus[2].stopped) == sorted(alive)
