@@ -107,12 +107,12 @@ def test_the_engine_reads_in_short_functions() -> None:
 # (75). What each rollout cost (issue 23, item 4) added about 260: `_cost.py` (130), the
 # `engine.cost` prices and AgentCore's published ones (50), where a session's cost begins in the
 # engine and dispatcher (30), and the run's summary and table (40). Several runtime endpoints
-# (issue 23, item 1) added about 440: the dispatcher's endpoints, chooser and waiters and its
-# per-endpoint outages (250), `engine.runtimes` (`RuntimeTarget`, 90), a data-plane client per
+# (issue 23, item 1) added about 460: the dispatcher's endpoints, chooser and waiters and its
+# per-endpoint outages (265), `engine.runtimes` (`RuntimeTarget`, 90), a data-plane client per
 # region and URL (30), the endpoint journaled and resumed (20), the emulator's quotas per
 # endpoint and account (50), and the local stack's `local.endpoints` (20). Raise it only with a
 # reason in the same commit.
-MAX_LINES = 16_740
+MAX_LINES = 16_760
 
 
 def test_the_package_did_not_grow() -> None:
