@@ -33,9 +33,12 @@ class AwsClients:
         self.s3: Any = None
         self.sqs: Any = None
         self.agentcore: Any = None
+        self._agentcore: dict[tuple[str, str | None], Any] = {}
+        self._session: Any = None
+        self._single: AioConfig | None = None
 
     async def __aenter__(self) -> AwsClients:
-        session = get_session()
+        self._session = session = get_session()
         cfg = self._config
         pool = cfg.max_pool_connections
         standard = AioConfig(
@@ -51,12 +54,14 @@ class AwsClients:
             connect_timeout=10,
             read_timeout=120,
         )
+        self._single = single
         try:
             self.s3 = await self._client(session, "s3", cfg.endpoints.s3, standard)
             self.sqs = await self._client(session, "sqs", cfg.endpoints.sqs, standard)
             self.agentcore = await self._client(
                 session, "bedrock-agentcore", cfg.endpoints.agentcore, single
             )
+            self._agentcore[(cfg.region, cfg.endpoints.agentcore)] = self.agentcore
         except BaseException:
             await self._stack.aclose()
             raise
@@ -65,12 +70,32 @@ class AwsClients:
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
 
+    async def agentcore_in(self, region: str, endpoint: str | None) -> Any:
+        """The AgentCore data-plane client for a runtime in `region` at `endpoint` (None:
+        AWS's), one per pair: runtimes may live in several regions or behind several URLs."""
+        key = (region, endpoint)
+        if key not in self._agentcore:
+            assert self._single is not None  # entered
+            self._agentcore[key] = await self._client(
+                self._session, "bedrock-agentcore", endpoint, self._single, region=region
+            )
+        return self._agentcore[key]
+
     async def _client(
-        self, session: Any, service: str, endpoint: str | None, cfg: AioConfig
+        self,
+        session: Any,
+        service: str,
+        endpoint: str | None,
+        cfg: AioConfig,
+        *,
+        region: str | None = None,
     ) -> Any:
         client = await self._stack.enter_async_context(
             session.create_client(
-                service, region_name=self._config.region, endpoint_url=endpoint, config=cfg
+                service,
+                region_name=region or self._config.region,
+                endpoint_url=endpoint,
+                config=cfg,
             )
         )
         client.meta.events.register(

@@ -41,6 +41,9 @@ class RolloutStart:
     """The gateway session the agent calls the policy through (none without a gateway)."""
     gateway_url: str | None = None
     """The gateway replica holding that session (its admin URL): where its trace is."""
+    endpoint: str | None = None
+    """The runtime endpoint the session started on (`RuntimeTarget.name`: `<arn>#<qualifier>`),
+    where `resume` stops it; None: the first of `engine.runtimes`."""
 
 
 @dataclass(frozen=True)

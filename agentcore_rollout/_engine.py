@@ -26,7 +26,7 @@ from ._aws import AwsClients
 from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
 from ._buffer import Delivery, RolloutBuffer
 from ._cost import rollout_cost
-from ._dispatcher import LiveSession, RequestDispatcher, SubmitFailed
+from ._dispatcher import Endpoint, LiveSession, RequestDispatcher, SubmitFailed
 from ._gateway_admin import GatewayError, GatewaySession
 from ._gateway_replicas import GatewayReplicas
 from ._sandbox import SandboxRuntime
@@ -122,13 +122,11 @@ class RolloutEngine:
         await self._clients.__aenter__()
         try:
             await self._preflight()
+            endpoints = await self._endpoints()
         except BaseException:
             await self._clients.__aexit__(None, None, None)
             raise
-        runtime = self._runtime or AgentCoreRuntime(
-            self._clients.agentcore, self.config.runtime_arn, self.config.qualifier
-        )
-        self._dispatcher = RequestDispatcher(runtime, self.config)
+        self._dispatcher = RequestDispatcher(endpoints, self.config)
         self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
         self._buffer.advance(self._step)
         if self.config.gateway is not None:
@@ -138,6 +136,26 @@ class RolloutEngine:
                 retry_after=self.config.dispatch.backoff_max,
             )
         await self._buffer.start()
+
+    async def _endpoints(self) -> list[Endpoint]:
+        """One per runtime endpoint (`engine.runtimes`, or `runtime_arn` + `qualifier`), each
+        with its own start rate and live bound; a runtime given to the engine is the one."""
+        cfg = self.config
+        targets = cfg.all_runtimes
+        if self._runtime is not None:
+            if len(targets) > 1:
+                raise ConfigError("engine.runtimes: a runtime given to the engine is one endpoint")
+            name = targets[0].name if targets else "runtime"
+            return [Endpoint(name, self._runtime, cfg.dispatch.start_rate)]
+        endpoints = []
+        for t in targets:
+            client = await self._clients.agentcore_in(
+                t.region, t.endpoint_url or cfg.endpoints.agentcore
+            )
+            runtime = AgentCoreRuntime(client, t.arn, t.qualifier)
+            rate = t.start_rate or cfg.dispatch.start_rate
+            endpoints.append(Endpoint(t.name, runtime, rate, t.max_live_sessions, t.account))
+        return endpoints
 
     async def aclose(self) -> None:
         """Cancel what runs (each ends `cancelled`), wait for the sessions' stops, close."""
@@ -254,6 +272,7 @@ class RolloutEngine:
         deadline: float | None = None,
         gateway_session_id: str | None = None,
         gateway_url: str | None = None,
+        endpoint: str | None = None,
         timeout: float | None = None,
         on_start: Callable[[RolloutStart], None] | None = None,
     ) -> RolloutHandle:
@@ -263,8 +282,9 @@ class RolloutEngine:
         earlier engine's `RolloutStart` had it) has not passed, the engine waits for it;
         otherwise it is dispatched as `submit` would. `gateway_session_id` and `gateway_url`
         (from the same `RolloutStart`; no URL: the first replica, where every session was before
-        there were several) let the gateway's trace be collected."""
-        resumed = _Resumed(deadline, gateway_session_id, gateway_url)
+        there were several) let the gateway's trace be collected; a session still running is
+        stopped on its `endpoint` (None: the first runtime endpoint)."""
+        resumed = _Resumed(deadline, gateway_session_id, gateway_url, endpoint)
         return self._submit(request, step, timeout, None, on_start, resumed)
 
     async def reclaim(
@@ -293,10 +313,10 @@ class RolloutEngine:
             url, held = found
         gateway_session_id = held.session_id if held is not None else None
         if await self._buffer.stored(request.request_id, step):
-            resumed = _Resumed(None, gateway_session_id, url)
+            resumed = _Resumed(None, gateway_session_id, url, None)
         elif held is not None and held.turns > 0:
             wait = self.config.limits.rollout_timeout if timeout is None else timeout
-            resumed = _Resumed(time.time() + wait, gateway_session_id, url)
+            resumed = _Resumed(time.time() + wait, gateway_session_id, url, None)
         else:
             if held is not None and url is not None:
                 await self._gateway_dropped(request.request_id, url, held.session_id)
@@ -430,7 +450,7 @@ class RolloutEngine:
         ) as session:
             job.session = session
             if resumed is not None and (resumed.deadline or 0) > time.time():
-                session.maybe_started = True  # the earlier engine's, still running: wait
+                self._dispatcher.adopt(session, resumed.endpoint)  # still running: wait
                 session.sent_at = time.time()  # its cost before the takeover is unknown here
                 job.deadline = resumed.deadline
                 job.took_over(resumed, self._gateway)
@@ -459,6 +479,7 @@ class RolloutEngine:
                     started.deadline,
                     job.gateway_session_id,
                     job.gateway_url,
+                    started.endpoint,
                 )
             )
 
@@ -566,6 +587,7 @@ class _Resumed:
     deadline: float | None
     gateway_session_id: str | None
     gateway_url: str | None  # the replica holding it; None: the first (journals of one)
+    endpoint: str | None  # where its session started (None: the first)
 
 
 @dataclass

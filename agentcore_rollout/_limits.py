@@ -44,6 +44,17 @@ class TokenBucket:
         self._tokens -= 1
         return True
 
+    def ready_in(self) -> float:
+        """Seconds until a token is there (0: now), taking nothing."""
+        self._refill()
+        return max(0.0, (1 - self._tokens) / self.rate)
+
+    def take(self) -> None:
+        """Take a token, due now or within a moment (a timer firing a hair early): the bucket
+        may go a fraction below empty, which the next refill repays, so the rate holds."""
+        self._refill()
+        self._tokens -= 1
+
     def take_if_free(self) -> bool:
         """Take a token now if one is there and nobody is queued for it (FIFO holds)."""
         return not self._lock.locked() and self.try_acquire()

@@ -21,6 +21,7 @@ _GAUGES = frozenset(
         "peak_starts_in_flight",
         "start_rate",
         "runtime_down",
+        "endpoints_down",
         "tracked_requests",
     }
 )
@@ -44,8 +45,12 @@ class EngineStats:
     """The adaptive start rate now (sessions/s); below the configured rate after throttling."""
     rate_cuts: int = 0
     runtime_down: bool = False
-    """The runtime failed with outage errors for longer than the retry budget: starts fail at
-    once (one probe per `backoff_max` seconds) until it answers again."""
+    """Every endpoint failed with outage errors for longer than the retry budget: starts fail
+    at once (one probe per `backoff_max` seconds each) until one answers again."""
+    endpoints_down: int = 0
+    """Endpoints declared down: their waiting requests go to the others."""
+    starts_by_endpoint: dict[str, int] = field(default_factory=dict)
+    """Sessions started, by endpoint (`RuntimeTarget.name`: runtime ARN#qualifier)."""
     invokes: int = 0
     stops: int = 0
     throttles: int = 0

@@ -170,13 +170,60 @@ class GatewayConfig(_Section):
         return [GatewayReplica(url=self.url, public_url=self.public_url)]
 
 
+class RuntimeTarget(_Section):
+    """One runtime endpoint sessions start on: an AgentCore runtime ARN and endpoint qualifier,
+    with its own start rate (AgentCore's new-session quota is per endpoint) and live bound."""
+
+    arn: _RuntimeArn = Field(
+        description="the runtime's ARN; its account and region name the active-session quota "
+        "it shares with the account's other runtimes"
+    )
+    qualifier: str = Field(default="DEFAULT", min_length=1, description="the endpoint's name")
+    start_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="new sessions per second here; None: engine.dispatch.start_rate (AgentCore "
+        "allows 400/min = 6.67/s per endpoint)",
+    )
+    max_live_sessions: int | None = Field(
+        default=None,
+        ge=1,
+        description="sessions alive here at once; None: only the account's bound "
+        "(engine.dispatch.max_live_sessions)",
+    )
+    endpoint_url: str | None = Field(
+        default=None,
+        description="the data plane's URL for this runtime; None: engine.endpoints.agentcore, "
+        "else AWS's for the ARN's region",
+    )
+
+    @property
+    def name(self) -> str:
+        """`<arn>#<qualifier>`: how stats and the run journal name the endpoint."""
+        return f"{self.arn}#{self.qualifier}"
+
+    @property
+    def region(self) -> str:
+        return self.arn.split(":")[3]
+
+    @property
+    def account(self) -> str:
+        """`<account id>:<region>`: AgentCore counts active sessions per account and region."""
+        return f"{self.arn.split(':')[4]}:{self.region}"
+
+
 class DispatchConfig(_Section):
     """How sessions are started and stopped, within AgentCore's quotas (InvokeAgentRuntime per
     second, new sessions per minute per endpoint, active sessions per account)."""
 
     start_rate: float = Field(default=5.0, gt=0, description="new sessions per second")
     session_start_time: float = Field(default=2.0, gt=0, description="seconds a start may take")
-    max_live_sessions: int = Field(default=64, ge=1)
+    max_live_sessions: int = Field(
+        default=64,
+        ge=1,
+        description="sessions alive at once in each account and region (AgentCore's active-"
+        "session quota is per account): with one runtime, its bound",
+    )
     stop_rate: float | None = Field(
         default=None,
         gt=0,
@@ -311,8 +358,13 @@ class EngineConfig(_Section):
     bucket: _BucketName | None = None
     prefix: str = "rollouts"
     queue_url: str | None = None
-    runtime_arn: _RuntimeArn | None = None
-    qualifier: str = "DEFAULT"
+    runtime_arn: _RuntimeArn | None = Field(default=None, description="the one runtime")
+    qualifier: str = Field(default="DEFAULT", description="the one runtime's endpoint")
+    runtimes: list[RuntimeTarget] = Field(
+        default_factory=list,
+        description="several runtime endpoints, instead of runtime_arn + qualifier: each "
+        "session starts on the least loaded one with a free start token and live slot",
+    )
     endpoints: Endpoints = Field(default_factory=Endpoints)
     max_pool_connections: int = Field(default=64, ge=1, description="per AWS client")
     llm: LLMSettings | None = None  # the policy endpoint agents call (the gateway, deployed)
@@ -344,12 +396,37 @@ class EngineConfig(_Section):
                         )
         return data
 
+    @model_validator(mode="after")
+    def _one_way_to_name_runtimes(self) -> EngineConfig:
+        if self.runtimes and (self.runtime_arn is not None or self.qualifier != "DEFAULT"):
+            raise PydanticCustomError(
+                "runtimes", "set runtime_arn (and qualifier) for one runtime, or runtimes, not both"
+            )
+        names = [r.name for r in self.runtimes]
+        if len(set(names)) < len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise PydanticCustomError(
+                "runtimes", "runtimes: {name} is listed twice", {"name": twice}
+            )
+        return self
+
+    @property
+    def all_runtimes(self) -> list[RuntimeTarget]:
+        """Every runtime endpoint: `runtimes`, or the one of `runtime_arn` + `qualifier`."""
+        if self.runtimes or self.runtime_arn is None:
+            return list(self.runtimes)
+        return [RuntimeTarget(arn=self.runtime_arn, qualifier=self.qualifier)]
+
     def require_targets(self) -> None:
         """Raise ConfigError naming the first of bucket/queue_url/runtime_arn left unset."""
         for name in ("bucket", "queue_url", "runtime_arn"):
-            if not getattr(self, name):
+            unset = not self.all_runtimes if name == "runtime_arn" else not getattr(self, name)
+            if unset:
                 env = f"{ENV_PREFIX}{name.upper()}"
-                raise ConfigError(f"config: engine.{name} is not set (in the config or {env})")
+                also = " or engine.runtimes" if name == "runtime_arn" else ""
+                raise ConfigError(
+                    f"config: engine.{name}{also} is not set (in the config or {env})"
+                )
 
 
 class LocalConfig(_Section):
@@ -371,6 +448,13 @@ class LocalConfig(_Section):
         default=None, gt=0, description="emulator's new-session rate (429 above it); None: none"
     )
     max_sessions: int = Field(default=1000, ge=1)
+    endpoints: int = Field(
+        default=1,
+        ge=1,
+        description="endpoints of the emulator's runtime (DEFAULT, endpoint_2, ...), each with "
+        "its own invoke_tps and new_sessions_per_minute; the engine starts sessions on all, each "
+        "at engine.dispatch.start_rate",
+    )
     idle_timeout: float = Field(default=IDLE_TIMEOUT_S, gt=0)
     max_lifetime: float = Field(default=MAX_LIFETIME_S, gt=0)
     # What the workers serve: the toy (numpy, char tokenizer), or a Hugging Face causal LM on

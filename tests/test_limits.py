@@ -161,7 +161,7 @@ async def test_retries_exhausted_and_not_started_in_time():
         await _start(d)
     d = RequestDispatcher(FakeRuntime(start_time=0.2), _cfg(start_rate=1000.0, max_live_sessions=1))
     async with d.live_session("s" * 40, math.inf) as held:  # the only slot is taken
-        held.maybe_started = True
+        d.adopt(held, None)  # a session running on the (only) endpoint
         with pytest.raises(SubmitFailed, match=r"not started in time: .* live-session slot"):
             async with d.live_session("t" * 40, time.time() + 0.05):
                 pass

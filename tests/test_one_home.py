@@ -118,8 +118,12 @@ def test_the_engine_reads_in_short_functions() -> None:
 # Results carried in the agent's own message (issue 23, item 3) added about 175: the buffer's
 # inline path, its checks and the bucket notifications held for it (130), the contract's
 # `direct_notification` and `inline_max_bytes` (33), the two counters (5) and the fixed
-# User-Agent (7). Raise it only with a reason in the same commit.
-MAX_LINES = 17_245
+# User-Agent (7). Several runtime endpoints (issue 23, item 1) added about 460: the
+# dispatcher's endpoints, chooser and waiters and its per-endpoint outages (265),
+# `engine.runtimes` (`RuntimeTarget`, 90), a data-plane client per region and URL (30), the
+# endpoint journaled and resumed (20), the emulator's quotas per endpoint and account (50), and
+# the local stack's `local.endpoints` (20). Raise it only with a reason in the same commit.
+MAX_LINES = 17_705
 
 
 def test_the_package_did_not_grow() -> None:

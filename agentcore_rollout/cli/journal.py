@@ -34,6 +34,7 @@ class Journaled:
     deadline: float | None = None  # the one given to its agent (epoch s); None: not started
     gateway_session_id: str | None = None
     gateway_url: str | None = None  # the replica holding that session
+    endpoint: str | None = None  # where its session started; None (older lines): the first
 
 
 class Lines:
@@ -80,6 +81,7 @@ class Journal:
                 "deadline": start.deadline,
                 "gateway_session_id": start.gateway_session_id,
                 "gateway_url": start.gateway_url,
+                "endpoint": start.endpoint,
             }
         )
 
@@ -117,6 +119,7 @@ def _read_journal(out: Path) -> list[Journaled]:
             entries[rid].deadline = event["deadline"]
             entries[rid].gateway_session_id = event["gateway_session_id"]
             entries[rid].gateway_url = event.get("gateway_url")  # absent: written by one gateway
+            entries[rid].endpoint = event.get("endpoint")
     if not entries:
         raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())

@@ -170,6 +170,7 @@ async def roll_out(
                 deadline=j.deadline,
                 gateway_session_id=j.gateway_session_id,
                 gateway_url=j.gateway_url,
+                endpoint=j.endpoint,
                 **started,
             )
 

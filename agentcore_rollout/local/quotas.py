@@ -6,16 +6,19 @@ fails here as it would on AWS:
   opens a session or reuses one (429 ThrottlingException);
 - new sessions per minute per endpoint (429 ThrottlingException);
 - active sessions per account (402 ServiceQuotaExceededException).
-The emulator's defaults are the published quotas (`_agentcore`); each can be changed or
-switched off (None) for tests.
+Each endpoint (runtime ARN + qualifier) has its own invocation and new-session windows, and
+the runtimes of one account (the ARN's account and region) share its active sessions, so one
+emulator serving several runtimes and endpoints counts as the service would. The emulator's
+defaults are the published quotas (`_agentcore`); each can be changed or switched off (None)
+for tests.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .wire import ApiError
 
@@ -47,33 +50,56 @@ class WindowLimit:
 
 @dataclass
 class Quotas:
-    """The limits of one emulator (one endpoint of one runtime, one account)."""
+    """The limits of one emulator: per endpoint (`invoke_tps`, `new_sessions_per_minute`) and
+    per account (`max_sessions`). Endpoints are `(runtime ARN, qualifier)` pairs."""
 
     invoke_tps: float | None
     new_sessions_per_minute: float | None
     max_sessions: int
     throttle_every: int = 0
+    _tps: dict[tuple[str, str], WindowLimit] = field(default_factory=dict, init=False)
+    _new: dict[tuple[str, str], WindowLimit] = field(default_factory=dict, init=False)
+    active: Counter[str] = field(default_factory=Counter, init=False)
+    """Sessions open, by account (`account id:region`)."""
 
     def __post_init__(self) -> None:
         self._invokes = 0
-        per_minute = self.new_sessions_per_minute
-        self._tps = WindowLimit(self.invoke_tps, 1.0) if self.invoke_tps else None
-        self._new = WindowLimit(per_minute, 60.0) if per_minute else None
 
-    def admit_invoke(self) -> None:
+    def admit_invoke(self, endpoint: tuple[str, str]) -> None:
         """Every InvokeAgentRuntime call, before it reaches a session."""
         self._invokes += 1
         if self.throttle_every and self._invokes % self.throttle_every == 0:
             raise ApiError("ThrottlingException", "Rate exceeded (injected)")
-        if self._tps is not None and not self._tps.try_take():
+        if self.invoke_tps and not _window(self._tps, endpoint, self.invoke_tps, 1.0).try_take():
             raise ApiError("ThrottlingException", "Rate exceeded")
 
-    def admit_session(self, active: int) -> None:
-        """A call that would open a new session, `active` sessions being open."""
-        if active >= self.max_sessions:
+    def admit_session(self, endpoint: tuple[str, str]) -> None:
+        """A call that would open a new session on `endpoint`; counted open if admitted
+        (`closed` when it ends)."""
+        account = account_of(endpoint[0])
+        if self.active[account] >= self.max_sessions:
             raise ApiError(
                 "ServiceQuotaExceededException",
                 f"active sessions quota ({self.max_sessions}) reached",
             )
-        if self._new is not None and not self._new.try_take():
+        per_minute = self.new_sessions_per_minute
+        if per_minute and not _window(self._new, endpoint, per_minute, 60.0).try_take():
             raise ApiError("ThrottlingException", "Rate exceeded for new sessions")
+        self.active[account] += 1
+
+    def closed(self, endpoint: tuple[str, str]) -> None:
+        self.active[account_of(endpoint[0])] -= 1
+
+
+def account_of(arn: str) -> str:
+    """`account id:region`: whose active-session quota a runtime's sessions count against."""
+    parts = arn.split(":")
+    return f"{parts[4]}:{parts[3]}"
+
+
+def _window(
+    windows: dict[tuple[str, str], WindowLimit], key: tuple[str, str], limit: float, period: float
+) -> WindowLimit:
+    if key not in windows:
+        windows[key] = WindowLimit(limit, period)
+    return windows[key]

@@ -11,7 +11,8 @@ Each new session gets its own agent (`agents.py`), which receives the headers th
 forwards; replies are passed through as the agent produces them (streams stay streams), within
 the service's time caps.
 
-Simulated: cold start, the three quotas as the service counts them (`quotas.py`), the idle
+Simulated: cold start, the three quotas as the service counts them (`quotas.py`: per endpoint
+and per account, for every runtime and endpoint it serves), the idle
 timeout and max lifetime as the service judges them (`_watch`), and injected throttling.
 Counters and peaks let tests check a client's bounds.
 """
@@ -166,6 +167,8 @@ class RuntimeEmulator(Server):
         self.starting = Gauge()
         self.live = Gauge()
         self.started: list[str] = []
+        self.created: list[tuple[float, str, str]] = []
+        """Each session's creation: (monotonic time, runtime ARN, qualifier)."""
         self.stopped: list[str] = []
         self.expired: list[str] = []
         self.counts: Counter[str] = Counter()
@@ -283,11 +286,11 @@ class RuntimeEmulator(Server):
         self.counts["invoke"] += 1
         key, _ = self._identify(request, invoke=True)
         payload = await _read_payload(request)
-        self.quotas.admit_invoke()
+        self.quotas.admit_invoke(key[:2])
         session = self._sessions.get(key)
         opening = session is None
         if session is None:
-            self.quotas.admit_session(len(self._sessions))
+            self.quotas.admit_session(key[:2])
             session = self._open(key)
         session.in_flight += 1  # busy from the invocation's arrival, its agent's start included
         session.idle_since = None
@@ -318,6 +321,7 @@ class RuntimeEmulator(Server):
         self._sessions[key] = session
         self.live.add()
         self.started.append(session.session_id)
+        self.created.append((session.created, key[0], key[1]))
         return session
 
     async def _launch(self, session: _Session) -> None:
@@ -468,6 +472,7 @@ class RuntimeEmulator(Server):
             return
         session.ended = why
         self.live.remove()
+        self.quotas.closed(session.key[:2])
         ledger.append(session.session_id)
         if session.watcher is not None and session.watcher is not asyncio.current_task():
             session.watcher.cancel()

@@ -120,6 +120,7 @@ class LocalStack:
             "agentcore_rollout.local.runtime",
             cfg.app,
             *("--mode", cfg.mode, "--runtime-arn", LOCAL_RUNTIME_ARN),
+            *(arg for q in self.qualifiers for arg in ("--qualifier", q)),
             *("--cold-start", str(cfg.cold_start), "--max-sessions", str(cfg.max_sessions)),
             *("--idle-timeout", str(cfg.idle_timeout), "--max-lifetime", str(cfg.max_lifetime)),
             # The stack's own limits (None: off), not the emulator's defaults (the service's).
@@ -189,8 +190,14 @@ class LocalStack:
             "PYTHONPATH": path,
         }
 
+    @property
+    def qualifiers(self) -> list[str]:
+        """The emulator's runtime endpoints (`local.endpoints`)."""
+        return ["DEFAULT", *(f"endpoint_{i}" for i in range(2, self.config.endpoints + 1))]
+
     def engine_config(self, base: EngineConfig | None = None, **overrides: Any) -> EngineConfig:
-        """`base` with the stack's bucket, queue, runtime and endpoints filled in."""
+        """`base` with the stack's bucket, queue, runtime (each of its endpoints) and endpoints
+        filled in."""
         assert self.channel is not None and self.emulator is not None, "stack is not started"
         base = base or EngineConfig()
         fill: dict[str, Any] = {
@@ -198,7 +205,15 @@ class LocalStack:
             "bucket": self.channel.bucket,
             "prefix": self.prefix,
             "queue_url": self.channel.queue_url,
-            "runtime_arn": LOCAL_RUNTIME_ARN,
+            **(
+                {"runtime_arn": LOCAL_RUNTIME_ARN}
+                if len(self.qualifiers) == 1
+                else {
+                    "runtimes": [
+                        {"arn": LOCAL_RUNTIME_ARN, "qualifier": q} for q in self.qualifiers
+                    ]
+                }
+            ),
             "endpoints": {
                 "s3": self.moto.url,
                 "sqs": self.moto.url,
@@ -239,7 +254,7 @@ class LocalStack:
             f"AGENTCORE_ROLLOUT_BUCKET={cfg.bucket}",
             f"AGENTCORE_ROLLOUT_PREFIX={cfg.prefix}",
             f"AGENTCORE_ROLLOUT_QUEUE_URL={cfg.queue_url}",
-            f"AGENTCORE_ROLLOUT_RUNTIME_ARN={cfg.runtime_arn}",
+            f"AGENTCORE_ROLLOUT_RUNTIME_ARN={LOCAL_RUNTIME_ARN}",  # its DEFAULT endpoint
             f"AGENTCORE_ROLLOUT_ENDPOINTS__S3={self.moto.url}",
             f"AGENTCORE_ROLLOUT_ENDPOINTS__SQS={self.moto.url}",
             f"AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE={cfg.endpoints.agentcore}",

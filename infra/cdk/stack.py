@@ -28,7 +28,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from infra.cdk.parameters import Parameters, RolloutStackProps
+from infra.cdk.parameters import MAX_RUNTIME_ENDPOINTS, Parameters, RolloutStackProps
 
 STACK_DESCRIPTION = (
     "agentcore-rollout: S3 results bucket, SQS notification queue, ECR repository, IAM roles and "
@@ -101,6 +101,7 @@ class AgentCoreRolloutStack(cdk.Stack):
         self.repository = self._repository()
         self.role = self._runtime_role()
         self.runtime = self._runtime()
+        self.runtime_endpoints = self._runtime_endpoints()
         self.trainer_policy = self._trainer_policy()
         self._outputs()
 
@@ -363,6 +364,31 @@ class AgentCoreRolloutStack(cdk.Stack):
         self.template_options.metadata = {"cfn-lint": {"config": {"ignore_checks": ["W1030"]}}}
         return runtime
 
+    def _runtime_endpoints(self) -> list[agentcore.CfnRuntimeEndpoint]:
+        """`RuntimeEndpoints` endpoints of the runtime beside DEFAULT: `rollout_k` exists when
+        the runtime does and the count is k or more (CloudFormation has no loops: one resource
+        per possible endpoint, each under its own condition)."""
+        count = self.params.runtime_endpoints.value_as_string
+        endpoints = []
+        for k in range(1, MAX_RUNTIME_ENDPOINTS + 1):
+            below = [Fn.condition_equals(count, str(n)) for n in range(k)]
+            at_least_k = Fn.condition_not(below[0] if k == 1 else Fn.condition_or(*below))
+            condition = cdk.CfnCondition(
+                self,
+                f"HasRuntimeEndpoint{k}",
+                expression=Fn.condition_and(self.runtime_enabled, at_least_k),
+            )
+            endpoint = agentcore.CfnRuntimeEndpoint(
+                self,
+                f"RuntimeEndpoint{k}",
+                agent_runtime_id=self.runtime.attr_agent_runtime_id,
+                name=f"rollout_{k}",
+                description=f"agentcore-rollout endpoint {k}: a new-session quota of its own",
+            )
+            endpoint.cfn_options.condition = condition
+            endpoints.append(endpoint)
+        return endpoints
+
     def _trainer_policy(self) -> iam.ManagedPolicy:
         """What the trainer side needs: invoke/stop sessions, consume events, read results.
 
@@ -441,6 +467,13 @@ class AgentCoreRolloutStack(cdk.Stack):
             "ARN of the AgentCore Runtime.",
             condition=self.runtime_enabled,
         )
+        for k, endpoint in enumerate(self.runtime_endpoints, start=1):
+            self._output(
+                f"RuntimeEndpoint{k}Arn",
+                endpoint.attr_agent_runtime_endpoint_arn,
+                f"ARN of the runtime endpoint rollout_{k} (engine.runtimes qualifier).",
+                condition=endpoint.cfn_options.condition,
+            )
 
     def _output(
         self, name: str, value: str, description: str, condition: cdk.CfnCondition | None = None

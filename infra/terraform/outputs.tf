@@ -30,6 +30,11 @@ output "runtime_arn" {
   value       = one(aws_bedrockagentcore_agent_runtime.this[*].agent_runtime_arn)
 }
 
+output "runtime_endpoint_arns" {
+  description = "ARNs of the runtime's endpoints rollout_1 ... rollout_N (qualifiers in engine.runtimes)."
+  value       = aws_bedrockagentcore_agent_runtime_endpoint.rollout[*].agent_runtime_endpoint_arn
+}
+
 output "role_arn" {
   description = "Execution role for the AgentCore Runtime."
   value       = aws_iam_role.runtime.arn

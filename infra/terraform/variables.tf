@@ -133,3 +133,14 @@ variable "gateway_url" {
   type        = string
   default     = ""
 }
+
+variable "runtime_endpoints" {
+  description = "Endpoints of the runtime beside DEFAULT (rollout_1 ... rollout_N), each with its own new-session quota; list them in engine.runtimes."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.runtime_endpoints >= 0 && var.runtime_endpoints <= 7 && floor(var.runtime_endpoints) == var.runtime_endpoints
+    error_message = "runtime_endpoints must be a whole number within 0..7."
+  }
+}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match, Template
 
-from infra.cdk.parameters import RolloutStackProps
+from infra.cdk.parameters import MAX_RUNTIME_ENDPOINTS, RolloutStackProps
 
 from .cfn import (
     actions,
@@ -375,6 +375,12 @@ def test_runtime_image_comes_from_this_repository(raw: dict[str, Any]) -> None:
 def test_nothing_uses_the_runtime_outside_its_condition(raw: dict[str, Any]) -> None:
     """The stack must deploy with DeployRuntime=false: every use sits under RuntimeEnabled."""
     runtime_id = one_resource(raw, "AWS::BedrockAgentCore::Runtime")[0]
+    # RuntimeEnabled, or a condition holding only with it (an endpoint: And(RuntimeEnabled, ..))
+    guards = {"RuntimeEnabled"} | {
+        name
+        for name, expression in raw["Conditions"].items()
+        if {"Condition": "RuntimeEnabled"} in expression.get("Fn::And", [])
+    }
     uses = 0
     for section in ("Resources", "Outputs"):
         for logical_id, element in raw[section].items():
@@ -384,7 +390,7 @@ def test_nothing_uses_the_runtime_outside_its_condition(raw: dict[str, Any]) -> 
                 if target != runtime_id:
                     continue
                 uses += 1
-                guarded = element.get("Condition") == "RuntimeEnabled" or any(
+                guarded = element.get("Condition") in guards or any(
                     step == "Fn::If" and _if_branch(element, path[: i + 1]) == "RuntimeEnabled"
                     for i, step in enumerate(path)
                 )
@@ -422,6 +428,7 @@ def test_outputs(template: Template, raw: dict[str, Any]) -> None:
         "RuntimeArn",
         "RoleArn",
         "TrainerPolicyArn",
+        *(f"RuntimeEndpoint{k}Arn" for k in range(1, MAX_RUNTIME_ENDPOINTS + 1)),
     }
     template.has_output(
         "RuntimeArn",
@@ -467,3 +474,22 @@ def test_props_set_prefix_and_expiry_defaults() -> None:
     raw = synth(RolloutStackProps(result_prefix="exp/rl", result_expiration_days=3))
     assert raw["Parameters"]["ResultPrefix"]["Default"] == "exp/rl"
     assert raw["Parameters"]["ResultExpirationDays"]["Default"] == 3
+
+
+def test_runtime_endpoints_exist_from_the_first_to_the_count_asked(raw: dict[str, Any]) -> None:
+    """`rollout_k` exists when the runtime does and RuntimeEndpoints >= k."""
+    parameter = raw["Parameters"]["RuntimeEndpoints"]
+    assert (parameter["Default"], parameter["MinValue"]) == (0, 0)
+    assert parameter["MaxValue"] == MAX_RUNTIME_ENDPOINTS
+    for k in range(1, MAX_RUNTIME_ENDPOINTS + 1):
+        endpoint = raw["Resources"][f"RuntimeEndpoint{k}"]
+        assert endpoint["Properties"]["Name"] == f"rollout_{k}"
+        assert endpoint["Properties"]["AgentRuntimeId"] == {
+            "Fn::GetAtt": ["Runtime", "AgentRuntimeId"]
+        }
+        condition = raw["Conditions"][endpoint["Condition"]]["Fn::And"]
+        assert condition[0] == {"Condition": "RuntimeEnabled"}
+        below = condition[1]["Fn::Not"][0]
+        counts = below.get("Fn::Or", [below])
+        assert [c["Fn::Equals"][1] for c in counts] == [str(n) for n in range(k)]
+        assert raw["Outputs"][f"RuntimeEndpoint{k}Arn"]["Condition"] == endpoint["Condition"]

@@ -38,7 +38,11 @@ KIND_COUNTERPARTS = {
     "AWS::IAM::Role": "aws_iam_role",
     "AWS::IAM::ManagedPolicy": "aws_iam_policy",
     "AWS::BedrockAgentCore::Runtime": "aws_bedrockagentcore_agent_runtime",
+    "AWS::BedrockAgentCore::RuntimeEndpoint": "aws_bedrockagentcore_agent_runtime_endpoint",
 }
+# Template resources written once per possible copy (CloudFormation has no loops), each under its
+# own condition, that Terraform writes once with a count.
+COUNTED_KINDS = {"AWS::BedrockAgentCore::RuntimeEndpoint"}
 # Properties CloudFormation keeps on a resource that Terraform splits into resources of their own.
 PROPERTY_COUNTERPARTS = {
     ("AWS::S3::Bucket", "PublicAccessBlockConfiguration"): "aws_s3_bucket_public_access_block",
@@ -200,7 +204,9 @@ def test_same_resource_kinds_and_counts(template: Template, module: Module) -> N
     cfn_kinds = Counter(r["Type"] for r in template["Resources"].values())
     unmapped = set(cfn_kinds) - set(KIND_COUNTERPARTS)
     assert not unmapped, f"template resource types with no Terraform counterpart: {unmapped}"
-    expected = Counter({KIND_COUNTERPARTS[k]: n for k, n in cfn_kinds.items()})
+    expected = Counter(
+        {KIND_COUNTERPARTS[k]: 1 if k in COUNTED_KINDS else n for k, n in cfn_kinds.items()}
+    )
     for (kind, prop), tf_kind in PROPERTY_COUNTERPARTS.items():
         expected[tf_kind] += sum(
             prop in r.get("Properties", {}) for r in resources_of_type(template, kind).values()
@@ -336,4 +342,28 @@ def _tf_default(parameter: dict[str, Any]) -> Any:
 
 
 def test_same_outputs(template: Template, module: Module) -> None:
-    assert {snake(o) for o in template["Outputs"]} == set(module.outputs)
+    # the template's one output per possible endpoint is the module's one list of them
+    listed = {
+        re.sub(r"^runtime_endpoint\d+_arn$", "runtime_endpoint_arns", snake(o))
+        for o in template["Outputs"]
+    }
+    assert listed == set(module.outputs)
+
+
+def test_runtime_endpoints_as_many_as_asked_for_this_runtime(
+    template: Template, module: Module
+) -> None:
+    endpoint = module.resource("aws_bedrockagentcore_agent_runtime_endpoint.rollout")
+    assert endpoint["count"] == "${var.deploy_runtime ? var.runtime_endpoints : 0}"
+    assert endpoint["name"] == "rollout_${count.index + 1}"
+    assert endpoint["agent_runtime_id"] == (
+        "${aws_bedrockagentcore_agent_runtime.this[0].agent_runtime_id}"
+    )
+    names = [
+        r["Properties"]["Name"]
+        for r in resources_of_type(template, "AWS::BedrockAgentCore::RuntimeEndpoint").values()
+    ]
+    maximum = template["Parameters"]["RuntimeEndpoints"]["MaxValue"]
+    assert sorted(names) == [f"rollout_{k}" for k in range(1, maximum + 1)]
+    validation = module.variables["runtime_endpoints"]["validation"][0]["condition"]
+    assert f"var.runtime_endpoints <= {maximum}" in validation

@@ -296,6 +296,10 @@ def _template_conditions(template: Template, refs: dict[str, Any]) -> dict[str, 
             return bool(left == right)
         if function == "Fn::Not":
             return not truth(argument[0])
+        if function == "Fn::And":
+            return all(truth(a) for a in argument)
+        if function == "Fn::Or":
+            return any(truth(a) for a in argument)
         if function == "Condition":
             return truth(template["Conditions"][argument])
         raise Unsupported(f"condition function {function}")

@@ -1,0 +1,235 @@
+"""Several runtime endpoints through the real wire: aiobotocore -> emulator(s) -> RolloutApp.
+
+Starts spread over the endpoints at the sum of their rates, each within its own quota; one
+endpoint killed mid-run leaves the others to carry every request that can start there."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+
+import pytest
+
+from agentcore_rollout import ConfigError, Outcome, RolloutEngine, RolloutRequest, RolloutStart
+from agentcore_rollout._dispatcher import (
+    Endpoint,
+    LiveSession,
+    RequestDispatcher,
+    SubmitFailed,
+    retry_budget,
+)
+from agentcore_rollout._sandbox import SessionCallError
+from agentcore_rollout.config import load_config
+
+from .conftest import RUNTIME_ARN, engine_config
+from .factories import flat_config
+from .test_limits import FakeRuntime
+
+ARNS = [RUNTIME_ARN.replace("abc123", suffix) for suffix in ("aaa111", "bbb222", "ccc333")]
+
+
+def _requests(n: int, **payload: object) -> list[RolloutRequest]:
+    return [
+        RolloutRequest({"a": i, "b": i % 5, **payload}, input_id=f"q{i}", sample_index=0)
+        for i in range(n)
+    ]
+
+
+def _runtimes_config(moto, channel, emu, runtimes: list[dict[str, object]], **overrides):
+    cfg = engine_config(moto, channel, emu, **overrides)
+    return type(cfg).model_validate(
+        cfg.model_dump(exclude={"runtime_arn"}) | {"runtimes": runtimes}
+    )
+
+
+async def test_three_endpoints_reach_the_sum_of_their_start_rates(moto, channel, emulator):
+    # 330/min = 5.5/s per endpoint: above each engine rate, so nothing is throttled
+    emu = await emulator(runtime_arns=tuple(ARNS), new_sessions_per_minute=330)
+    rates = [3.0, 4.0, 5.0]
+    runtimes = [{"arn": arn, "start_rate": rate} for arn, rate in zip(ARNS, rates, strict=True)]
+    cfg = _runtimes_config(
+        moto, channel, emu, runtimes, max_live_sessions=200, session_start_time=2.0
+    )
+    async with RolloutEngine(cfg) as engine:
+        batch = await engine.rollout(_requests(60))
+    assert batch.counts["ok"] == 60, [o.error for o in batch.outcomes if o.outcome != Outcome.OK]
+    created = sorted(t for t, _, _ in emu.created)
+    achieved = (len(created) - 1) / (created[-1] - created[0])  # the emulator's own clock
+    assert achieved >= 0.95 * sum(rates), achieved
+    by_arn = {arn: sum(1 for _, a, _ in emu.created if a == arn) for arn in ARNS}
+    assert by_arn[ARNS[0]] < by_arn[ARNS[2]], by_arn  # each at its own rate, not round robin
+    assert emu.counts["ThrottlingException"] == 0
+    starts = batch.stats.starts_by_endpoint
+    assert {name.split("#")[0]: n for name, n in starts.items()} == by_arn
+    assert sorted(emu.stopped) == sorted(emu.started)  # each stopped where it started
+
+
+async def test_a_killed_endpoint_leaves_its_requests_to_the_others(moto, channel, emulator):
+    emus = [await emulator(runtime_arns=(arn,)) for arn in ARNS]
+    runtimes = [
+        {"arn": arn, "start_rate": 5.0, "endpoint_url": e.url}
+        for arn, e in zip(ARNS, emus, strict=True)
+    ]
+    cfg = _runtimes_config(
+        moto, channel, emus[0], runtimes, max_live_sessions=200, rollout_timeout=6.0
+    )
+    killed = emus[1]
+    async with RolloutEngine(cfg) as engine:
+        handles = [engine.submit(r) for r in _requests(45, sleep=0.5)]
+        while len(killed.started) < 4:  # noqa: ASYNC110 (the emulator has no event for it)
+            await asyncio.sleep(0.02)
+        await killed.stop()  # its process gone: connections refused, its sessions ended
+        outcomes = [await h for h in handles]
+        stats = engine.stats()
+    on_killed = set(killed.started)
+    assert all(o.outcome in {Outcome.OK, Outcome.TIMEOUT, Outcome.SUBMIT_FAILED} for o in outcomes)
+    # Whatever could start elsewhere did and ended ok. What may have started on the killed
+    # endpoint could not (a second session would run the same rollout): a session it opened,
+    # or an invocation cut off by the kill, each retried and stopped only there.
+    lost = [o for o in outcomes if o.outcome is not Outcome.OK and o.session_id not in on_killed]
+    cut_off = sum(n for code, n in stats.invoke_errors.items() if code != "EndpointConnectionError")
+    assert len(lost) <= cut_off, (stats.invoke_errors, [o.error for o in lost])
+    assert all("bbb222" in (o.error or "") for o in lost)
+    assert sum(o.outcome is Outcome.OK for o in outcomes) >= 45 - len(on_killed) - cut_off
+    assert stats.endpoints_down == 1 and not stats.runtime_down
+    alive = set(emus[0].started) | set(emus[2].started)
+    assert alive and sorted(emus[0].stopped + emus[2].stopped) == sorted(alive)
+
+
+async def test_resume_stops_each_session_on_the_endpoint_it_started_on(moto, channel, emulator):
+    emu = await emulator(runtime_arns=tuple(ARNS[:2]))
+    runtimes = [{"arn": ARNS[0], "start_rate": 2.0}, {"arn": ARNS[1], "start_rate": 2.0}]
+    cfg = _runtimes_config(moto, channel, emu, runtimes, run_secret="s" * 32)
+    requests = _requests(4, sleep=4.0)
+    journaled: list[RolloutStart] = []
+    first = RolloutEngine(cfg)
+    await first.start()
+    for r in requests:
+        first.submit(r, on_start=journaled.append)
+    while len(journaled) < 4:  # noqa: ASYNC110 (waiting for the engine's own callbacks)
+        await asyncio.sleep(0.05)
+
+    async def _died_before_stopping(*_: object) -> None:
+        """The first engine's process dies: its sessions run on, never stopped by it."""
+
+    first._dispatcher._stop = _died_before_stopping  # type: ignore[method-assign]
+    await first.aclose()
+    assert {s.endpoint for s in journaled} == {f"{a}#DEFAULT" for a in ARNS[:2]}
+    assert not emu.stopped and len(emu.sessions) == 4
+    async with RolloutEngine(cfg) as second:
+        handles = [
+            second.resume(s.request, step=0, deadline=s.deadline, endpoint=s.endpoint)
+            for s in journaled
+        ]
+        outcomes = [await h for h in handles]
+    assert [o.outcome for o in outcomes] == [Outcome.OK] * 4
+    assert emu.counts["invoke"] == 4  # none ran twice
+    # each stop named its session's own runtime: one on the other would be ResourceNotFound
+    assert sorted(emu.stopped) == sorted(emu.started) and not emu.sessions
+    assert emu.counts["ResourceNotFoundException"] == 0
+
+
+def test_one_runtime_is_the_one_element_case_of_runtimes():
+    one = flat_config(runtime_arn=RUNTIME_ARN, qualifier="prod")
+    listed = flat_config(runtimes=[{"arn": RUNTIME_ARN, "qualifier": "prod"}])
+    assert one.all_runtimes == listed.all_runtimes
+    (target,) = one.all_runtimes
+    assert target.name == f"{RUNTIME_ARN}#prod" and target.account == "123456789012:us-east-1"
+    assert target.start_rate is None and target.max_live_sessions is None  # dispatch's
+
+
+def test_runtimes_errors_are_one_line_naming_the_key():
+    def error(**engine: object) -> str:
+        with pytest.raises(ConfigError) as e:
+            load_config(env_file=None, environ={}, overrides={"engine": engine})
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    both = error(runtime_arn=RUNTIME_ARN, runtimes=[{"arn": ARNS[0]}])
+    assert "runtime_arn" in both and "not both" in both
+    assert "listed twice" in error(runtimes=[{"arn": ARNS[0]}, {"arn": ARNS[0]}])
+    assert "engine.runtimes.0.arn" in error(runtimes=[{"arn": "arn:nope"}])
+    assert "engine.runtimes.0.start_rate" in error(runtimes=[{"arn": ARNS[0], "start_rate": 0}])
+    with pytest.raises(ConfigError, match=r"engine.runtime_arn or engine.runtimes is not set"):
+        flat_config(bucket="b-bucket", queue_url="http://q").require_targets()
+
+
+# The dispatcher's choices between endpoints, with runtimes that answer as told.
+
+
+async def _started_on(d: RequestDispatcher, sid: str) -> tuple[str, LiveSession]:
+    async with d.live_session(sid, math.inf) as session:
+        started = await d.start(session, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+    return started.endpoint, session
+
+
+def _dispatcher(*runtimes: FakeRuntime, accounts: tuple[str, ...] = (), **cfg) -> RequestDispatcher:
+    base = {"bucket": "bkt", "queue_url": "q", "runtime_arn": RUNTIME_ARN}
+    config = flat_config(**(base | {"backoff_base": 0.01, "backoff_max": 0.05} | cfg))
+    endpoints = [
+        Endpoint(f"e{i}", r, 1000.0, account=accounts[i] if accounts else "")
+        for i, r in enumerate(runtimes)
+    ]
+    return RequestDispatcher(endpoints, config)
+
+
+async def test_a_refused_start_retries_elsewhere_one_that_may_have_started_where_it_was_sent():
+    refused = SessionCallError("ServiceQuotaExceededException", "full", retryable=True)
+    refused.maybe_started = False
+    a, b = FakeRuntime(errors=[refused]), FakeRuntime()
+    d = _dispatcher(a, b)
+    assert (await _started_on(d, "s" * 40))[0] == "e1"  # refused on e0: started on e1
+    await d.aclose()
+    assert a.stopped == [] and b.stopped == ["s" * 40]  # stopped where it started
+
+    cut = SessionCallError("InternalServerException", "5xx", retryable=True, outage=True)
+    a, b = FakeRuntime(errors=[cut]), FakeRuntime()
+    d = _dispatcher(a, b)
+    assert (await _started_on(d, "t" * 40))[0] == "e0"  # may exist on e0: retried there
+    await d.aclose()
+    assert a.invoked == ["t" * 40] and b.invoked == [] and a.stopped == ["t" * 40]
+
+
+async def test_live_bound_per_account_and_per_endpoint():
+    runtimes = [FakeRuntime(start_time=0.01) for _ in range(3)]
+    d = _dispatcher(*runtimes, accounts=("1", "1", "2"), max_live_sessions=2)
+    held = [d.live_session(f"{i:040d}", math.inf) for i in range(6)]
+    sessions = [await h.__aenter__() for h in held[:4]]  # 2 per account: 4 at most
+    for s in sessions:
+        await d.start(s, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+    by_account = Counter("1" if s.endpoint in ("e0", "e1") else "2" for s in sessions)
+    assert by_account == {"1": 2, "2": 2}
+    with pytest.raises(SubmitFailed, match="live-session slot"):
+        async with d.live_session("x" * 40, time.time() + 0.05):
+            pass
+    for h in held[:4]:
+        await h.__aexit__(None, None, None)
+    await d.aclose()
+    assert sum(len(r.stopped) for r in runtimes) == 4 and d.live.value == 0
+
+
+async def test_every_endpoint_down_fails_waiting_starts_one_down_moves_them():
+    def down() -> SessionCallError:
+        return SessionCallError("EndpointConnectionError", "x", retryable=True, outage=True)
+
+    for e in (a_down := [down() for _ in range(100)]):
+        e.maybe_started = False
+    a, b = FakeRuntime(errors=a_down), FakeRuntime()
+    d = _dispatcher(a, b, max_retries=3)
+    ends = [await _started_on(d, f"{i:040d}") for i in range(20)]
+    assert {e for e, _ in ends} == {"e1"}  # none failed: e0's refusals went to e1
+    assert d.stats()["starts_by_endpoint"] == {"e0": 0, "e1": 20}
+    both = [down() for _ in range(400)]
+    for e in both:
+        e.maybe_started = False
+    d = _dispatcher(FakeRuntime(errors=both[:200]), FakeRuntime(errors=both[200:]), max_retries=3)
+    with pytest.raises(SubmitFailed):  # failing, both, since its first attempt
+        await _started_on(d, "x" * 40)
+    await asyncio.sleep(retry_budget(d._cfg))  # failing for longer than the budget
+    with pytest.raises(SubmitFailed, match=r"every endpoint down: e0 down for .*; e1 down for"):
+        await _started_on(d, "y" * 40)
+    assert d.stats()["runtime_down"] and d.stats()["endpoints_down"] == 2
+    with pytest.raises(SubmitFailed, match=r"every endpoint down"):  # at once, no probe due
+        await _started_on(d, "z" * 40)
