@@ -228,7 +228,7 @@ async def test_gateway_killed_no_ok_without_its_trace(math_stack):
         flat_config(exp_id="gw-kill", start_rate=6.0, rollout_timeout=20.0, result_grace=1.0)
     )
     requests = _math_requests(3)
-    gateway_pid = math_stack.gateway.pid
+    gateway_pid = math_stack.gateways[0].pid
 
     async def kill() -> None:
         os.kill(gateway_pid, signal.SIGKILL)
