@@ -218,21 +218,26 @@ class RolloutBuffer:
             return False
         return True
 
-    async def wait(self, request_id: str, deadline: float) -> Delivery:
+    async def wait(
+        self, request_id: str, deadline: float, lost: asyncio.Event | None = None
+    ) -> Delivery:
         """Wait for the request's result. Near `deadline`, look in S3 directly; past the
-        deadline plus grace, deliver a `timeout`."""
+        deadline plus grace, deliver a `timeout`. Once `lost` is set (the session's endpoint
+        was declared down), the deadline is now: look in S3, wait the grace, give up."""
         w = self._waiters[request_id]
+        limits = self._cfg.limits
+        why = "no result by the deadline"
         try:
-            lookup_at = deadline - self._cfg.limits.reconcile_before
-            give_up_at = deadline + self._cfg.limits.result_grace
-            for until in (lookup_at, give_up_at):
+            lookup_at = deadline - limits.reconcile_before
+            if lost is not None and await self._lost_first(w.future, lost, lookup_at):
+                lookup_at, deadline = time.time(), time.time()
+                why = "its runtime endpoint was declared down, and no result came"
+            for until in (lookup_at, deadline + limits.result_grace):
                 if not await self._wait_until(w.future, until):
                     await self._lookup(w)
                 if w.future.done():
                     return w.future.result()
-            return self._resolve(
-                w, Delivery(Outcome.TIMEOUT, error="no result by the deadline", via="deadline")
-            )
+            return self._resolve(w, Delivery(Outcome.TIMEOUT, error=why, via="deadline"))
         finally:
             self._retire(w)
 
@@ -268,6 +273,22 @@ class RolloutBuffer:
             return  # already out of the window: nothing to remember it for
         late_key = w.sig_key if delivery is None or delivery.result is None else None
         self._ended.setdefault(w.step, {})[w.request_id] = late_key
+
+    @staticmethod
+    async def _lost_first(
+        future: asyncio.Future[Delivery], lost: asyncio.Event, when: float
+    ) -> bool:
+        """Wait for the result, `lost` or `when`; whether `lost` came first."""
+        lost_wait = asyncio.ensure_future(lost.wait())
+        try:
+            await asyncio.wait(
+                {asyncio.shield(future), lost_wait},
+                timeout=max(0.0, when - time.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            lost_wait.cancel()
+        return lost.is_set() and not future.done()
 
     @staticmethod
     async def _wait_until(future: asyncio.Future[Delivery], when: float) -> bool:

@@ -34,6 +34,7 @@ import logging
 import math
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
@@ -137,6 +138,10 @@ class _Outage:
     def down_for(self) -> float:
         return time.monotonic() - self._since if self._since is not None else 0.0
 
+    def in_doubt(self) -> bool:
+        """Outage errors seen, with no answer since, but not yet for the whole budget."""
+        return self._since is not None and not self.declared.is_set()
+
     def due(self) -> bool:
         """Up, or down and due for one probe (taking nothing)."""
         return not self.declared.is_set() or time.monotonic() >= self._next_probe
@@ -175,6 +180,7 @@ class _Endpoint:
         self.live = Gauge()
         self.started = 0
         self.outage = _Outage(spec.name, retry_budget(cfg), cfg.backoff_max, on_change)
+        self.probe: asyncio.Task[None] | None = None
 
     def can_start(self, holding: bool) -> bool:
         """A start slot and a token are free, and a live slot here and in the account (unless
@@ -316,9 +322,18 @@ class RequestDispatcher:
         found.take_live()
         session.endpoint = endpoint
 
+    def lost(self, session: LiveSession) -> asyncio.Event | None:
+        """Set while the endpoint the session started on is declared down (no endpoint known:
+        None): the engine stops waiting out its deadline for a session nobody can reach."""
+        endpoint = self._endpoints.get(session.endpoint or "")
+        return endpoint.outage.declared if endpoint is not None else None
+
     async def aclose(self) -> None:
         """Wait for the stops under way (never cancelled: each frees a session's quota)."""
         await asyncio.gather(*self._stopping, return_exceptions=True)
+        for endpoint in self._endpoints.values():
+            if endpoint.probe is not None:
+                endpoint.probe.cancel()
         if self._timer is not None:
             self._timer.cancel()
 
@@ -548,7 +563,7 @@ class RequestDispatcher:
     def _count_failed_start(self, endpoint: _Endpoint, error: SessionCallError) -> None:
         self.invoke_errors[error.code] += 1
         if error.outage:
-            endpoint.outage.failed(error)
+            self._outage_error(endpoint, error)
         else:
             endpoint.outage.answered()
         if error.throttled:
@@ -567,7 +582,7 @@ class RequestDispatcher:
             except SessionCallError as e:
                 self.stop_errors[e.code] += 1
                 if e.outage:
-                    endpoint.outage.failed(e)
+                    self._outage_error(endpoint, e)
                 if e.throttled:
                     self._stops.on_throttle()
                 last = attempt == self._cfg.max_retries or endpoint.outage.declared.is_set()
@@ -583,6 +598,33 @@ class RequestDispatcher:
                 endpoint.outage.answered()
                 self._stops.on_success()
                 return
+
+    def _outage_error(self, endpoint: _Endpoint, error: SessionCallError) -> None:
+        """Count it; while the endpoint is in doubt and sessions live there, probe it at the
+        retry back-off, so that it is declared down within the retry budget even when no start
+        or stop calls it: its running sessions' requests wait for that (`lost`)."""
+        endpoint.outage.failed(error)
+        if endpoint.probe is None or endpoint.probe.done():
+            endpoint.probe = asyncio.create_task(self._probe(endpoint))
+
+    async def _probe(self, endpoint: _Endpoint) -> None:
+        """Stop a session that never existed, while the endpoint is in doubt. Only its outage
+        errors count: an answer proves it reachable, not that it starts sessions, so what
+        clears the doubt is still the next start or stop that succeeds there."""
+        cfg = self._cfg
+        for attempt in itertools.count():
+            await asyncio.sleep(
+                backoff_delay(attempt, cfg.backoff_base, cfg.backoff_max, self._rng)
+            )
+            if not endpoint.outage.in_doubt() or not endpoint.live.value:
+                return  # decided, or no session there waits to learn it
+            try:
+                await endpoint.runtime.stop(f"agentcore-rollout-probe-{uuid.uuid4().hex}")
+            except SessionCallError as e:
+                if e.outage:
+                    endpoint.outage.failed(e)
+                    continue
+            return
 
     async def _until(
         self,

@@ -457,7 +457,7 @@ class RolloutEngine:
             else:
                 await self._start(job, session)
             assert job.deadline is not None
-            return await self._buffer.wait(rid, job.deadline)
+            return await self._buffer.wait(rid, job.deadline, self._dispatcher.lost(session))
 
     async def _start(self, job: _Job, session: LiveSession) -> None:
         """Open the rollout's gateway session, then start its sandbox session."""

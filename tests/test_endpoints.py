@@ -72,8 +72,8 @@ async def test_a_killed_endpoint_leaves_its_requests_to_the_others(moto, channel
         {"arn": arn, "start_rate": 5.0, "endpoint_url": e.url}
         for arn, e in zip(ARNS, emus, strict=True)
     ]
-    cfg = _runtimes_config(
-        moto, channel, emus[0], runtimes, max_live_sessions=200, rollout_timeout=6.0
+    cfg = _runtimes_config(  # a deadline far beyond the retry budget: nothing waits it out
+        moto, channel, emus[0], runtimes, max_live_sessions=200, rollout_timeout=300.0
     )
     killed = emus[1]
     async with RolloutEngine(cfg) as engine:
@@ -94,6 +94,14 @@ async def test_a_killed_endpoint_leaves_its_requests_to_the_others(moto, channel
     assert all("bbb222" in (o.error or "") for o in lost)
     assert sum(o.outcome is Outcome.OK for o in outcomes) >= 45 - len(on_killed) - cut_off
     assert stats.endpoints_down == 1 and not stats.runtime_down
+    # Its sessions that had not written before the kill ended once it was declared down (its
+    # probes found it gone), long before their deadlines, and say why.
+    ran_there = [o for o in outcomes if o.started_at is not None and o.session_id in on_killed]
+    cut = [o for o in ran_there if o.outcome is not Outcome.OK]
+    assert cut, [o.outcome for o in ran_there]  # sleep 0.5 s: some were running at the kill
+    for o in cut:
+        assert o.outcome is Outcome.TIMEOUT and "endpoint was declared down" in (o.error or "")
+        assert o.deadline is not None and o.finished_at < o.deadline - 200, o
     alive = set(emus[0].started) | set(emus[2].started)
     assert alive and sorted(emus[0].stopped + emus[2].stopped) == sorted(alive)
 

@@ -122,8 +122,10 @@ def test_the_engine_reads_in_short_functions() -> None:
 # dispatcher's endpoints, chooser and waiters and its per-endpoint outages (265),
 # `engine.runtimes` (`RuntimeTarget`, 90), a data-plane client per region and URL (30), the
 # endpoint journaled and resumed (20), the emulator's quotas per endpoint and account (50), and
-# the local stack's `local.endpoints` (20). Raise it only with a reason in the same commit.
-MAX_LINES = 17_705
+# the local stack's `local.endpoints` (20); then about 80 for the sessions of an endpoint that
+# goes down: probes while it is in doubt, and their requests ending once it is declared down
+# rather than at their deadlines. Raise it only with a reason in the same commit.
+MAX_LINES = 17_785
 
 
 def test_the_package_did_not_grow() -> None:
