@@ -49,6 +49,7 @@ log = logging.getLogger("agentcore_rollout.dispatcher")
 
 _T = TypeVar("_T")
 _EARLY = 0.002  # seconds: a token due this soon counts as there (timers fire a hair early)
+PROBE_SESSION_PREFIX = "agentcore-rollout-probe-"  # an endpoint in doubt: stop one never started
 
 
 class SubmitFailed(Exception):
@@ -619,7 +620,7 @@ class RequestDispatcher:
             if not endpoint.outage.in_doubt() or not endpoint.live.value:
                 return  # decided, or no session there waits to learn it
             try:
-                await endpoint.runtime.stop(f"agentcore-rollout-probe-{uuid.uuid4().hex}")
+                await endpoint.runtime.stop(f"{PROBE_SESSION_PREFIX}{uuid.uuid4().hex}")
             except SessionCallError as e:
                 if e.outage:
                     endpoint.outage.failed(e)

@@ -27,7 +27,7 @@ from agentcore_rollout import (
 )
 from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
-from agentcore_rollout._dispatcher import retry_budget
+from agentcore_rollout._dispatcher import PROBE_SESSION_PREFIX, retry_budget
 from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.local.moto import MotoServer, provision_results_channel
 from agentcore_rollout.local.stack import LocalStack
@@ -143,7 +143,7 @@ class _Recording:
     def __init__(self, runtime: SandboxRuntime) -> None:
         self._runtime = runtime
         self.invoked: dict[str, set[str]] = {}  # session -> error codes ("" for accepted)
-        self.stopped: list[str] = []
+        self.stopped: list[str] = []  # sessions, not the dispatcher's probes of an endpoint
 
     async def invoke(self, session_id: str, payload: bytes) -> None:
         codes = self.invoked.setdefault(session_id, set())
@@ -155,7 +155,8 @@ class _Recording:
         codes.add("")
 
     async def stop(self, session_id: str) -> None:
-        self.stopped.append(session_id)
+        if not session_id.startswith(PROBE_SESSION_PREFIX):
+            self.stopped.append(session_id)
         await self._runtime.stop(session_id)
 
 

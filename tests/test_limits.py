@@ -12,6 +12,7 @@ import pytest
 
 from agentcore_rollout import SessionCallError
 from agentcore_rollout._dispatcher import (
+    PROBE_SESSION_PREFIX,
     LiveSession,
     RequestDispatcher,
     Started,
@@ -31,6 +32,7 @@ class FakeRuntime:
         self.in_flight = Gauge()
         self.invoked: list[str] = []
         self.stopped: list[str] = []
+        self.probes = 0  # the dispatcher's stops of a session that never existed
 
     async def invoke(self, session_id: str, payload: bytes) -> None:
         with self.in_flight:
@@ -40,7 +42,10 @@ class FakeRuntime:
             self.invoked.append(session_id)
 
     async def stop(self, session_id: str) -> None:
-        self.stopped.append(session_id)
+        if session_id.startswith(PROBE_SESSION_PREFIX):
+            self.probes += 1
+        else:
+            self.stopped.append(session_id)
 
 
 ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123"

@@ -124,8 +124,9 @@ def test_the_engine_reads_in_short_functions() -> None:
 # endpoint journaled and resumed (20), the emulator's quotas per endpoint and account (50), and
 # the local stack's `local.endpoints` (20); then about 80 for the sessions of an endpoint that
 # goes down: probes while it is in doubt, and their requests ending once it is declared down
-# rather than at their deadlines. Raise it only with a reason in the same commit.
-MAX_LINES = 17_785
+# rather than at their deadlines, and 1 to name the probes' session prefix for the tests that
+# record stops. Raise it only with a reason in the same commit.
+MAX_LINES = 17_786
 
 
 def test_the_package_did_not_grow() -> None:
