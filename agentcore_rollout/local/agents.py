@@ -94,10 +94,7 @@ class ProcessAgent:
             argv = [sys.executable, "-m", "agentcore_rollout.local.host", app]
             argv += ["--fd", str(sock.fileno())]
             fds = (sock.fileno(),)
-        out: int | IO[bytes] = asyncio.subprocess.PIPE
-        if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
-            out = open(os.path.join(log_dir, f"{session_id}.log"), "ab")  # noqa: SIM115, ASYNC230
+        out = _agent_output(log_dir, session_id)
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -216,10 +213,7 @@ class ContainerAgent(ProcessAgent):
             *(f"--env={k}" for k in sorted(given)),  # values from the client's environment
             image,
         )
-        out: int | IO[bytes] = asyncio.subprocess.PIPE
-        if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
-            out = open(os.path.join(log_dir, f"{session_id}.log"), "ab")  # noqa: SIM115, ASYNC230
+        out = _agent_output(log_dir, session_id)
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -308,3 +302,11 @@ class InProcessAgent:
         cancel = getattr(self._shared.app, "cancel_session", None)
         if cancel is not None:
             cancel(self._session_id)
+
+
+def _agent_output(log_dir: str | None, session_id: str) -> int | IO[bytes]:
+    """`log_dir/<session_id>.log` (closed by the caller once the child has it), else a pipe."""
+    if not log_dir:
+        return asyncio.subprocess.PIPE
+    os.makedirs(log_dir, exist_ok=True)
+    return open(os.path.join(log_dir, f"{session_id}.log"), "ab")
