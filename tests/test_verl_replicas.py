@@ -109,9 +109,8 @@ async def test_replicas_are_zero_cpu_actors_each_sampling_through_veRLs_server_m
             finally:
                 await service.close()
             assert service._gateway is None
-            for actor in started:  # killed: a call on it fails
-                with pytest.raises(RayActorError):
-                    await actor.stop.remote()
+            for actor in started:
+                await _wait_dead(actor)
             for replica in config.replicas:
                 await _wait_refused(replica.url)
     finally:
@@ -170,6 +169,18 @@ async def test_replicas_outside_Ray_are_refused_in_one_line():
     assert not ray.is_initialized()
     with pytest.raises(RuntimeError, match="gateway replicas are Ray actors: initialize Ray"):
         await EngineService("unused.yaml", hosted)._host(hosted)
+
+
+async def _wait_dead(actor: object) -> None:
+    """Until a call on `actor` fails as on a killed one (`ray.kill` returns before the actor
+    dies: a call made at once may still run)."""
+    for _ in range(120):  # a minute
+        try:
+            await actor.stop.remote()  # type: ignore[attr-defined]
+        except RayActorError:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{actor} still answers a minute after it was killed")
 
 
 async def _wait_refused(url: str) -> None:
