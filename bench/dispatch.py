@@ -36,14 +36,15 @@ sys.path.insert(0, str(ROOT))
 
 from dataclasses import asdict  # noqa: E402
 
-from agentcore_rollout import RolloutEngine, RolloutRequest  # noqa: E402
+from agentcore_rollout import RolloutBatch, RolloutEngine, RolloutRequest  # noqa: E402
 from agentcore_rollout._agentcore import NEW_SESSIONS_PER_MINUTE  # noqa: E402
 from agentcore_rollout.config import LocalConfig  # noqa: E402
 from agentcore_rollout.local.stack import LocalStack  # noqa: E402
 
 
-async def run(n: int, rate: float, mode: str) -> dict:
-    stack_cfg = LocalConfig(app="tests.agents.basic:app", mode=mode, bucket="bench", queue="bench")
+async def _batch(stack_cfg: LocalConfig, n: int, rate: float) -> tuple[RolloutBatch, float]:
+    """`n` rollouts of the toy agent on a local stack, the engine starting `rate` a second (per
+    endpoint); the batch and its wall time."""
     async with LocalStack(stack_cfg) as stack:
         cfg = stack.engine_config(
             exp_id="bench",
@@ -55,7 +56,12 @@ async def run(n: int, rate: float, mode: str) -> dict:
         async with RolloutEngine(cfg) as engine:
             began = time.monotonic()
             batch = await engine.rollout(requests)
-            wall = time.monotonic() - began
+            return batch, time.monotonic() - began
+
+
+async def run(n: int, rate: float, mode: str) -> dict:
+    stack_cfg = LocalConfig(app="tests.agents.basic:app", mode=mode, bucket="bench", queue="bench")
+    batch, wall = await _batch(stack_cfg, n, rate)
     starts = sorted(o.started_at for o in batch.outcomes if o.started_at is not None)
     ok = batch.ok
     handoff = [o.delivered_at - o.result.timings.finished for o in ok]
@@ -97,16 +103,7 @@ async def run_endpoints(k: int, per_endpoint: int, mode: str) -> dict:
         new_sessions_per_minute=NEW_SESSIONS_PER_MINUTE,
     )
     n = k * per_endpoint
-    async with LocalStack(stack_cfg) as stack:
-        cfg = stack.engine_config(
-            exp_id="bench",
-            dispatch={"start_rate": rate, "session_start_time": 1.0, "max_live_sessions": n},
-            limits={"rollout_timeout": 120},
-            results={"wait_time": 20},
-        )
-        requests = [RolloutRequest({"a": i, "b": 1}, input_id=f"q{i}") for i in range(n)]
-        async with RolloutEngine(cfg) as engine:
-            batch = await engine.rollout(requests)
+    batch, _ = await _batch(stack_cfg, n, rate)
     starts = sorted(o.started_at for o in batch.outcomes if o.started_at is not None)
     span = starts[-1] - starts[0]
     achieved = (len(starts) - 1) / span if span > 0 else float("nan")
