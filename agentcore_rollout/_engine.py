@@ -270,6 +270,7 @@ class RolloutEngine:
         *,
         step: int,
         deadline: float | None = None,
+        started_at: float | None = None,
         gateway_session_id: str | None = None,
         gateway_url: str | None = None,
         endpoint: str | None = None,
@@ -279,12 +280,13 @@ class RolloutEngine:
         """Take over a request an earlier engine of this experiment (same `exp_id` and
         `run_secret`) submitted, e.g. after a crash. If its result is in S3 it is delivered
         without invoking the agent again; if its session started and its `deadline` (as the
-        earlier engine's `RolloutStart` had it) has not passed, the engine waits for it;
+        earlier engine's `RolloutStart` had it) has not passed, the engine waits for it, its
+        cost counted from `started_at` (the same `RolloutStart`'s; None: from the takeover);
         otherwise it is dispatched as `submit` would. `gateway_session_id` and `gateway_url`
         (from the same `RolloutStart`; no URL: the first replica, where every session was before
         there were several) let the gateway's trace be collected; a session still running is
         stopped on its `endpoint` (None: the first runtime endpoint)."""
-        resumed = _Resumed(deadline, gateway_session_id, gateway_url, endpoint)
+        resumed = _Resumed(deadline, started_at, gateway_session_id, gateway_url, endpoint)
         return self._submit(request, step, timeout, None, on_start, resumed)
 
     async def reclaim(
@@ -313,10 +315,10 @@ class RolloutEngine:
             url, held = found
         gateway_session_id = held.session_id if held is not None else None
         if await self._buffer.stored(request.request_id, step):
-            resumed = _Resumed(None, gateway_session_id, url, None)
+            resumed = _Resumed(None, None, gateway_session_id, url, None)
         elif held is not None and held.turns > 0:
             wait = self.config.limits.rollout_timeout if timeout is None else timeout
-            resumed = _Resumed(time.time() + wait, gateway_session_id, url, None)
+            resumed = _Resumed(time.time() + wait, None, gateway_session_id, url, None)
         else:
             if held is not None and url is not None:
                 await self._gateway_dropped(request.request_id, url, held.session_id)
@@ -451,7 +453,8 @@ class RolloutEngine:
             job.session = session
             if resumed is not None and (resumed.deadline or 0) > time.time():
                 self._dispatcher.adopt(session, resumed.endpoint)  # still running: wait
-                session.sent_at = time.time()  # its cost before the takeover is unknown here
+                job.started_at = resumed.started_at
+                session.sent_at = resumed.started_at or time.time()  # where its cost begins
                 job.deadline = resumed.deadline
                 job.took_over(resumed, self._gateway)
             else:
@@ -585,6 +588,7 @@ class RolloutEngine:
 @dataclass(frozen=True)
 class _Resumed:
     deadline: float | None
+    started_at: float | None  # when the earlier engine sent its invocation (None: unknown)
     gateway_session_id: str | None
     gateway_url: str | None  # the replica holding it; None: the first (journals of one)
     endpoint: str | None  # where its session started (None: the first)
@@ -652,8 +656,8 @@ class _Job:
 
     def sandbox_since(self) -> float | None:
         """When its sandbox session may have begun to cost: the first invocation that may have
-        created it (even if none was accepted), or for one taken over still running, the
-        takeover; None if none may have."""
+        created it (even if none was accepted), or for one taken over still running, its
+        journaled start (else the takeover); None if none may have."""
         session = self.session
         first = session.sent_at if session is not None and session.maybe_started else None
         known = [t for t in (first, self.started_at) if t is not None]

@@ -125,8 +125,9 @@ def test_the_engine_reads_in_short_functions() -> None:
 # the local stack's `local.endpoints` (20); then about 80 for the sessions of an endpoint that
 # goes down: probes while it is in doubt, and their requests ending once it is declared down
 # rather than at their deadlines, and 1 to name the probes' session prefix for the tests that
-# record stops. Raise it only with a reason in the same commit.
-MAX_LINES = 17_786
+# record stops. A session taken over still running costs from its journaled start (8: the
+# journal's `started_at`, `resume`'s argument). Raise it only with a reason in the same commit.
+MAX_LINES = 17_794
 
 
 def test_the_package_did_not_grow() -> None:

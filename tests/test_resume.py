@@ -59,7 +59,8 @@ async def test_sigkilled_run_resumes_without_running_an_agent_twice(
     moto, channel, emulator, tmp_path
 ):
     emu = await emulator()
-    rows = [{"a": i, "b": 1, "sleep": 0.1 if i < 4 else 4.0} for i in range(10)]
+    slow = 8.0  # seconds: a slow session started before the kill still runs at the takeover
+    rows = [{"a": i, "b": 1, "sleep": 0.1 if i < 4 else slow} for i in range(10)]
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     engine = engine_config(
@@ -107,6 +108,17 @@ async def test_sigkilled_run_resumes_without_running_an_agent_twice(
     assert set(invoked.values()) == {1} and len(invoked) == 10
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"] == 10 and summary["outcomes"]["ok"] == 10
+    # A session taken over still running costs from its journaled start, not the takeover:
+    # at least its agent's sleep. (One found written at the takeover cost the first run.)
+    started = {json.loads(j)["request_id"] for j in journal.splitlines() if '"started"' in j}
+    taken_over = [
+        line["cost"]["sandbox_seconds"]
+        for line in lines
+        if line["request_id"] in started
+        and int(line["result"]["trajectory"]["messages"][0]["content"].split("+")[0]) >= 4
+        and line["cost"]["sandbox_seconds"] > 0
+    ]
+    assert taken_over and all(seconds >= slow for seconds in taken_over), taken_over
 
 
 async def test_resume_collects_a_result_already_in_s3_without_invoking(moto, channel, emulator):

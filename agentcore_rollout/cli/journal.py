@@ -2,9 +2,10 @@
 the process died, without running an agent twice.
 
 `OUT/journal.jsonl` holds one `request` line per request (written before any is submitted)
-and one `started` line per session started (its deadline, gateway session and replica). Ended
-requests are the lines of `OUT/rollouts.jsonl`. The signing keys derive from the run's secret
-(`engine.run_secret`, else `OUT/run_secret`, 0600), which never goes to S3 or the logs.
+and one `started` line per session started (its start, deadline, gateway session, replica and
+endpoint). Ended requests are the lines of `OUT/rollouts.jsonl`. The signing keys derive from
+the run's secret (`engine.run_secret`, else `OUT/run_secret`, 0600), which never goes to S3 or
+the logs.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Journaled:
     request: RolloutRequest
     step: int
     deadline: float | None = None  # the one given to its agent (epoch s); None: not started
+    started_at: float | None = None  # when its session's invocation was sent (epoch s)
     gateway_session_id: str | None = None
     gateway_url: str | None = None  # the replica holding that session
     endpoint: str | None = None  # where its session started; None (older lines): the first
@@ -79,6 +81,7 @@ class Journal:
                 "kind": "started",
                 "request_id": start.request.request_id,
                 "deadline": start.deadline,
+                "started_at": start.started_at,
                 "gateway_session_id": start.gateway_session_id,
                 "gateway_url": start.gateway_url,
                 "endpoint": start.endpoint,
@@ -117,6 +120,7 @@ def _read_journal(out: Path) -> list[Journaled]:
             entries[rid] = _journaled(event)
         elif rid in entries:
             entries[rid].deadline = event["deadline"]
+            entries[rid].started_at = event.get("started_at")  # absent: an older journal
             entries[rid].gateway_session_id = event["gateway_session_id"]
             entries[rid].gateway_url = event.get("gateway_url")  # absent: written by one gateway
             entries[rid].endpoint = event.get("endpoint")

@@ -168,6 +168,7 @@ async def roll_out(
                 j.request,
                 step=j.step,
                 deadline=j.deadline,
+                started_at=j.started_at,
                 gateway_session_id=j.gateway_session_id,
                 gateway_url=j.gateway_url,
                 endpoint=j.endpoint,
