@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,11 +28,11 @@ from agentcore_rollout._gateway_replicas import GatewayReplicas
 from agentcore_rollout.cli.journal import JOURNAL, Journal, Lines, left_open
 from agentcore_rollout.config import GatewayConfig, GatewayReplica, LocalConfig, load_config
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, GatewayError, SGLangBackend
-from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.policy import CharRenderer
 from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config
+from .test_reclaim import start_first_life
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -167,22 +166,8 @@ async def test_a_resumed_request_is_finished_on_the_replica_its_start_journaled(
         config = stack.engine_config(
             flat_config(exp_id="replicas", run_secret="r" * 32, start_rate=50.0, wait_time=1)
         )
-        # The first engine listens on a queue no bucket notifies: it never delivers anything.
-        silent = stack.moto.client("sqs").create_queue(QueueName="replicas-silent")["QueueUrl"]
-        (tmp_path / "first.json").write_text(
-            config.model_copy(update={"queue_url": silent}).model_dump_json()
-        )
-        (tmp_path / "requests.json").write_text(json.dumps([vars(r) for r in requests]))
-        first = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            FIRST_LIFE,
-            str(tmp_path / "first.json"),
-            str(tmp_path / "requests.json"),
-            cwd=ROOT,
-            env={**os.environ, **LOCAL_CREDENTIALS, "PYTHONPATH": str(ROOT)},
-            stdout=asyncio.subprocess.PIPE,
-        )
+        # The first engine never delivers anything: it listens on a queue no bucket notifies.
+        first = await start_first_life(FIRST_LIFE, stack, config, requests, tmp_path)
         assert first.stdout is not None
         async with asyncio.timeout(60):
             started = [json.loads(await first.stdout.readline()) for _ in requests]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from agentcore_rollout import RolloutEngine, RolloutRequest
+from agentcore_rollout import EngineConfig, RolloutEngine, RolloutRequest
 from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.gateway import GatewayAdmin
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
@@ -49,6 +49,34 @@ asyncio.run(main())
 """
 
 
+async def start_first_life(
+    script: str,
+    stack: LocalStack,
+    config: EngineConfig,
+    requests: list[RolloutRequest],
+    folder: Path,
+) -> asyncio.subprocess.Process:
+    """An engine of `config` in its own process (killed by the test) running `script` over
+    `requests`, listening on a queue no bucket notifies: its agents' results reach S3 while it
+    never learns of them, as a crash between an agent's write and its delivery would."""
+    silent = stack.moto.client("sqs").create_queue(QueueName=f"{config.exp_id}-silent")
+    (folder / "first.json").write_text(
+        config.model_copy(update={"queue_url": silent["QueueUrl"]}).model_dump_json()
+    )
+    (folder / "requests.json").write_text(json.dumps([vars(r) for r in requests]))
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        str(folder / "first.json"),
+        str(folder / "requests.json"),
+        cwd=ROOT,
+        env={**os.environ, **LOCAL_CREDENTIALS, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
 def _request(name: str, hold: float) -> RolloutRequest:
     return RolloutRequest(
         {"question": "What is 2 + 5?", "hold": hold}, input_id=name, request_id=f"req-{name}"
@@ -70,33 +98,8 @@ async def test_a_new_engine_reclaims_written_and_running_sessions_with_their_tra
         config = stack.engine_config(
             flat_config(exp_id="reclaim", run_secret="r" * 32, start_rate=50.0, wait_time=1)
         )
-        # The first engine listens on a queue no bucket notifies: its results reach S3 while it
-        # never learns of them, so the kill finds them written and undelivered, their gateway
-        # sessions open, as a crash between an agent's write and its delivery would.
-        sqs = stack.moto.client("sqs")
-        silent = sqs.create_queue(QueueName="reclaim-silent")["QueueUrl"]
-        (tmp_path / "first.json").write_text(
-            config.model_copy(update={"queue_url": silent}).model_dump_json()
-        )
-        (tmp_path / "requests.json").write_text(
-            json.dumps(
-                [
-                    {"payload": r.payload, "input_id": r.input_id, "request_id": r.request_id}
-                    for r in written + running
-                ]
-            )
-        )
-        first = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            FIRST_LIFE,
-            str(tmp_path / "first.json"),
-            str(tmp_path / "requests.json"),
-            cwd=ROOT,
-            env={**os.environ, **LOCAL_CREDENTIALS, "PYTHONPATH": str(ROOT)},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        # The kill finds the quick ones written and undelivered, their gateway sessions open.
+        first = await start_first_life(FIRST_LIFE, stack, config, written + running, tmp_path)
         s3 = stack.moto.client("s3")
         give_up = time.monotonic() + 60
         # Kill once both quick agents wrote and all four took their turn.
