@@ -438,6 +438,9 @@ class LocalConfig(_Section):
     # missing (`agentcore-rollout local build` rebuilds it); `app` is then the image's.
     image: str = Field(default="localhost/agentcore-rollout-agent:local", min_length=1)
     dockerfile: str = "examples/math_agent/Dockerfile"
+    container_engine: Literal["auto", "podman", "docker"] = Field(
+        default="auto", description="mode container: podman or docker (auto: podman if present)"
+    )
     bucket: _BucketName = "agentcore-rollout-local"
     queue: _QueueName = "agentcore-rollout-results"
     cold_start: float = Field(default=0.0, ge=0)

@@ -3,9 +3,9 @@ agent before its first invocation is forwarded (spawned, then answering `GET /pi
 removing it at the session's end.
 
 Both executors run the example math agent: a process serving `examples.math_agent.app:app` on
-the host, and a container of its image (`agentcore-rollout local build`; built here if missing).
-Sessions start one after another, so the figure is one start's latency, not a throughput.
-Prints JSON; writes bench/results/containers.json and containers.png.
+the host, and a container of its image (built here if missing) in each container engine that
+works here, Podman and Docker. Sessions start one after another, so the figure is one start's
+latency, not a throughput. Prints JSON; writes bench/results/containers.json and containers.png.
 
     python bench/containers.py [--sessions 8]
 """
@@ -30,6 +30,8 @@ import aiohttp  # noqa: E402
 from agentcore_rollout.local.agents import ContainerAgent, ProcessAgent  # noqa: E402
 from agentcore_rollout.local.containers import (  # noqa: E402
     AGENT_IMAGE,
+    ContainerEngine,
+    ContainerRuntimeError,
     container_engine,
     ensure_image,
 )
@@ -37,12 +39,15 @@ from agentcore_rollout.local.containers import (  # noqa: E402
 APP = "examples.math_agent.app:app"
 
 
-async def one_session(kind: str, http: aiohttp.ClientSession) -> tuple[float, float]:
-    """(seconds to a healthy agent, seconds to remove it)."""
+async def one_session(
+    engine: ContainerEngine | None, http: aiohttp.ClientSession
+) -> tuple[float, float]:
+    """(seconds to a healthy agent, seconds to remove it): a container of `engine`, or a
+    process where it is None."""
     began = time.perf_counter()
-    if kind == "container":
+    if engine is not None:
         agent: ProcessAgent = await ContainerAgent.spawn_container(
-            engine=container_engine(),
+            engine=engine,
             image=AGENT_IMAGE,
             env={},
             label=f"{os.getpid()}-bench",
@@ -59,17 +64,34 @@ async def one_session(kind: str, http: aiohttp.ClientSession) -> tuple[float, fl
     return ready - began, time.perf_counter() - ready
 
 
-async def measure(sessions: int) -> dict[str, dict[str, list[float]]]:
+def engines() -> dict[str, ContainerEngine]:
+    """Each container engine that works here, its image built if missing."""
+    found = {}
+    for name in ("podman", "docker"):
+        try:
+            found[name] = container_engine(name)
+        except ContainerRuntimeError as e:
+            print(f"{name}: skipped ({e})", file=sys.stderr)
+            continue
+        ensure_image(ROOT / "examples/math_agent/Dockerfile", AGENT_IMAGE, found[name])
+    return found
+
+
+async def measure(
+    sessions: int, kinds: dict[str, ContainerEngine | None]
+) -> dict[str, dict[str, list[float]]]:
     figures: dict[str, dict[str, list[float]]] = {}
     async with aiohttp.ClientSession() as http:
-        for kind in ("process", "container"):
-            await one_session(kind, http)  # warm: the page cache, podman's storage
-            runs = [await one_session(kind, http) for _ in range(sessions)]
+        for kind, engine in kinds.items():
+            await one_session(engine, http)  # warm: the page cache, the engine's storage
+            runs = [await one_session(engine, http) for _ in range(sessions)]
             figures[kind] = {"start_s": [r[0] for r in runs], "stop_s": [r[1] for r in runs]}
     return figures
 
 
-def summary(figures: dict[str, dict[str, list[float]]], sessions: int) -> dict[str, object]:
+def summary(
+    figures: dict[str, dict[str, list[float]]], sessions: int, found: dict[str, ContainerEngine]
+) -> dict[str, object]:
     def stats(xs: list[float]) -> dict[str, float]:
         return {
             "median": round(statistics.median(xs), 3),
@@ -83,13 +105,15 @@ def summary(figures: dict[str, dict[str, list[float]]], sessions: int) -> dict[s
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
-            "runtime": container_engine().run("--version").stdout.strip(),
+            "engines": {n: e.run("--version").stdout.strip() for n, e in found.items()},
         },
     }
     for kind, fig in figures.items():
         out[kind] = {"start_s": stats(fig["start_s"]), "stop_s": stats(fig["stop_s"])}
-    p, c = figures["process"]["start_s"], figures["container"]["start_s"]
-    out["container_over_process_start"] = round(statistics.median(c) / statistics.median(p), 2)
+    process = statistics.median(figures["process"]["start_s"])
+    out["container_over_process_start"] = {
+        name: round(statistics.median(figures[name]["start_s"]) / process, 2) for name in found
+    }
     return out
 
 
@@ -103,7 +127,7 @@ def plot(figures: dict[str, dict[str, list[float]]], path: Path) -> None:
     kinds = list(figures)
     ax.boxplot([figures[k]["start_s"] for k in kinds], tick_labels=kinds)
     ax.set_ylabel("seconds to a healthy agent")
-    ax.set_title("session start: process vs container (math agent)")
+    ax.set_title("session start: process vs containers (math agent)")
     ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -115,9 +139,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results")
     args = parser.parse_args()
     os.chdir(ROOT)
-    ensure_image(ROOT / "examples/math_agent/Dockerfile", AGENT_IMAGE)
-    figures = asyncio.run(measure(args.sessions))
-    result = summary(figures, args.sessions)
+    found = engines()
+    if not found:
+        raise SystemExit("no container engine works here: make containers")
+    figures = asyncio.run(measure(args.sessions, {"process": None, **found}))
+    result = summary(figures, args.sessions, found)
     args.out.mkdir(parents=True, exist_ok=True)
     plot(figures, args.out / "containers.png")
     (args.out / "containers.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -1,8 +1,9 @@
 """The container executor (`local.mode: container`) on the real wire: the example's image built
 once per test session, sessions as containers of it, its named failures, no container left.
 
-Marked `containers`: without a container runtime that works they skip, saying why. The checks
-of a missing runtime need none and always run.
+Marked `containers`, and run once with Podman and once with Docker: without that runtime, or
+where it does not work, they skip, saying why. The checks of a missing runtime and the relay
+Docker's containers reach the host through need none and always run.
 """
 
 from __future__ import annotations
@@ -45,18 +46,19 @@ MATH = [
 ]
 
 
-@pytest.fixture(scope="session")
-def engine() -> ContainerEngine:
+@pytest.fixture(scope="session", params=["podman", "docker"])
+def engine(request: pytest.FixtureRequest) -> ContainerEngine:
     try:
-        return container_engine()
+        return container_engine(request.param)
     except ContainerRuntimeError as e:
-        pytest.skip(f"no container runtime here: {e}")
+        pytest.skip(f"no {request.param} here: {e}")
 
 
 @pytest.fixture(scope="session")
 def agent_image(engine: ContainerEngine) -> str:
-    """The example's image, built once per test session (its base once per machine)."""
-    build_image(ROOT / "examples/math_agent/Dockerfile", TEST_IMAGE, ROOT)
+    """The example's image, built once per test session and engine (its base once per
+    machine and engine)."""
+    build_image(ROOT / "examples/math_agent/Dockerfile", TEST_IMAGE, ROOT, engine=engine)
     return TEST_IMAGE
 
 
@@ -65,7 +67,7 @@ def _small_image(engine: ContainerEngine, tmp_path: Path, lines: str) -> str:
     containers.debian_base(engine)
     image = f"localhost/agentcore-rollout-test-{uuid.uuid4().hex[:8]}"
     (tmp_path / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\n{lines}\n")
-    build_image(tmp_path / "Dockerfile", image, tmp_path)
+    build_image(tmp_path / "Dockerfile", image, tmp_path, engine=engine)
     return image
 
 
@@ -80,18 +82,26 @@ def no_container_left(engine: ContainerEngine) -> Iterator[None]:
     assert _ours(engine) == []
 
 
-def _stack_config(image: str, **overrides: object) -> LocalConfig:
+def _stack_config(engine: ContainerEngine, image: str, **overrides: object) -> LocalConfig:
     name = f"c-{uuid.uuid4().hex[:10]}"
     return LocalConfig(
-        mode="container", image=image, policy_workers=1, bucket=name, queue=name, **overrides
+        mode="container",
+        container_engine=engine.name,
+        image=image,
+        policy_workers=1,
+        bucket=name,
+        queue=name,
+        **overrides,
     )
 
 
 @pytest.mark.containers
-async def test_a_batch_runs_one_container_per_session(agent_image, no_container_left, tmp_path):
+async def test_a_batch_runs_one_container_per_session(
+    engine, agent_image, no_container_left, tmp_path
+):
     """Four sessions at once, each the unmodified image binding 8080 in its own network
     namespace, reaching the gateway and S3/SQS on the host's loopback: each ends ok."""
-    config = _stack_config(agent_image, agent_log_dir=str(tmp_path))
+    config = _stack_config(engine, agent_image, agent_log_dir=str(tmp_path))
     async with LocalStack(config) as stack:
         engine_cfg = stack.engine_config(flat_config(max_live_sessions=8, rollout_timeout=60.0))
         async with RolloutEngine(engine_cfg) as engine:
@@ -110,7 +120,7 @@ async def test_a_container_killed_mid_rollout_ends_its_request(
     """The killed session's request ends by its deadline (`timeout`, no result); the others
     are untouched. The toy is paced at 2 s a token (its answers may end after one or two), so
     the rollout's first turn is running when its container, answering /ping, is killed."""
-    config = _stack_config(agent_image, token_delay=2.0)
+    config = _stack_config(engine, agent_image, token_delay=2.0)
     async with LocalStack(config) as stack:
         engine_cfg = stack.engine_config(flat_config(rollout_timeout=40.0, result_grace=1.0))
         requests = [
@@ -149,8 +159,12 @@ async def test_failures_are_named(engine, no_container_left, moto, channel, emul
     """An image that does not build, a container that exits at start, one that never answers
     /ping: each a one-line error, the start failures the request's `submit_failed`."""
     (tmp_path / "bad").mkdir()
-    with pytest.raises(ImageBuildError, match=r"did not build: .*exit status 3"):
+    containers.debian_base(engine)
+    before = engine.run("ps", "-aq").stdout.split()
+    # podman: "... exit status 3"; docker: "... returned a non-zero code: 3"
+    with pytest.raises(ImageBuildError, match=r"did not build: .*(exit status|code:) 3"):
         _small_image(engine, tmp_path / "bad", "RUN exit 3")
+    assert engine.run("ps", "-aq").stdout.split() == before  # its step's container removed
     exits = _small_image(engine, tmp_path, 'CMD ["python3", "-c", "raise SystemExit(\'boom\')"]')
     silent = _small_image(engine, tmp_path, 'CMD ["sleep", "600"]')
     try:
@@ -158,7 +172,12 @@ async def test_failures_are_named(engine, no_container_left, moto, channel, emul
             (exits, "agent failed to start: container exited with code 1: boom"),
             (silent, "agent failed to start: container not healthy within 3s (GET /ping)"),
         ]:
-            emu = await emulator(mode="container", image=image, agent_ready_timeout=3.0)
+            emu = await emulator(
+                mode="container",
+                container_engine=engine.name,
+                image=image,
+                agent_ready_timeout=3.0,
+            )
             async with RolloutEngine(engine_config(moto, channel, emu)) as rollouts:
                 (outcome,) = (
                     await rollouts.rollout([RolloutRequest({"a": 1}, input_id="a")])
@@ -180,6 +199,10 @@ def test_a_missing_runtime_says_what_to_install(monkeypatch, tmp_path):
         docker.chmod(0o755)
         with pytest.raises(ContainerRuntimeError, match="docker is present but not running"):
             container_engine()
+        with pytest.raises(ContainerRuntimeError, match=r"no container runtime \(podman\)"):
+            container_engine("podman")
+        with pytest.raises(ValueError, match="none of auto, podman, docker"):
+            container_engine("finch")
     finally:
         containers.container_engine.cache_clear()
 
@@ -195,6 +218,10 @@ def test_loopback_urls_point_at_the_host_as_a_container_sees_it():
     assert containers.container_url("http://127.0.0.1:5000/v1") == "http://10.0.2.2:5000/v1"
     assert containers.container_url("http://localhost:80") == "http://10.0.2.2:80"
     assert containers.container_url("https://s3.amazonaws.com") == "https://s3.amazonaws.com"
+    # Docker: the host at its network's gateway address, where the emulator relays these ports
+    assert containers.container_url("http://127.0.0.1:9/", "172.30.0.1") == "http://172.30.0.1:9/"
+    urls = ["http://127.0.0.1:5000/v1", "http://localhost:7000", "https://s3.amazonaws.com:443"]
+    assert containers.loopback_ports([*urls, "eu-west-1"]) == {5000, 7000}
 
 
 @pytest.mark.containers
@@ -213,4 +240,4 @@ def test_containers_of_an_emulator_that_died_are_removed_at_the_next_start(engin
         engine.remove_orphans()
         assert _ours(engine) == [ids[1][:12]]
     finally:
-        engine.run("rm", "-f", "-t", "0", *ids)
+        engine.remove(*ids)

@@ -126,8 +126,11 @@ def test_the_engine_reads_in_short_functions() -> None:
 # goes down: probes while it is in doubt, and their requests ending once it is declared down
 # rather than at their deadlines, and 1 to name the probes' session prefix for the tests that
 # record stops. A session taken over still running costs from its journaled start (8: the
-# journal's `started_at`, `resume`'s argument). Raise it only with a reason in the same commit.
-MAX_LINES = 17_794
+# journal's `started_at`, `resume`'s argument). Docker as a container engine (issue 24) added
+# about 225: the relay to the host's loopback (96), choosing and setting up the engine with its
+# bridge (60), removal and orphans either engine's way (15), a Dockerfile on the substitute base
+# (20), the emulator's relay and host URLs (30). Raise it only with a reason in the same commit.
+MAX_LINES = 18_017
 
 
 def test_the_package_did_not_grow() -> None:

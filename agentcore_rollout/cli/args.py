@@ -76,10 +76,12 @@ async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
 def local_build(config: Config) -> int:
     """`local build`: the agent's image (`local.image`) from `local.dockerfile`, for this
     machine, as `local.mode: container` runs it."""
-    from ..local.containers import build_image  # lazily: subprocesses only
+    from ..local.containers import build_image, container_engine  # lazily: subprocesses only
 
-    base = build_image(config.local.dockerfile, config.local.image)
-    print(f"built {config.local.image} from {config.local.dockerfile} on {base}", file=sys.stderr)
+    local = config.local
+    engine = container_engine(local.container_engine)
+    base = build_image(local.dockerfile, local.image, engine=engine)
+    print(f"built {local.image} from {local.dockerfile} on {base} ({engine.name})", file=sys.stderr)
     return 0
 
 

@@ -20,12 +20,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any, Protocol
 
 import aiohttp
 
-from .containers import LABEL, NETWORK, SESSION_LABEL, ContainerEngine, container_url
+from .containers import LABEL, SESSION_LABEL, ContainerEngine, container_url
 from .host import load_asgi_app
 
 PING_TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -201,15 +201,14 @@ class ContainerAgent(ProcessAgent):
         with socket.socket() as sock:  # free now, bound by podman's port forwarder next
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        given = {k: v for k, v in os.environ.items() if k in _AWS_NAMES or "ENDPOINT_URL" in k}
-        given = {k: container_url(v) for k, v in {**given, **env}.items() if k != "PYTHONPATH"}
+        given = {k: container_url(v, engine.host) for k, v in container_env(env).items()}
         name = f"agentcore-rollout-{uuid.uuid4().hex[:12]}"
         argv = engine.argv(
             # --init: an init as PID 1 passes SIGTERM on and reaps (a server as PID 1 may
             # not exit on it: 2 s to a SIGKILL per stop, measured)
             *("run", "--rm", "--init", "--sig-proxy=false", "--name", name),
             *("--label", f"{LABEL}={label}", "--label", f"{SESSION_LABEL}={session_id}"),
-            *("--network", NETWORK, "-p", f"127.0.0.1:{port}:8080"),
+            *("--network", engine.network, "-p", f"127.0.0.1:{port}:8080"),
             *(f"--env={k}" for k in sorted(given)),  # values from the client's environment
             image,
         )
@@ -240,8 +239,15 @@ class ContainerAgent(ProcessAgent):
     async def terminate(self) -> None:
         """Remove the container (SIGTERM, SIGKILL after 2 s), then end its client."""
         if self.alive():
-            await asyncio.to_thread(self.engine.run, "rm", "-f", "-t", "2", self.name)
+            await asyncio.to_thread(self.engine.remove, self.name, grace=2)
         await super().terminate()
+
+
+def container_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a session container is given, before its loopback URLs are rewritten: the AWS
+    names and endpoint URLs of this process's environment, then `env`."""
+    given = {k: v for k, v in os.environ.items() if k in _AWS_NAMES or "ENDPOINT_URL" in k}
+    return {k: v for k, v in {**given, **env}.items() if k != "PYTHONPATH"}
 
 
 class SharedApp:

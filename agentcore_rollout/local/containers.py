@@ -1,29 +1,36 @@
 """The machine's container runtime, and the agent's image built for it.
 
-- `container_engine()`: Podman (preferred) or Docker, whichever is present and works; a missing
-  runtime, a Docker client without its daemon or a Docker engine (not supported, see there)
-  raises `ContainerRuntimeError`, one line saying which and how to fix it.
+- `container_engine()`: Podman (preferred) or Docker, whichever is present and works (or the one
+  asked for); a missing runtime or a Docker client without its daemon raises
+  `ContainerRuntimeError`, one line saying which and how to fix it.
 - `build_image()`: the agent's image from its Dockerfile, for this machine's architecture.
   Where the Dockerfile's base image cannot be pulled (no registry reachable), `debian_base()`
   substitutes for it, and one line says so.
 - `debian_base()`: python3 and a venv (as `python`/`pip` on PATH, like the python images) from
   Debian's packages with mmdebstrap, imported once per machine as `BASE_IMAGE`.
 
-Podman runs with a containers.conf this module writes (`CONTAINERS_CONF`, never /etc): runc
-with no default ulimits and cgroupfs, since crun is refused here (`setrlimit RLIMIT_NOFILE`,
-then `cgroups in hybrid mode not supported`).
+Each session container has its own network namespace and reaches the stack's services, which
+bind the host's loopback only:
+- Podman (slirp4netns, `allow_host_loopback`) reaches the host's loopback at 10.0.2.2 itself.
+  It runs with a containers.conf this module writes (`CONTAINERS_CONF`, never /etc): runc with
+  no default ulimits and cgroupfs, since crun is refused here (`setrlimit RLIMIT_NOFILE`, then
+  `cgroups in hybrid mode not supported`).
+- Docker's containers join `DOCKER_NETWORK`, a bridge without traffic between its containers,
+  and reach the host at its gateway address, where the emulator relays the stack's ports to
+  loopback for that network's peers alone (`relay.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +43,9 @@ SESSION_LABEL = "agentcore-rollout.session"
 HOST_FROM_CONTAINER = "10.0.2.2"
 """The host's loopback as a session container sees it (slirp4netns, allow_host_loopback)."""
 NETWORK = "slirp4netns:allow_host_loopback=true"
-"""Each container its own network namespace, reaching only the host's loopback services."""
+"""Podman: each container its own network namespace, reaching the host's loopback services."""
+DOCKER_NETWORK = "agentcore-rollout"
+"""Docker: the bridge session containers join (no traffic between them, as between microVMs)."""
 _DEBIAN_PACKAGES = "python3-minimal,python3-venv,passwd,ca-certificates"
 _CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _CONF = """\
@@ -45,7 +54,8 @@ default_ulimits = []
 [engine]
 cgroup_manager = "cgroupfs"
 """
-_INSTALL = "apt-get install podman runc catatonit uidmap slirp4netns mmdebstrap"
+_INSTALL = "apt-get install podman runc catatonit uidmap slirp4netns mmdebstrap (or docker.io)"
+ENGINES = ("auto", "podman", "docker")
 
 
 class ContainerRuntimeError(RuntimeError):
@@ -58,11 +68,17 @@ class ImageBuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class ContainerEngine:
-    """A container CLI (`podman` or `docker`) and the environment it runs with."""
+    """A container CLI (`podman` or `docker`), the environment it runs with, and how its
+    session containers reach the host."""
 
     name: str
     path: str
     env: dict[str, str]
+    network: str = NETWORK
+    host: str = HOST_FROM_CONTAINER
+    """The host's address as a session container sees it."""
+    subnet: str | None = None
+    """Docker: `network`'s subnet, whose peers the emulator's relay serves (Podman: None)."""
 
     def argv(self, *args: str) -> list[str]:
         return [self.path, *args]
@@ -76,86 +92,127 @@ class ContainerEngine:
     def image_exists(self, image: str) -> bool:
         return self.run("image", "inspect", image).returncode == 0
 
+    def remove(self, *containers: str, grace: int = 0) -> None:
+        """Remove containers: SIGTERM, SIGKILL after `grace` seconds (0: at once)."""
+        if self.name == "podman":
+            self.run("rm", "-f", "-t", str(grace), *containers, timeout=30 + grace)
+            return
+        if grace:  # docker's rm has no grace period; its stop has, and `--rm` then removes
+            self.run("stop", "-t", str(grace), *containers, timeout=30 + grace)
+        self.run("rm", "-f", *containers, timeout=30)
+
     def remove_orphans(self) -> None:
         """Force-remove session containers whose emulator is gone (killed before its stop):
         the label's value begins with its emulator's pid."""
-        listed = self.run("ps", "-a", "--filter", f"label={LABEL}", "--format", "json")
-        orphans = [
-            c["Id"]
-            for c in json.loads(listed.stdout or "[]")
-            if not _alive(c.get("Labels", {}).get(LABEL, "").split("-")[0])
-        ]
-        if orphans:
-            self.run("rm", "-f", "-t", "0", *orphans)
+        if not (ids := self.run("ps", "-aq", "--filter", f"label={LABEL}").stdout.split()):
+            return
+        template = '{{.Id}} {{index .Config.Labels "' + LABEL + '"}}'
+        shown = self.run("inspect", "--format", template, *ids)  # some may be gone by now
+        labelled = (line.split(" ", 1) for line in shown.stdout.splitlines() if " " in line)
+        if orphans := [cid for cid, label in labelled if not _alive(label.split("-")[0])]:
+            self.remove(*orphans)
 
     def remove_containers(self, label_value: str) -> None:
         """Force-remove every container of one emulator (those whose start raced its stop)."""
         found = self.run("ps", "-aq", "--filter", f"label={LABEL}={label_value}")
         if ids := found.stdout.split():
-            self.run("rm", "-f", "-t", "0", *ids)
+            self.remove(*ids)
 
 
 @functools.cache
-def container_engine() -> ContainerEngine:
-    """The runtime sessions run in; raises `ContainerRuntimeError` (not cached) if none works."""
-    if podman := shutil.which("podman"):
+def container_engine(choice: str = "auto") -> ContainerEngine:
+    """The runtime sessions run in: `choice` (podman or docker), or with "auto" Podman where
+    present, else Docker. Raises `ContainerRuntimeError` (not cached) if it does not work."""
+    if choice not in ENGINES:
+        raise ValueError(f"container engine {choice!r} is none of {', '.join(ENGINES)}")
+    if choice != "docker" and (podman := shutil.which("podman")):
         conf = _cache_dir() / "containers.conf"
         runtime = '\nruntime = "runc"\n' if shutil.which("runc") else ""
         conf.write_text(_CONF + runtime)
         return ContainerEngine("podman", podman, {**os.environ, "CONTAINERS_CONF": str(conf)})
-    if docker := shutil.which("docker"):
-        info = subprocess.run([docker, "info"], capture_output=True, text=True, timeout=20)
-        if info.returncode != 0:
-            why = _last_line(info.stderr or info.stdout)
-            raise ContainerRuntimeError(
-                f"docker is present but not running ({why}): start its daemon, or {_INSTALL}"
-            )
+    if choice != "podman" and (docker := shutil.which("docker")):
+        return _docker(docker)
+    wanted = "podman or docker" if choice == "auto" else choice
+    raise ContainerRuntimeError(f"no container runtime ({wanted}) found: {_INSTALL}")
+
+
+def _docker(path: str) -> ContainerEngine:
+    """Docker, once its daemon answers, with `DOCKER_NETWORK` (made the first time)."""
+    engine = ContainerEngine("docker", path, dict(os.environ), network=DOCKER_NETWORK)
+    info = engine.run("info", "--format", "{{.ServerVersion}}", timeout=20)
+    if info.returncode != 0:
+        why = _last_line(info.stderr or info.stdout)
         raise ContainerRuntimeError(
-            "docker is running, but the container executor needs podman: a docker bridge "
-            "cannot reach the stack's loopback-only endpoints without exposing them; " + _INSTALL
+            f"docker is present but not running ({why}): start its daemon (dockerd), or {_INSTALL}"
         )
-    raise ContainerRuntimeError(f"no container runtime (podman or docker) found: {_INSTALL}")
+    template = "{{range .IPAM.Config}}{{.Gateway}} {{.Subnet}}{{end}}"
+    shown = engine.run("network", "inspect", DOCKER_NETWORK, "--format", template)
+    if shown.returncode != 0:  # made here; another process may be making it at once
+        icc = "com.docker.network.bridge.enable_icc=false"
+        engine.run("network", "create", "--driver", "bridge", "-o", icc, DOCKER_NETWORK)
+        shown = engine.run("network", "inspect", DOCKER_NETWORK, "--format", template)
+    gateway, _, subnet = shown.stdout.strip().partition(" ")
+    if shown.returncode != 0 or not subnet:
+        why = _last_line(shown.stderr or shown.stdout)
+        raise ContainerRuntimeError(f"docker network {DOCKER_NETWORK} is unusable: {why}")
+    return dataclasses.replace(engine, host=gateway, subnet=subnet)
 
 
-def container_url(url: str) -> str:
-    """A loopback URL of the host as a session container reaches it."""
-    return re.sub(r"//(127\.0\.0\.1|localhost)(?=[:/]|$)", f"//{HOST_FROM_CONTAINER}", url)
+def container_url(url: str, host: str = HOST_FROM_CONTAINER) -> str:
+    """A loopback URL of the host as a session container reaches it (at `host`)."""
+    return re.sub(r"//(127\.0\.0\.1|localhost)(?=[:/]|$)", f"//{host}", url)
 
 
-def build_image(dockerfile: str | Path, image: str = AGENT_IMAGE, context: str | Path = ".") -> str:
+def loopback_ports(urls: Iterable[str]) -> set[int]:
+    """The ports of the host's loopback services among `urls` (what a Docker relay serves)."""
+    found = (re.match(r"\w+://(?:127\.0\.0\.1|localhost):(\d+)", url) for url in urls)
+    return {int(m.group(1)) for m in found if m}
+
+
+def build_image(
+    dockerfile: str | Path,
+    image: str = AGENT_IMAGE,
+    context: str | Path = ".",
+    engine: ContainerEngine | None = None,
+) -> str:
     """Build `image` from `dockerfile` for this machine; returns the base image used."""
-    engine = container_engine()
-    base = _first_from(Path(dockerfile))
-    extra: list[str] = []
-    if engine.name == "podman" and not engine.image_exists(base):
-        pulled = engine.run("pull", "-q", base, timeout=300)
-        if pulled.returncode != 0:
-            why = _last_line(pulled.stderr).rsplit(": ", 1)[-1]
-            print(
-                f"{base} cannot be pulled ({why}): building on {BASE_IMAGE}, Debian's python3",
-                file=sys.stderr,
-            )
-            base = debian_base(engine)
-            extra = ["--from", base]
-    argv = engine.argv("build", *extra, "-f", str(dockerfile), "-t", image, str(context))
-    last = "no output"
-    with subprocess.Popen(
-        argv, env=engine.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as build:
-        assert build.stdout is not None
-        for line in build.stdout:  # the builder's progress, as it goes; its last line kept
-            sys.stderr.write(line)
-            last = line.strip() or last
+    engine = engine or container_engine()
+    dockerfile = Path(dockerfile)
+    base = _first_from(dockerfile)
+    with tempfile.TemporaryDirectory(prefix="agentcore-rollout-build-") as tmp:
+        if not engine.image_exists(base):
+            pulled = engine.run("pull", "-q", base, timeout=300)
+            if pulled.returncode != 0:
+                why = _last_line(pulled.stderr).rsplit(": ", 1)[-1]
+                print(
+                    f"{base} cannot be pulled ({why}): building on {BASE_IMAGE}, Debian's python3",
+                    file=sys.stderr,
+                )
+                base = debian_base(engine)
+                dockerfile = _on_base(dockerfile, base, Path(tmp))
+        # --force-rm: docker's builder otherwise keeps the container of a step that failed
+        argv = engine.argv("build", "--force-rm", "-f", str(dockerfile), "-t", image, str(context))
+        last = "no output"
+        with subprocess.Popen(
+            argv, env=engine.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as build:
+            assert build.stdout is not None
+            for line in build.stdout:  # the builder's progress, as it goes; its last line kept
+                sys.stderr.write(line)
+                last = line.strip() or last
     if build.returncode != 0:
         raise ImageBuildError(f"image {image} did not build: {last[:300]}")
     return base
 
 
-def ensure_image(dockerfile: str | Path, image: str = AGENT_IMAGE) -> None:
+def ensure_image(
+    dockerfile: str | Path, image: str = AGENT_IMAGE, engine: ContainerEngine | None = None
+) -> None:
     """Build `image` unless it exists (built once; `local build` rebuilds it)."""
-    if not container_engine().image_exists(image):
+    engine = engine or container_engine()
+    if not engine.image_exists(image):
         print(f"building {image} from {dockerfile} (once)", file=sys.stderr)
-        build_image(dockerfile, image)
+        build_image(dockerfile, image, engine=engine)
 
 
 def debian_base(engine: ContainerEngine | None = None) -> str:
@@ -199,6 +256,21 @@ def _first_from(dockerfile: Path) -> str:
         if words and words[0].upper() == "FROM":
             return next(w for w in words[1:] if not w.startswith("--"))
     raise ImageBuildError(f"{dockerfile} has no FROM line")
+
+
+def _on_base(dockerfile: Path, base: str, tmp: Path) -> Path:
+    """A copy of the Dockerfile (in `tmp`) whose first FROM names `base`, its `--platform=`
+    dropped too, since the substitute is built for this machine."""
+    lines = dockerfile.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        words = line.split()
+        if words and words[0].upper() == "FROM":
+            named = [w for w in words[1:] if not w.startswith("--")]
+            lines[i] = " ".join(["FROM", base, *named[1:]]) + "\n"  # keeps `AS stage`
+            break
+    copy = tmp / "Dockerfile"
+    copy.write_text("".join(lines))
+    return copy
 
 
 def _alive(pid: str) -> bool:

@@ -44,10 +44,18 @@ from .._agentcore import (
 from .._limits import Gauge
 from ..serving.http import Handler
 from ..serving.server import Server
-from .agents import Agent, ContainerAgent, InProcessAgent, ProcessAgent, SharedApp
-from .containers import ContainerEngine, container_engine
+from .agents import (
+    Agent,
+    ContainerAgent,
+    InProcessAgent,
+    ProcessAgent,
+    SharedApp,
+    container_env,
+)
+from .containers import ENGINES, ContainerEngine, container_engine, loopback_ports
 from .host import AppLoadError
 from .quotas import Quotas
+from .relay import LoopbackRelay
 from .wire import (
     CONTAINER_REQUEST_ID_HEADER,
     CUSTOM_HEADER_PREFIX,
@@ -91,6 +99,15 @@ class EmulatorConfig:
     mode: Literal["process", "in_process", "container"] = "process"
     image: str = field(default="", metadata={"help": "the agent's image (mode container)"})
     """The image each session runs as a container (mode `container`; `app` is unused)."""
+    container_engine: str = field(
+        default="auto", metadata={"help": "podman, docker or auto (mode container)"}
+    )
+    host_urls: tuple[str, ...] = field(
+        default=(), metadata={"flag": "--host-url", "help": "host services agents call"}
+    )
+    """Loopback services of the host that agents are told of in their invocations (the
+    gateway, the policy), besides the endpoint URLs of their environment: Docker's containers
+    reach them through the emulator's relay."""
     runtime_arns: tuple[str, ...] = field(
         default=(), metadata={"flag": "--runtime-arn", "help": "ARNs that exist"}
     )
@@ -126,6 +143,8 @@ class EmulatorConfig:
         if self.mode == "container":
             if not self.image or self.command:
                 raise ValueError("mode='container' needs an image and no command")
+            if self.container_engine not in ENGINES:
+                raise ValueError(f"container_engine is none of {', '.join(ENGINES)}")
             return
         if bool(self.app) == bool(self.command):
             raise ValueError("EmulatorConfig needs exactly one of app and command")
@@ -182,6 +201,7 @@ class RuntimeEmulator(Server):
         self._watchers: set[asyncio.Task[None]] = set()
         self._shared: SharedApp | None = None
         self._engine: ContainerEngine | None = None
+        self._loopback: LoopbackRelay | None = None  # docker's containers' way to the host
         self._label = f"{os.getpid()}-{id(self):x}"  # its containers', for the sweep at stop
 
     @property
@@ -205,12 +225,17 @@ class RuntimeEmulator(Server):
             self._shared = SharedApp(self.config.app)
             await asyncio.to_thread(self._shared.start)
         if self.config.mode == "container":  # fails at start, in one line, if none works
-            self._engine = await asyncio.to_thread(container_engine)
-            await asyncio.to_thread(self._engine.remove_orphans)  # an earlier emulator's
-            if not await asyncio.to_thread(self._engine.image_exists, self.config.image):
+            engine = await asyncio.to_thread(container_engine, self.config.container_engine)
+            self._engine = engine
+            await asyncio.to_thread(engine.remove_orphans)  # an earlier emulator's
+            if not await asyncio.to_thread(engine.image_exists, self.config.image):
                 raise RuntimeError(
                     f"image {self.config.image} not found: build it (agentcore-rollout local build)"
                 )
+            if engine.subnet is not None:
+                urls = [*container_env(self.config.env).values(), *self.config.host_urls]
+                self._loopback = LoopbackRelay(engine.host, engine.subnet, loopback_ports(urls))
+                await self._loopback.start()
         # No total timeout: the service's caps (sync_timeout, stream_timeout) are applied per
         # invocation; a connect that hangs is still bounded. No connection limit either: open
         # streams must not queue other sessions' invocations (only the quotas bound them).
@@ -232,6 +257,8 @@ class RuntimeEmulator(Server):
             await asyncio.to_thread(self._shared.stop)
         if self._engine is not None:  # any container whose start raced the stop
             await asyncio.to_thread(self._engine.remove_containers, self._label)
+        if self._loopback is not None:
+            await self._loopback.stop()
         if self._http is not None:
             await self._http.close()
 

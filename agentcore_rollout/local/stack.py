@@ -33,7 +33,7 @@ from typing import Any
 from ..config import ConfigError, EngineConfig, GatewayConfig, GatewayReplica, LocalConfig
 from ..contract import LLMSettings
 from ..serving.process import ServiceProcess
-from .containers import container_url, ensure_image
+from .containers import container_engine, container_url, ensure_image
 from .models import ready_model
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
 from .policy.server import MODEL_NAME as TOY_MODEL_NAME
@@ -58,6 +58,7 @@ class LocalStack:
         self._admin_token = secrets.token_urlsafe(24)
         self.channel: ResultsChannel | None = None
         self.emulator: ServiceProcess | None = None
+        self._container_host: str | None = None  # the host as session containers see it
 
     async def __aenter__(self) -> LocalStack:
         for name, value in LOCAL_CREDENTIALS.items():  # the engine's clients need some
@@ -65,19 +66,24 @@ class LocalStack:
         try:
             if self.config.policy != TOY:  # a known name may convert first (once, ~30 s)
                 self.model_dir = str(await asyncio.to_thread(_resolve, self.config.policy))
-            if self.config.mode == "container":  # built once, before anything starts
-                await asyncio.to_thread(ensure_image, self.config.dockerfile, self.config.image)
+            if self._containers:  # built once, before anything starts
+                engine = await asyncio.to_thread(container_engine, self.config.container_engine)
+                self._container_host = engine.host
+                cfg = self.config
+                await asyncio.to_thread(ensure_image, cfg.dockerfile, cfg.image, engine)
             self.workers = self._workers()
             await _together(
                 asyncio.to_thread(self.moto.start),
                 *(asyncio.to_thread(worker.start) for worker in self.workers),
             )
-            self.emulator = self._emulator()  # needs moto's URL, as the channel does
-            await _together(
-                self._start_policy_path(),
-                asyncio.to_thread(self._provision),
-                asyncio.to_thread(self.emulator.start),
-            )
+            # The emulator needs moto's URL (as the channel does), and with containers the
+            # policy path's too: Docker's containers reach those through its relay.
+            starts = [self._start_policy_path(), asyncio.to_thread(self._provision)]
+            if not self._containers:
+                starts.append(self._start_emulator())
+            await _together(*starts)
+            if self._containers:
+                await self._start_emulator()
         except BaseException:
             await self.__aexit__()
             raise
@@ -113,8 +119,15 @@ class LocalStack:
             for i in range(cfg.policy_workers)
         ]
 
+    async def _start_emulator(self) -> None:
+        self.emulator = self._emulator()
+        await asyncio.to_thread(self.emulator.start)
+
     def _emulator(self) -> ServiceProcess:
         cfg = self.config
+        containers = ["--image", cfg.image, "--container-engine", cfg.container_engine]
+        for url in [self.policy_url, *(gateway.url for gateway in self.gateways)]:
+            containers += ["--host-url", url]
         return ServiceProcess(
             "runtime emulator",
             "agentcore_rollout.local.runtime",
@@ -127,7 +140,7 @@ class LocalStack:
             *("--invoke-tps", str(cfg.invoke_tps)),
             *("--new-sessions-per-minute", str(cfg.new_sessions_per_minute)),
             *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
-            *(["--image", cfg.image] if cfg.mode == "container" else []),
+            *(containers if self._containers else []),
             env=self.agent_env(),  # agents inherit the emulator's environment
         )
 
@@ -179,6 +192,10 @@ class LocalStack:
         """Agents run in containers: they reach the host's loopback at another address."""
         return self.config.mode == "container"
 
+    def _container_url(self, url: str) -> str:
+        assert self._container_host is not None, "stack is not started"
+        return container_url(url, self._container_host)
+
     def agent_env(self) -> dict[str, str]:
         """What an agent process needs to reach the local S3 and SQS."""
         path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
@@ -224,7 +241,7 @@ class LocalStack:
             replicas = [
                 GatewayReplica(
                     url=gateway.url,
-                    public_url=container_url(gateway.url) if self._containers else None,
+                    public_url=self._container_url(gateway.url) if self._containers else None,
                 )
                 for gateway in self.gateways
             ]
@@ -241,7 +258,7 @@ class LocalStack:
         elif base.llm is None:
             model = Path(self.model_dir).name if self.model_dir else TOY_MODEL_NAME
             base_url = f"{self.policy_url}/v1"
-            base_url = container_url(base_url) if self._containers else base_url
+            base_url = self._container_url(base_url) if self._containers else base_url
             fill["llm"] = LLMSettings(base_url=base_url, model=model)
         return EngineConfig.model_validate(base.model_dump() | fill | overrides)
 

@@ -1,0 +1,96 @@
+"""The host's loopback services, relayed to the address Docker's containers reach the host at.
+
+A Docker bridge reaches the host at its gateway address, and the stack's services bind
+127.0.0.1 only. The emulator relays each port its containers are handed, from the gateway
+address to the same port on loopback, and serves that network's peers alone: a connection
+from any other address is closed unread. Nothing binds beyond the machine's container bridge.
+Two emulators of one user may relay the same port (SO_REUSEPORT): both lead to one service.
+(Podman's slirp4netns reaches the host's loopback itself and needs no relay.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Iterable
+
+_CHUNK = 1 << 16
+
+
+class LoopbackRelay:
+    """TCP from `address:port` to `127.0.0.1:port`, for each port, for peers in `subnet`."""
+
+    def __init__(self, address: str, subnet: str, ports: Iterable[int]) -> None:
+        self.address = address
+        self.ports = sorted(set(ports))
+        self._peers = ipaddress.ip_network(subnet)
+        self._servers: list[asyncio.Server] = []
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        try:
+            for port in self.ports:
+                self._servers.append(
+                    await asyncio.start_server(
+                        lambda r, w, port=port: self._relay(r, w, port),
+                        self.address,
+                        port,
+                        reuse_port=True,  # another emulator of this user may relay it too
+                    )
+                )
+        except OSError as e:
+            await self.stop()
+            raise RuntimeError(f"cannot relay loopback to {self.address}: {e}") from None
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self._pipes):
+            task.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+
+    async def _relay(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int
+    ) -> None:
+        peer = writer.get_extra_info("peername")
+        if not peer or ipaddress.ip_address(peer[0]) not in self._peers:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            writer.close()
+            return
+        ends = (writer, up_writer)
+        pipes = [
+            asyncio.ensure_future(_pipe(reader, up_writer, ends)),
+            asyncio.ensure_future(_pipe(up_reader, writer, ends)),
+        ]
+        self._pipes.update(pipes)
+        try:
+            await asyncio.gather(*pipes)
+        finally:
+            self._pipes.difference_update(pipes)
+            for end in ends:
+                end.close()
+
+
+async def _pipe(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    ends: tuple[asyncio.StreamWriter, ...],
+) -> None:
+    """Copy until EOF, then pass the EOF on (a half-close: the other way may still talk). A
+    reset closes both connections, so the other way's read ends too."""
+    try:
+        while data := await reader.read(_CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        for end in ends:
+            end.close()
