@@ -22,13 +22,19 @@ $(VENV)/.test: $(VENV)/.models
 	$(PIP) -e '.[dev,gateway,infra,verl,models,frameworks]'
 	touch $@
 
-CONTAINER_PACKAGES := podman runc catatonit uidmap slirp4netns mmdebstrap
+ENGINE ?= podman
+CONTAINER_PACKAGES_podman := podman runc catatonit uidmap slirp4netns mmdebstrap
+CONTAINER_PACKAGES_docker := docker.io mmdebstrap
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-containers: $(VENV)/.dev  ## podman & co. from Debian, then the agent's image (local.mode: container)
+# podman (ENGINE=docker: Debian's docker.io, its daemon started unless one answers) from Debian,
+# then the agent's image for it (local.mode: container)
+containers: $(VENV)/.dev  ## the container engine and the agent's image (ENGINE=podman|docker)
 	$(SUDO) apt-get update -qq
-	$(SUDO) apt-get install -y $(CONTAINER_PACKAGES)  # with recommends, as measured here
-	$(VENV)/bin/agentcore-rollout local build --config configs/local-containers.yaml
+	$(SUDO) apt-get install -y $(CONTAINER_PACKAGES_$(ENGINE))  # with recommends, as measured
+	$(if $(filter docker,$(ENGINE)),$(SUDO) sh .ci/dockerd.sh)
+	$(VENV)/bin/agentcore-rollout local build --config configs/local-containers.yaml \
+		local.container_engine=$(ENGINE)
 
 models: $(VENV)/.models  ## torch and SmolLM2's GGUF file, for `local.policy: smollm2-135m-instruct`
 
