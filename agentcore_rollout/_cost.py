@@ -7,8 +7,9 @@ engine let go of the session: the outcome's hand-off, after which the dispatcher
 stop a few milliseconds behind at `stop_rate`, not counted). A request whose session never
 started costs 0 s; one that may have started (an invocation cut off mid-call) counts from that
 invocation; timeouts, stale and cancelled requests count to their end, as their sessions ran
-until then. Tokens come from the gateway's trace; without one (no gateway, or a failure whose
-gateway session was dropped) they are unknown, None, and counted in `untraced`, not as 0.
+until then. Tokens come from the gateway's trace, or for a rollout without a result from the
+usage its gateway session reported as it was dropped; without either (no gateway, or one that
+did not answer) they are unknown, None, and counted in `untraced`, not as 0.
 """
 
 from __future__ import annotations

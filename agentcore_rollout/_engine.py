@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,6 +49,8 @@ from .contract import (
 log = logging.getLogger("agentcore_rollout.engine")
 
 _T = TypeVar("_T")
+_USAGE_WAIT = 2.0
+"""Seconds an outcome without a result waits for its dropped gateway session's tokens."""
 
 
 class RolloutHandle:
@@ -58,7 +60,7 @@ class RolloutHandle:
         self,
         task: asyncio.Task[RolloutOutcome],
         request: RolloutRequest,
-        end_unstarted: Callable[[], RolloutOutcome],
+        end_unstarted: Callable[[], Awaitable[RolloutOutcome]],
     ) -> None:
         self._task = task
         self._end_unstarted = end_unstarted
@@ -75,8 +77,8 @@ class RolloutHandle:
             if not self._task.cancelled():
                 raise  # whoever awaits us was cancelled, not the rollout
             # Cancelled before it ever ran: nothing was dispatched, nothing to stop.
-            if self._unstarted is None:
-                self._unstarted = self._end_unstarted()
+            if self._unstarted is None:  # no gateway session yet: ends without a wait
+                self._unstarted = await self._end_unstarted()
             return self._unstarted
 
     def done(self) -> bool:
@@ -431,14 +433,16 @@ class RolloutEngine:
             delivery = await self._deliver(job)
         except SubmitFailed as e:
             log.warning("submit_failed request_id=%s: %s", job.request.request_id, e)
-            return self._unresolved(job, Outcome.SUBMIT_FAILED, str(e))
+            ending = self._unresolved(job, Outcome.SUBMIT_FAILED, str(e))
         except asyncio.CancelledError:
-            return self._unresolved(job, *job.why_cancelled())
+            ending = self._unresolved(job, *job.why_cancelled())
         except Exception as e:  # a bug must end its request, not leave it hanging
             log.exception("request_id=%s failed inside the engine", job.request.request_id)
-            return self._unresolved(job, Outcome.SUBMIT_FAILED, f"engine error: {e!r}")
-        # Decided: a cancel from here on changes nothing, and the result gets its trace first.
-        return await _despite_cancel(self._decided(job, delivery))
+            ending = self._unresolved(job, Outcome.SUBMIT_FAILED, f"engine error: {e!r}")
+        else:
+            ending = self._decided(job, delivery)
+        # Decided: a cancel from here on changes nothing; the outcome waits for its tokens.
+        return await _despite_cancel(ending)
 
     async def _deliver(self, job: _Job) -> Delivery:
         """The buffer's delivery, once the request's session ran; resuming, what the earlier
@@ -493,9 +497,9 @@ class RolloutEngine:
         outcome, result, error = delivery.outcome, delivery.result, delivery.error
         if error is None and result is not None and result.error is not None:
             error = f"{result.error.type}: {result.error.message}"
-        trace = None
+        trace = usage = None
         if result is None:
-            self._drop_gateway_session(job)
+            usage = await self._dropped_usage(job)
         elif job.gateway_session_id is not None and job.gateway_url is not None:
             assert self._gateway is not None
             try:
@@ -509,30 +513,42 @@ class RolloutEngine:
                 elif outcome is Outcome.OK:
                     outcome, result, error = Outcome.INVALID_RESULT, None, f"trace lost: {e}"
         return job.outcome(
-            outcome, result=result, error=error, trace=trace, delivered_at=delivery.handed_off_at
+            outcome,
+            result=result,
+            error=error,
+            trace=trace,
+            usage=usage,
+            delivered_at=delivery.handed_off_at,
         )
 
-    def _unresolved(self, job: _Job, outcome: Outcome, error: str) -> RolloutOutcome:
+    async def _unresolved(self, job: _Job, outcome: Outcome, error: str) -> RolloutOutcome:
         """The outcome of a request that got no delivery: the buffer stops waiting for it."""
         self._buffer.cancel(job.request.request_id, error)
-        self._drop_gateway_session(job)
-        return job.outcome(outcome, error=error)
+        usage = await self._dropped_usage(job)
+        return job.outcome(outcome, error=error, usage=usage)
 
-    def _drop_gateway_session(self, job: _Job) -> None:
-        """Drop the request's gateway session behind its outcome, if it has one."""
+    async def _dropped_usage(self, job: _Job) -> dict[str, int] | None:
+        """Drop the request's gateway session, if it has one: its tokens so far, if the gateway
+        answers within `_USAGE_WAIT` s. The drop itself goes on regardless (awaited at close),
+        so a gateway that hangs delays an outcome by that much at most, its tokens unknown."""
         session_id, url = job.gateway_session_id, job.gateway_url
         if self._gateway is None or session_id is None or url is None:
-            return
+            return None
         task = asyncio.create_task(self._gateway_dropped(job.request.request_id, url, session_id))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+        done, _ = await asyncio.wait({task}, timeout=_USAGE_WAIT)
+        return task.result() if done else None
 
-    async def _gateway_dropped(self, request_id: str, url: str, session_id: str) -> None:
+    async def _gateway_dropped(
+        self, request_id: str, url: str, session_id: str
+    ) -> dict[str, int] | None:
         assert self._gateway is not None
         try:
-            await self._gateway.drop(url, session_id)
+            return await self._gateway.drop(url, session_id)
         except GatewayError as e:
             log.warning("gateway session of request_id=%s: %s", request_id, e)
+            return None
 
     async def _open_gateway_session(self, job: _Job) -> GatewaySession | None:
         """Open the rollout's session on the least-loaded replica that answers."""
@@ -635,8 +651,15 @@ class _Job:
         )
 
     def outcome(
-        self, outcome: Outcome, *, trace: dict[str, Any] | None = None, **ended: Any
+        self,
+        outcome: Outcome,
+        *,
+        trace: dict[str, Any] | None = None,
+        usage: dict[str, int] | None = None,
+        **ended: Any,
     ) -> RolloutOutcome:
+        """Its outcome, with its cost: tokens from its trace, else from the usage its dropped
+        gateway session reported."""
         finished = time.time()
         return RolloutOutcome(
             self.request,
@@ -650,7 +673,12 @@ class _Job:
             gateway_url=self.gateway_url,
             finished_at=finished,
             trace=trace,
-            cost=rollout_cost(self.prices, self.sandbox_since(), finished, trace),
+            cost=rollout_cost(
+                self.prices,
+                self.sandbox_since(),
+                finished,
+                trace if trace is not None or usage is None else {"usage": usage},
+            ),
             **ended,
         )
 

@@ -6,7 +6,7 @@
         # _rollout.llm = {"base_url": f"{gateway_url}/v1", "api_key": s.api_key, ...}
         ...dispatch, wait for the result...
         trace = await admin.finish_session(s.session_id)   # attach to the outcome
-        # or, when the request failed: await admin.drop_session(s.session_id)
+        # or, when the request failed: usage = await admin.drop_session(s.session_id)
 
 The trace returned by `finish_session` (JSON-serializable, version 1):
 
@@ -132,15 +132,16 @@ class GatewayAdmin:
         """Close the session and return its trace (shape in the module docstring)."""
         return await self._call("POST", f"/admin/sessions/{session_id}/finish")
 
-    async def drop_session(self, session_id: str) -> bool:
-        """Close the session without a trace; False if it was already gone (idempotent)."""
+    async def drop_session(self, session_id: str) -> dict[str, int] | None:
+        """Close the session without a trace: its tokens so far (a trace's `usage`); None if
+        it was already gone (idempotent), or from a gateway that predates the answer's usage."""
         try:
-            await self._call("DELETE", f"/admin/sessions/{session_id}")
+            answer = await self._call("DELETE", f"/admin/sessions/{session_id}")
         except GatewayError as exc:
             if exc.status == 404:
-                return False
+                return None
             raise
-        return True
+        return answer.get("usage")
 
     async def session_of(self, request_id: str) -> HeldSession | None:
         """The live session the gateway opened for `request_id` (None if it holds none): an

@@ -100,12 +100,12 @@ class GatewayReplicas:
                 self.mark_down(url, e)
             raise
 
-    async def drop(self, url: str, session_id: str) -> None:
-        """Close the session without its trace (gone already, or unreachable: nothing to do
-        but log; a replica that restarted holds nothing of it)."""
+    async def drop(self, url: str, session_id: str) -> dict[str, int] | None:
+        """Close the session without its trace: its tokens so far, None if gone already (a
+        replica that restarted holds nothing of it). Unreachable: marked down, raised."""
         self._open.get(url, set()).discard(session_id)
         try:
-            await self._admin(url).drop_session(session_id)
+            return await self._admin(url).drop_session(session_id)
         except GatewayError as e:
             if e.status == 0:
                 self.mark_down(url, e)

@@ -110,7 +110,8 @@ def _request(rid: str, hold: float) -> RolloutRequest:
 async def test_each_outcome_carries_what_its_session_and_tokens_cost_over_the_wire():
     """An agent that takes one policy turn and holds `hold` seconds: its session cost at least
     that and at most the time the test saw it run; a timeout and a cancel whose sessions
-    started cost their time too; the batch's metrics and summary.json hold the sums."""
+    started cost their time and tokens too; the batch's metrics and summary.json hold the
+    sums."""
     hold, timeout = 1.0, 1.0
     local = LocalConfig(
         app="tests.agents.held:app",
@@ -137,7 +138,7 @@ async def test_each_outcome_carries_what_its_session_and_tokens_cost_over_the_wi
 
             cancelled = engine.submit(_request("cancelled", 6.0), on_start=on_start)
             await asyncio.wait_for(started.wait(), 10)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(2.0)  # its one turn taken long since, then holding
             cancelled.cancel()
             timed_out, cancelled_outcome = await late, await cancelled
 
@@ -156,14 +157,19 @@ async def test_each_outcome_carries_what_its_session_and_tokens_cost_over_the_wi
         assert cost.sandbox_usd == pytest.approx(max(1, cost.sandbox_seconds) * AGENTCORE_PER_S)
         assert o.to_dict()["cost"] == cost.to_dict(counts=False)
     # Started, then failed: their sessions cost. The agent's watchdog wrote the timeout's
-    # result, so its trace (its turn's tokens) came with it; the cancel has none: unknown.
+    # result, so its trace (its turn's tokens) came with it; the cancel has none, and its
+    # tokens are what its gateway session reported as it was dropped: the same one turn.
     assert timed_out.outcome is Outcome.TIMEOUT and timed_out.trace is not None
     assert timeout <= timed_out.cost.sandbox_seconds <= timeout + 0.5 + 5.0
     assert timed_out.cost.prompt_tokens == timed_out.trace["usage"]["prompt_tokens"] > 0
     assert cancelled_outcome.outcome is Outcome.CANCELLED
-    assert 0.5 <= cancelled_outcome.cost.sandbox_seconds < 6.0
-    assert cancelled_outcome.cost.prompt_tokens is None and cancelled_outcome.cost.untraced == 1
-    assert cancelled_outcome.cost.usd == cancelled_outcome.cost.sandbox_usd > 0
+    dropped, one_turn = cancelled_outcome.cost, batch.outcomes[0].cost
+    assert cancelled_outcome.trace is None and dropped.untraced == 0
+    assert 2.0 <= dropped.sandbox_seconds < 6.0
+    assert (dropped.prompt_tokens, dropped.reused_prompt_tokens) == (one_turn.prompt_tokens, 0)
+    assert dropped.completion_tokens > 0
+    assert dropped.token_usd > 0
+    assert dropped.usd == pytest.approx(dropped.sandbox_usd + dropped.token_usd)
 
     metrics = batch.metrics()
     assert metrics["rollout/cost/sandbox_seconds"] == pytest.approx(
@@ -179,7 +185,7 @@ async def test_each_outcome_carries_what_its_session_and_tokens_cost_over_the_wi
         tally.add(o)
     summary = json.loads(RunSummary.of(tally, EngineStats(), 1.0, interrupted=False).to_json())
     everything = batch.cost + timed_out.cost + cancelled_outcome.cost
-    assert summary["cost"]["rollouts"] == 5 and summary["cost"]["untraced"] == 1
+    assert summary["cost"]["rollouts"] == 5 and summary["cost"]["untraced"] == 0
     assert summary["cost"]["sandbox_seconds"] == pytest.approx(everything.sandbox_seconds)
     assert summary["cost"]["prompt_tokens"] == everything.prompt_tokens > batch.cost.prompt_tokens
     assert summary["cost"]["usd"] == pytest.approx(everything.usd)

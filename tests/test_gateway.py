@@ -364,8 +364,9 @@ async def test_keys_isolate_sessions_and_placeholders_are_rejected(
     assert missing.value.status == 404
 
     c = await admin.create_session("req-c")
-    assert await admin.drop_session(c.session_id) is True
-    assert await admin.drop_session(c.session_id) is False
+    no_turns = {"prompt_tokens": 0, "completion_tokens": 0, "reused_prompt_tokens": 0}
+    assert await admin.drop_session(c.session_id) == no_turns  # what it spent: nothing
+    assert await admin.drop_session(c.session_id) is None  # gone
     assert (await status_of(c.api_key))[0] == 401
     for key in (a.api_key, b.api_key, c.api_key):
         assert key not in caplog.text

@@ -120,7 +120,7 @@ async def test_a_new_engine_reclaims_written_and_running_sessions_with_their_tra
                 assert await second.reclaim(_request("untouched", 0.0), step=0) is None
                 outcomes = await asyncio.gather(*handles)
             assert await admin.session_of("req-untouched") is None  # dropped
-            assert await admin.drop_session(untouched.session_id) is False
+            assert await admin.drop_session(untouched.session_id) is None
         sampled = await _samples(stack)
 
     assert [o.outcome for o in outcomes] == ["ok"] * 4, [o.error for o in outcomes]

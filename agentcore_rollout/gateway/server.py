@@ -28,7 +28,8 @@ route's 404 names the routes served):
                                           -> 201 {"session_id", "api_key", "model"}
   POST   /admin/sessions/{id}/finish      -> 200 trace (see client.GatewayAdmin.finish_session);
                                           the session is closed, its key stops working
-  DELETE /admin/sessions/{id}             -> 200 {"session_id", "dropped": true}; no trace
+  DELETE /admin/sessions/{id}             -> 200 {"session_id", "dropped": true, "usage"}; no
+                                             trace, its tokens only (what a failure spent)
   GET    /admin/requests/{request_id}     -> 200 {"session_id", "turns"}: the live session
                                           opened for that request (404 if none), for an
                                           engine that restarted to find an earlier's trace
@@ -460,7 +461,7 @@ class Gateway(Server):
     async def _drop(self, request: web.Request) -> web.StreamResponse:
         self._check_admin(request)
         session = self._remove(request, "dropped")
-        return _json({"session_id": session.id, "dropped": True})
+        return _json({"session_id": session.id, "dropped": True, "usage": session.usage()})
 
     async def _session_of(self, request: web.Request) -> web.StreamResponse:
         self._check_admin(request)

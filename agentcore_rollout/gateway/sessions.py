@@ -89,6 +89,15 @@ class Session:
         if turn is not None and not self.closed:
             self.trajectory.add(turn)
 
+    def usage(self) -> dict[str, int]:
+        """Tokens over the recorded turns: a trace's, and what a dropped session spent."""
+        turns = self.trajectory.turns
+        return {
+            "prompt_tokens": sum(t.prompt_tokens or 0 for t in turns),
+            "completion_tokens": sum(t.completion_tokens or 0 for t in turns),
+            "reused_prompt_tokens": sum(t.reused_prompt_tokens for t in turns),
+        }
+
     def trace(self, *, token_capture: bool, backend: str, model: str) -> dict[str, Any]:
         """The JSON-serializable trace (see `client.GatewayAdmin.finish_session`)."""
         data = self.trajectory.to_json()
@@ -104,11 +113,7 @@ class Session:
             "finished": time.time(),
             "num_turns": len(turns),
             "num_samples": len(data["samples"]),
-            "usage": {
-                "prompt_tokens": sum(t.prompt_tokens or 0 for t in turns),
-                "completion_tokens": sum(t.completion_tokens or 0 for t in turns),
-                "reused_prompt_tokens": sum(t.reused_prompt_tokens for t in turns),
-            },
+            "usage": self.usage(),
             "limits": {
                 "max_turns": self.max_turns,
                 "max_context": self.max_context,
