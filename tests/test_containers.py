@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,6 +224,32 @@ def test_loopback_urls_point_at_the_host_as_a_container_sees_it():
     assert containers.container_url("http://127.0.0.1:9/", "172.30.0.1") == "http://172.30.0.1:9/"
     urls = ["http://127.0.0.1:5000/v1", "http://localhost:7000", "https://s3.amazonaws.com:443"]
     assert containers.loopback_ports([*urls, "eu-west-1"]) == {5000, 7000}
+
+
+@pytest.mark.containers
+def test_session_containers_cannot_reach_each_other(engine):
+    """As microVMs cannot: Docker's bridge carries no traffic between its containers, while
+    the host (the emulator) reaches each. (Podman gives each its own slirp4netns network.)"""
+    if engine.name != "docker":
+        pytest.skip("podman: each container has its own network, no address of another's")
+    containers.debian_base(engine)
+    on_network = ("--rm", "--network", engine.network, "--label", f"{LABEL}={os.getpid()}-icc")
+    serve = ("python3", "-m", "http.server", "8080")
+    server = engine.run("run", "-d", *on_network, BASE_IMAGE, *serve).stdout.strip()
+    try:
+        template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        address = engine.run("inspect", "--format", template, server).stdout.strip()
+        give_up = time.monotonic() + 30
+        while True:  # until it listens, as the host sees it
+            with contextlib.suppress(OSError), socket.create_connection((address, 8080), 1):
+                break
+            assert time.monotonic() < give_up, f"the host never reached {address}:8080"
+            time.sleep(0.1)
+        probe = f"import socket; socket.create_connection(({address!r}, 8080), timeout=3)"
+        other = engine.run("run", *on_network, BASE_IMAGE, "python3", "-c", probe)
+        assert other.returncode == 1 and "timed out" in other.stderr, other
+    finally:
+        engine.remove(server)
 
 
 @pytest.mark.containers
