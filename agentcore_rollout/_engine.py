@@ -548,7 +548,9 @@ class RolloutEngine:
             return await self._gateway.drop(url, session_id)
         except GatewayError as e:
             log.warning("gateway session of request_id=%s: %s", request_id, e)
-            return None
+        except Exception:  # a cleanup's bug must not fail the request's outcome
+            log.exception("dropping the gateway session of request_id=%s", request_id)
+        return None
 
     async def _open_gateway_session(self, job: _Job) -> GatewaySession | None:
         """Open the rollout's session on the least-loaded replica that answers."""

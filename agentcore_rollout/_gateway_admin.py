@@ -141,7 +141,9 @@ class GatewayAdmin:
             if exc.status == 404:
                 return None
             raise
-        return answer.get("usage")
+        usage = answer.get("usage")
+        counts = isinstance(usage, dict) and all(type(n) is int for n in usage.values())
+        return usage if counts else None
 
     async def session_of(self, request_id: str) -> HeldSession | None:
         """The live session the gateway opened for `request_id` (None if it holds none): an

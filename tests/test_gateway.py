@@ -505,3 +505,33 @@ async def test_models_and_health(char_gateway: Gateway, admin: GatewayAdmin) -> 
             "backend": "sglang",
             "token_capture": True,
         }
+
+
+@pytest.mark.parametrize(
+    ("usage", "taken"),
+    [
+        ({"prompt_tokens": 12, "completion_tokens": 3}, True),
+        ({"prompt_tokens": "12"}, False),  # not counts: unknown, never a cost computed from it
+        (None, False),  # a gateway that predates the usage in its answer
+    ],
+)
+async def test_a_dropped_sessions_usage_is_taken_only_as_counts(usage, taken):
+    """What a dropped session spent counts only as whole numbers; else its tokens are unknown."""
+    from aiohttp import web
+
+    async def drop(request: web.Request) -> web.Response:
+        answer = {"session_id": request.match_info["sid"], "dropped": True}
+        return web.json_response(answer | ({"usage": usage} if usage is not None else {}))
+
+    app = web.Application()
+    app.router.add_delete("/admin/sessions/{sid}", drop)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with GatewayAdmin(f"http://127.0.0.1:{port}", "t") as admin:
+            assert await admin.drop_session("s1") == (usage if taken else None)
+    finally:
+        await runner.cleanup()
