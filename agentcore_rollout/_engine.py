@@ -51,6 +51,7 @@ log = logging.getLogger("agentcore_rollout.engine")
 _T = TypeVar("_T")
 _USAGE_WAIT = 2.0
 """Seconds an outcome without a result waits for its dropped gateway session's tokens."""
+_TOKEN_COUNTS = ("prompt_tokens", "completion_tokens", "reused_prompt_tokens")
 
 
 class RolloutHandle:
@@ -530,10 +531,13 @@ class RolloutEngine:
     async def _dropped_usage(self, job: _Job) -> dict[str, int] | None:
         """Drop the request's gateway session, if it has one: its tokens so far, if the gateway
         answers within `_USAGE_WAIT` s. The drop itself goes on regardless (awaited at close),
-        so a gateway that hangs delays an outcome by that much at most, its tokens unknown."""
+        so a gateway that hangs delays an outcome by that much at most, its tokens unknown.
+        A request of this engine that never opened one spent none."""
         session_id, url = job.gateway_session_id, job.gateway_url
-        if self._gateway is None or session_id is None or url is None:
+        if self._gateway is None:
             return None
+        if session_id is None or url is None:
+            return None if job.resumed is not None else dict.fromkeys(_TOKEN_COUNTS, 0)
         task = asyncio.create_task(self._gateway_dropped(job.request.request_id, url, session_id))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)

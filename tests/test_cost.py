@@ -136,11 +136,14 @@ async def test_each_outcome_carries_what_its_session_and_tokens_cost_over_the_wi
             def on_start(_: RolloutStart) -> None:
                 started.set()
 
+            unstarted = engine.submit(_request("unstarted", 6.0))
+            unstarted.cancel()  # before its task ran: no session, no gateway session
             cancelled = engine.submit(_request("cancelled", 6.0), on_start=on_start)
             await asyncio.wait_for(started.wait(), 10)
             await asyncio.sleep(2.0)  # its one turn taken long since, then holding
             cancelled.cancel()
             timed_out, cancelled_outcome = await late, await cancelled
+            never = (await unstarted).cost
 
     assert [o.outcome for o in batch.outcomes] == [Outcome.OK] * 3
     for o in batch.outcomes:
@@ -169,6 +172,8 @@ async def test_each_outcome_carries_what_its_session_and_tokens_cost_over_the_wi
     assert (dropped.prompt_tokens, dropped.reused_prompt_tokens) == (one_turn.prompt_tokens, 0)
     assert dropped.completion_tokens > 0
     assert dropped.token_usd > 0
+    # Cancelled before it started: no sandbox second, and known to have spent no token.
+    assert (never.sandbox_seconds, never.prompt_tokens, never.untraced) == (0.0, 0, 0)
     assert dropped.usd == pytest.approx(dropped.sandbox_usd + dropped.token_usd)
 
     metrics = batch.metrics()

@@ -131,9 +131,9 @@ def test_the_engine_reads_in_short_functions() -> None:
 # bridge (60), removal and orphans either engine's way (15), a Dockerfile on the substitute base
 # (20), the emulator's relay and host URLs (30). A failed rollout's tokens, from the usage its
 # dropped gateway session reports (40: the outcome waits for the drop, up to 2 s, and the
-# gateway answers with the session's usage, taken only as counts). Raise it only with a reason
-# in the same commit.
-MAX_LINES = 18_057
+# gateway answers with the session's usage, taken only as counts), and none for one that never
+# opened a gateway session (4). Raise it only with a reason in the same commit.
+MAX_LINES = 18_061
 
 
 def test_the_package_did_not_grow() -> None:
