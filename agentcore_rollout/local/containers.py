@@ -56,6 +56,7 @@ cgroup_manager = "cgroupfs"
 """
 _INSTALL = "apt-get install podman runc catatonit uidmap slirp4netns mmdebstrap (or docker.io)"
 ENGINES = ("auto", "podman", "docker")
+_LOOPBACK = r"(?:127\.0\.0\.1|localhost)"
 
 
 class ContainerRuntimeError(RuntimeError):
@@ -160,12 +161,12 @@ def _docker(path: str) -> ContainerEngine:
 
 def container_url(url: str, host: str = HOST_FROM_CONTAINER) -> str:
     """A loopback URL of the host as a session container reaches it (at `host`)."""
-    return re.sub(r"//(127\.0\.0\.1|localhost)(?=[:/]|$)", f"//{host}", url)
+    return re.sub(rf"//{_LOOPBACK}(?=[:/]|$)", f"//{host}", url)
 
 
 def loopback_ports(urls: Iterable[str]) -> set[int]:
     """The ports of the host's loopback services among `urls` (what a Docker relay serves)."""
-    found = (re.match(r"\w+://(?:127\.0\.0\.1|localhost):(\d+)", url) for url in urls)
+    found = (re.match(rf"\w+://{_LOOPBACK}:(\d+)", url) for url in urls)
     return {int(m.group(1)) for m in found if m}
 
 
@@ -177,8 +178,8 @@ def build_image(
 ) -> str:
     """Build `image` from `dockerfile` for this machine; returns the base image used."""
     engine = engine or container_engine()
-    dockerfile = Path(dockerfile)
-    base = _first_from(dockerfile)
+    lines = Path(dockerfile).read_text().splitlines(keepends=True)
+    base = _first_from(lines, dockerfile)[1][0]
     with tempfile.TemporaryDirectory(prefix="agentcore-rollout-build-") as tmp:
         if not engine.image_exists(base):
             pulled = engine.run("pull", "-q", base, timeout=300)
@@ -189,7 +190,7 @@ def build_image(
                     file=sys.stderr,
                 )
                 base = debian_base(engine)
-                dockerfile = _on_base(dockerfile, base, Path(tmp))
+                dockerfile = _on_base(lines, base, Path(tmp))
         # --force-rm: docker's builder otherwise keeps the container of a step that failed
         argv = engine.argv("build", "--force-rm", "-f", str(dockerfile), "-t", image, str(context))
         last = "no output"
@@ -249,27 +250,24 @@ def debian_base(engine: ContainerEngine | None = None) -> str:
     return BASE_IMAGE
 
 
-def _first_from(dockerfile: Path) -> str:
-    """The image the Dockerfile's first FROM names (its `--platform=` dropped)."""
-    for line in dockerfile.read_text().splitlines():
-        words = line.split()
-        if words and words[0].upper() == "FROM":
-            return next(w for w in words[1:] if not w.startswith("--"))
-    raise ImageBuildError(f"{dockerfile} has no FROM line")
-
-
-def _on_base(dockerfile: Path, base: str, tmp: Path) -> Path:
-    """A copy of the Dockerfile (in `tmp`) whose first FROM names `base`, its `--platform=`
-    dropped too, since the substitute is built for this machine."""
-    lines = dockerfile.read_text().splitlines(keepends=True)
+def _first_from(lines: list[str], name: object = "the Dockerfile") -> tuple[int, list[str]]:
+    """The Dockerfile's first FROM: its line's index, and what it names (image, `AS stage`),
+    its `--platform=` dropped."""
     for i, line in enumerate(lines):
         words = line.split()
         if words and words[0].upper() == "FROM":
-            named = [w for w in words[1:] if not w.startswith("--")]
-            lines[i] = " ".join(["FROM", base, *named[1:]]) + "\n"  # keeps `AS stage`
-            break
+            return i, [w for w in words[1:] if not w.startswith("--")]
+    raise ImageBuildError(f"{name} has no FROM line")
+
+
+def _on_base(lines: list[str], base: str, tmp: Path) -> Path:
+    """A copy of the Dockerfile (in `tmp`) whose first FROM names `base`, its `--platform=`
+    dropped too, since the substitute is built for this machine."""
+    i, named = _first_from(lines)
     copy = tmp / "Dockerfile"
-    copy.write_text("".join(lines))
+    copy.write_text(
+        "".join([*lines[:i], " ".join(["FROM", base, *named[1:]]) + "\n", *lines[i + 1 :]])
+    )
     return copy
 
 
