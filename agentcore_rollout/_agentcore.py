@@ -1,19 +1,22 @@
 """`SandboxRuntime` over the AgentCore Runtime data plane: InvokeAgentRuntime in a new session,
-StopRuntimeSession, and the mapping of AgentCore's error types onto retry decisions."""
+StopRuntimeSession (each one signed HTTP request, as botocore's service model describes it),
+and the mapping of AgentCore's error types onto retry decisions."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from urllib.parse import quote
 
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-)
+import aiohttp
+from botocore.exceptions import BotoCoreError, NoCredentialsError
 
 from ._sandbox import SessionCallError
+
+if TYPE_CHECKING:
+    from ._aws import SignedClient
 
 # AgentCore Runtime's published defaults and quotas: the one definition, for the config, the
 # emulator, the CLI's deploy and the infra parameters. Check your account's own.
@@ -51,18 +54,28 @@ _AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {
 
 # Refusals that start nothing: the service answered before creating a session.
 _REFUSED = {400, 402, 403, 404, 429}
+SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
+_JSON = "application/json"
 
 
-def classify_client_error(e: ClientError) -> SessionCallError:
-    err = e.response.get("Error", {})
-    code = err.get("Code", "Unknown")
-    status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+def _refusal(status: int, headers: Mapping[str, str], body: bytes) -> SessionCallError:
+    """An error answer, read as botocore's rest-json parser reads it: the code from
+    `x-amzn-ErrorType` (or the body's `__type` / `code`), the message from the body."""
+    try:
+        reply = json.loads(body) if body else {}
+    except (ValueError, UnicodeDecodeError):
+        reply = None
+    if not isinstance(reply, dict):
+        reply = {"message": body[:200].decode(errors="replace")}
+    code = headers.get("x-amzn-ErrorType", "").split(":")[0]
+    code = code or str(reply.get("__type") or reply.get("code") or "").split("#")[-1]
+    code = code or f"HTTP{status}"
     retryable, throttled = _AGENTCORE_ERRORS.get(
         code, (status >= 500 or status == 429, status == 429)
     )
     return SessionCallError(
         code,
-        err.get("Message", str(e)),
+        str(reply.get("message") or reply.get("Message") or f"HTTP {status}"),
         retryable=retryable,
         throttled=throttled,
         outage=status >= 500,
@@ -70,51 +83,64 @@ def classify_client_error(e: ClientError) -> SessionCallError:
     )
 
 
-def _transport_error(e: Exception) -> SessionCallError:
-    """No answer: unreachable (nothing was sent, nothing started) or cut off mid-call."""
-    unreachable = isinstance(e, EndpointConnectionError | ConnectTimeoutError)
+def _transport_error(e: Exception, url: str) -> SessionCallError:
+    """No answer: unreachable (nothing was sent, nothing started) or cut off mid-call. Named
+    as botocore names them, so logs and outcomes read the same as with its clients."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        code, unreachable = "EndpointConnectionError", True
+        e = OSError(f"Could not connect to the endpoint URL: {url}: {e.os_error}")
+    elif isinstance(e, aiohttp.ConnectionTimeoutError):
+        code, unreachable = "ConnectTimeoutError", True
+    elif isinstance(e, TimeoutError):
+        code, unreachable = "ReadTimeoutError", False
+    else:
+        code, unreachable = "ConnectionClosedError", False
     return SessionCallError(
-        type(e).__name__, str(e), retryable=True, outage=True, maybe_started=not unreachable
+        code, str(e) or type(e).__name__, retryable=True, outage=True, maybe_started=not unreachable
     )
 
 
 class AgentCoreRuntime:
-    """`SandboxRuntime` over the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession)."""
+    """`SandboxRuntime` over the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession),
+    through a `SignedClient` (`AwsClients.agentcore_in`)."""
 
-    def __init__(self, client: Any, runtime_arn: str, qualifier: str = "DEFAULT") -> None:
+    def __init__(self, client: SignedClient, runtime_arn: str, qualifier: str = "DEFAULT") -> None:
         self._client = client
-        self._arn = runtime_arn
-        self._qualifier = qualifier
+        runtime = f"/runtimes/{quote(runtime_arn, safe='')}"
+        query = f"?qualifier={quote(qualifier, safe='')}"
+        self._invocations = f"{runtime}/invocations{query}"
+        self._stop = f"{runtime}/stopruntimesession{query}"
 
     async def invoke(self, session_id: str, payload: bytes) -> None:
-        try:
-            resp = await self._client.invoke_agent_runtime(
-                agentRuntimeArn=self._arn,
-                qualifier=self._qualifier,
-                runtimeSessionId=session_id,
-                payload=payload,
-                contentType="application/json",
-                accept="application/json",
-            )
-            async with resp["response"] as stream:
-                body = await stream.read()
-        except ClientError as e:
-            raise classify_client_error(e) from None
-        except (BotoCoreError, OSError, TimeoutError) as e:
-            raise _transport_error(e) from None
+        headers = {"Content-Type": _JSON, "Accept": _JSON, SESSION_HEADER: session_id}
+        body = await self._call("InvokeAgentRuntime", self._invocations, payload, headers)
         _check_accepted(body)
 
     async def stop(self, session_id: str) -> None:
+        # clientToken: the idempotency token botocore would generate
+        token = json.dumps({"clientToken": str(uuid.uuid4())}).encode()
+        headers = {"Content-Type": _JSON, SESSION_HEADER: session_id}
         try:
-            await self._client.stop_runtime_session(
-                agentRuntimeArn=self._arn, qualifier=self._qualifier, runtimeSessionId=session_id
-            )
-        except ClientError as e:
-            err = classify_client_error(e)
+            await self._call("StopRuntimeSession", self._stop, token, headers)
+        except SessionCallError as err:
             if err.code != "ResourceNotFoundException":
-                raise err from None
-        except (BotoCoreError, OSError, TimeoutError) as e:
-            raise _transport_error(e) from None
+                raise
+
+    async def _call(self, operation: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+        try:
+            status, reply_headers, reply = await self._client.post(operation, path, body, headers)
+        except BotoCoreError as e:  # credentials: nothing was sent
+            raise SessionCallError(
+                type(e).__name__,
+                str(e),
+                retryable=not isinstance(e, NoCredentialsError),
+                maybe_started=False,
+            ) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise _transport_error(e, self._client.endpoint_url + path) from None
+        if status >= 300:
+            raise _refusal(status, reply_headers, reply)
+        return reply
 
 
 def _check_accepted(body: bytes) -> None:

@@ -1,7 +1,7 @@
 """The two calls the dispatcher needs from a sandbox platform: start an invocation in a new
 session, and stop a session.
 
-AgentCore Runtime implements them with aiobotocore (`_agentcore`). Another platform (Modal,
+AgentCore Runtime implements them as signed HTTP requests (`_agentcore`). Another platform (Modal,
 OpenYuanrong, a Kubernetes job runner) implements the same `SandboxRuntime` protocol and
 classifies its failures into `SessionCallError`s, and the dispatcher works unchanged:
 `RolloutEngine(config, runtime=MyRuntime())`.

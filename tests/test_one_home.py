@@ -132,8 +132,12 @@ def test_the_engine_reads_in_short_functions() -> None:
 # (20), the emulator's relay and host URLs (30). A failed rollout's tokens, from the usage its
 # dropped gateway session reports (40: the outcome waits for the drop, up to 2 s, and the
 # gateway answers with the session's usage, taken only as counts), and none for one that never
-# opened a gateway session (4). Raise it only with a reason in the same commit.
-MAX_LINES = 18_061
+# opened a gateway session (4). AgentCore's two calls as signed HTTP requests rather than
+# through botocore's call pipeline (issue 23, item 3: ~1 ms of engine CPU per rollout) added
+# about 110: `SignedClient` and its aiohttp session (70), and the calls' paths, headers,
+# answers and transport errors as botocore has them (40). Raise it only with a reason in the
+# same commit.
+MAX_LINES = 18_172
 
 
 def test_the_package_did_not_grow() -> None:
