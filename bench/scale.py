@@ -204,6 +204,7 @@ async def engine_child(spec: dict[str, Any]) -> None:
                     "starting": s.starts_in_flight,
                     "stops": s.stops,
                     "messages": s.messages,
+                    "results": s.inline_results + s.downloads,  # two messages each, inline
                     "returned": returned,
                     "rss": status_mb("self", "VmRSS"),
                 }
@@ -356,6 +357,7 @@ class _Sampler:
                 row["engine_live"] = self.engine.get("live", 0)
                 row["returned"] = self.engine.get("returned", 0)
                 row["messages"] = self.engine.get("messages", 0)
+                row["results"] = self.engine.get("results", 0)
                 row["runtime_live"] = self.runtime.get("live", 0)
                 row["written"] = self.runtime.get("written", 0)
                 self.rows.append(row)
@@ -577,7 +579,7 @@ def _figures(
         # the same figure as `handoff_s` (both are read from `finished_at`), kept for reports
         "write_to_finished_at_s": _rounded(done["handoff_s"]),
         "s3_put_ms_at_writer": runtime.get("put_ms"),
-        "sqs_backlog_peak": max((r["written"] - r["messages"] for r in sampler.rows), default=0),
+        "sqs_backlog_peak": max((r["written"] - r["results"] for r in sampler.rows), default=0),
         "cpu_share_results_phase": shares | {"other_processes": others},
         "cpu_ms_per_result": per_result,
         "capacity_results_per_s": {
@@ -610,8 +612,8 @@ def _by_backlog(rows: list[dict[str, Any]], began: float) -> dict[str, float]:
     for prev, row in itertools.pairwise(rows):
         if row["t"] < began or "moto_cpu" not in prev or "moto_cpu" not in row:
             continue
-        received = row["messages"] - prev["messages"]
-        backlog = (row["written"] - row["messages"] + prev["written"] - prev["messages"]) / 2
+        received = row["results"] - prev["results"]
+        backlog = (row["written"] - row["results"] + prev["written"] - prev["results"]) / 2
         if received <= 0:
             continue
         edge = next(e for e in edges if backlog < e)
@@ -627,13 +629,13 @@ def _by_progress(rows: list[dict[str, Any]], began: float, n: int) -> dict[str, 
     cost grows with what has accumulated (objects in S3, deleted receipts, heap)."""
     rows = [r for r in rows if r["t"] >= began and "moto_cpu" in r and "engine_cpu" in r]
     out: dict[str, Any] = {"results": [], "engine": [], "moto": [], "runtime": []}
-    marks = [next((r for r in rows if r["messages"] >= n * k / 10), None) for k in range(11)]
+    marks = [next((r for r in rows if r["results"] >= n * k / 10), None) for k in range(11)]
     marks[0] = rows[0] if rows else None
     for a, b in itertools.pairwise(marks):
-        if a is None or b is None or b["messages"] <= a["messages"]:
+        if a is None or b is None or b["results"] <= a["results"]:
             continue
-        got = b["messages"] - a["messages"]
-        out["results"].append(b["messages"])
+        got = b["results"] - a["results"]
+        out["results"].append(b["results"])
         for p in ("engine", "moto", "runtime"):
             out[p].append(round((b[f"{p}_cpu"] - a[f"{p}_cpu"]) * 1000 / got, 2))
     return out
