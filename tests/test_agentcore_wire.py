@@ -237,3 +237,12 @@ async def test_the_emulators_refusals_and_an_unreachable_endpoint(emulator) -> N
     err = caught.value
     assert err.code == "EndpointConnectionError" and closed in str(err)
     assert err.retryable and err.outage and not err.maybe_started
+
+
+async def test_without_an_endpoint_the_calls_go_to_aws_regional_data_plane() -> None:
+    cfg = _config("unused").model_copy(update={"region": "us-west-2"})
+    cfg.endpoints.agentcore = None
+    async with AwsClients(cfg) as clients:
+        assert clients.agentcore.endpoint_url == "https://bedrock-agentcore.us-west-2.amazonaws.com"
+        other = await clients.agentcore_in("eu-central-1", None)
+        assert other.endpoint_url == "https://bedrock-agentcore.eu-central-1.amazonaws.com"
