@@ -36,8 +36,8 @@ class SignedClient:
     signer and the session's credentials (refreshed as they expire), sent with aiohttp.
 
     Why: the engine makes two AgentCore calls per rollout, and botocore's call pipeline
-    (parameter validation, a dozen event hooks, an endpoint ruleset, header objects built on
-    `email`, the response parser) costs about 1 ms of CPU per call; this costs 0.3-0.4 ms.
+    (parameter validation, a dozen event hooks, an endpoint ruleset, `email` header objects,
+    the response parser) costs 1.1 ms of CPU a call; this, 0.5 (`bench/agentcore_calls.py`).
     What must stay botocore's does: credentials, the signature, and the endpoint (resolved
     once, by a botocore client). The caller builds the path and reads the answer; there are
     no retries here, as the dispatcher owns AgentCore's.
