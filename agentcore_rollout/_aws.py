@@ -133,15 +133,16 @@ class AwsClients:
         key = (region, endpoint)
         if key not in self._agentcore:
             assert self._http is not None  # entered
-            # botocore resolves AWS's endpoint for the region; its client is not called
-            resolver = await self._client(
-                "bedrock-agentcore", endpoint, AioConfig(user_agent=_USER_AGENT), region=region
-            )
+            # botocore resolves AWS's endpoint for the region; its client is never called
+            async with self._session.create_client(
+                "bedrock-agentcore", region_name=region, endpoint_url=endpoint
+            ) as resolver:
+                meta = resolver.meta
             self._agentcore[key] = SignedClient(
                 self._http,
-                resolver.meta.service_model.signing_name,
+                meta.service_model.signing_name,
                 region,
-                resolver.meta.endpoint_url,
+                meta.endpoint_url,
                 self._credentials,
                 self.api_calls,
             )
