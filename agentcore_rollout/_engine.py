@@ -51,7 +51,6 @@ log = logging.getLogger("agentcore_rollout.engine")
 _T = TypeVar("_T")
 _USAGE_WAIT = 2.0
 """Seconds an outcome without a result waits for its dropped gateway session's tokens."""
-_TOKEN_COUNTS = ("prompt_tokens", "completion_tokens", "reused_prompt_tokens")
 
 
 class RolloutHandle:
@@ -537,7 +536,7 @@ class RolloutEngine:
         if self._gateway is None:
             return None
         if session_id is None or url is None:
-            return None if job.resumed is not None else dict.fromkeys(_TOKEN_COUNTS, 0)
+            return None if job.resumed is not None else {}  # a usage of no tokens
         task = asyncio.create_task(self._gateway_dropped(job.request.request_id, url, session_id))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
