@@ -506,9 +506,6 @@ class RequestDispatcher:
     def _wake(self) -> None:
         """Grant waiters, lowest step first, as long as an endpoint can start one; then wake
         again when the next start token is due."""
-        loop = asyncio.get_running_loop()
-        if self._timer is not None and self._timer.when() <= loop.time():
-            self._timer = None
         for line in (self._pinned, self._waiters):
             held: list[_Waiter] = []
             while line:
@@ -528,7 +525,13 @@ class RequestDispatcher:
             for waiter in held:
                 heapq.heappush(line, waiter)
         if self._waiters or self._pinned:
-            self._wake_at_next_token(loop)
+            self._wake_at_next_token(asyncio.get_running_loop())
+
+    def _on_timer(self) -> None:
+        # Not `when() <= loop.time()`: uvloop fires a timer up to a millisecond before its
+        # when() by its own clock, and a fired timer taken for a pending one is never renewed.
+        self._timer = None
+        self._wake()
 
     def _wake_at_next_token(self, loop: asyncio.AbstractEventLoop) -> None:
         """Endpoints with room wait only for their token: wake when the first one is due (a
@@ -544,7 +547,7 @@ class RequestDispatcher:
         if self._timer is None or when < self._timer.when():
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = loop.call_at(when, self._wake)
+            self._timer = loop.call_at(when, self._on_timer)
 
     def _outage_changed(self) -> None:
         """An endpoint was declared down or answers again: all down, waiters fail; back, they

@@ -262,3 +262,37 @@ async def test_ordered_slots_serve_lowest_priority_first_and_skip_cancelled_wait
     assert not slots.locked()
     await slots.acquire()
     assert slots.locked()
+
+
+class _EarlyTimer:
+    """A timer that fires 2 ms before the time its `when()` reports, as uvloop's may (its
+    clock is libuv's, cached per loop turn, in whole milliseconds)."""
+
+    def __init__(self, call_at, when: float, callback, *args) -> None:
+        self._when = when
+        self._handle = call_at(when - 0.002, callback, *args)
+
+    def when(self) -> float:
+        return self._when
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+async def test_a_timer_that_fires_early_still_wakes_the_waiters(monkeypatch):
+    """Under uvloop (Ray's loop for async actors when it is installed, as vLLM and SGLang
+    install it), the dispatcher once took its fired timer for a pending one and stalled."""
+    runtime = FakeRuntime()
+    d = RequestDispatcher(runtime, _cfg(start_rate=200.0))  # a token every 5 ms: timed waits
+    loop = asyncio.get_running_loop()
+    call_at = loop.call_at
+
+    def early_for_the_dispatcher(when, callback, *args, **kw):
+        if getattr(callback, "__self__", None) is d:
+            return _EarlyTimer(call_at, when, callback, *args)
+        return call_at(when, callback, *args, **kw)
+
+    monkeypatch.setattr(loop, "call_at", early_for_the_dispatcher)
+    starts = asyncio.gather(*(_start(d, f"s{i:040d}") for i in range(40)))
+    await asyncio.wait_for(starts, timeout=10.0)
+    assert len(runtime.invoked) == 40
