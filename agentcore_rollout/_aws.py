@@ -17,12 +17,12 @@ import aiohttp
 import botocore
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
 from botocore.exceptions import NoCredentialsError
 from botocore.httpsession import get_cert_path
 from yarl import URL
 
+from ._sigv4 import SigV4
+from ._sqs import QueueClient
 from .config import EngineConfig
 
 _USER_AGENT = f"agentcore-rollout botocore/{botocore.__version__}"
@@ -32,15 +32,14 @@ _CONNECT_TIMEOUT_S, _READ_TIMEOUT_S = 10, 120
 
 
 class SignedClient:
-    """One AWS service's REST API called directly: each request signed with botocore's SigV4
-    signer and the session's credentials (refreshed as they expire), sent with aiohttp.
+    """One AWS service's API called directly: each request signed (SigV4, as botocore signs
+    it) with the session's credentials (refreshed as they expire), sent with aiohttp.
 
-    Why: the engine makes two AgentCore calls per rollout, and botocore's call pipeline
-    (parameter validation, a dozen event hooks, an endpoint ruleset, `email` header objects,
-    the response parser) costs 1.1 ms of CPU a call; this, 0.5 (`bench/agentcore_calls.py`).
-    What must stay botocore's does: credentials, the signature, and the endpoint (resolved
-    once, by a botocore client). The caller builds the path and reads the answer; there are
-    no retries here, as the dispatcher owns AgentCore's.
+    Why: the engine makes two AgentCore calls and half an SQS call per rollout, and botocore's
+    call pipeline (parameter validation, a dozen event hooks, an endpoint ruleset, `email`
+    header objects, the response parser) costs 1.1 ms of CPU a call; this, 0.3
+    (`bench/calls.py`). What stays botocore's: the credentials and the endpoint
+    (resolved once, by a botocore client). The caller builds the path and reads the answer.
     """
 
     def __init__(
@@ -55,10 +54,10 @@ class SignedClient:
         self.endpoint_url = endpoint_url.rstrip("/")
         self._http = http
         self._service = service
-        self._region = region
         self._credentials = credentials
         self._calls = calls
         self._proxy = _proxy_for(self.endpoint_url)
+        self._signer = SigV4(service, region, self.endpoint_url)
 
     async def post(
         self, operation: str, path: str, body: bytes, headers: Mapping[str, str]
@@ -68,28 +67,27 @@ class SignedClient:
         Raises botocore's errors for credentials (nothing sent), aiohttp's for transport."""
         if self._credentials is None:
             raise NoCredentialsError()
-        url = self.endpoint_url + path
-        request = AWSRequest("POST", url, data=body, headers=dict(headers))
         frozen = await self._credentials.get_frozen_credentials()
-        SigV4Auth(frozen, self._service, self._region).add_auth(request)
+        signed = self._signer.sign(frozen, "POST", path, headers, body)
         self._calls[f"{self._service}:{operation}"] += 1
         # encoded=True: sent byte for byte as signed (yarl would otherwise unquote the path)
         async with self._http.post(
-            URL(url, encoded=True),
+            URL(self.endpoint_url + path, encoded=True),
             data=body,
-            headers=dict(request.headers.items()),
+            headers=signed,
             proxy=self._proxy,
         ) as response:
             return response.status, response.headers, await response.read()
 
 
 class AwsClients:
-    """Async context manager holding `s3` and `sqs` (aiobotocore) and `agentcore` (a
-    `SignedClient` for the data plane of the engine's region and endpoint).
+    """Async context manager holding `s3` and `sqs` (aiobotocore, for everything but the
+    per-rollout calls), `queue` (a `QueueClient`: SQS's calls on the results path, signed) and
+    `agentcore` (a `SignedClient` for the data plane of the engine's region and endpoint).
 
-    S3 and SQS keep botocore's standard retries (transient 5xx, SlowDown). AgentCore calls
-    make one attempt each: the dispatcher owns retries there, because it must slow the start
-    rate down on throttling rather than just wait.
+    S3 and SQS keep botocore's standard retries (transient 5xx, SlowDown; `queue` the same in
+    small). AgentCore calls make one attempt each: the dispatcher owns retries there, because
+    it must slow the start rate down on throttling rather than just wait.
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -98,6 +96,7 @@ class AwsClients:
         self.api_calls: Counter[str] = Counter()
         self.s3: Any = None
         self.sqs: Any = None
+        self.queue: QueueClient | None = None
         self.agentcore: SignedClient | None = None
         self._agentcore: dict[tuple[str, str | None], SignedClient] = {}
         self._session: Any = None
@@ -118,6 +117,17 @@ class AwsClients:
             self.sqs = await self._client("sqs", cfg.endpoints.sqs, standard)
             self._credentials = await session.get_credentials()
             self._http = await self._stack.enter_async_context(_http_session(cfg))
+            meta = self.sqs.meta
+            self.queue = QueueClient(
+                SignedClient(
+                    self._http,
+                    meta.service_model.signing_name,
+                    meta.region_name,
+                    meta.endpoint_url,
+                    self._credentials,
+                    self.api_calls,
+                )
+            )
             self.agentcore = await self.agentcore_in(cfg.region, cfg.endpoints.agentcore)
         except BaseException:
             await self._stack.aclose()

@@ -129,7 +129,7 @@ class RolloutEngine:
             await self._clients.__aexit__(None, None, None)
             raise
         self._dispatcher = RequestDispatcher(endpoints, self.config)
-        self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
+        self._buffer = RolloutBuffer(self._clients.s3, self._clients.queue, self.config)
         self._buffer.advance(self._step)
         if self.config.gateway is not None:
             self._gateway = GatewayReplicas(  # a dead replica is tried again at this cadence

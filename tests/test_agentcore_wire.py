@@ -7,48 +7,25 @@ refusals."""
 
 from __future__ import annotations
 
-import hmac
 import json
-import re
 import socket
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiobotocore.session import get_session
 from aiohttp import web
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
-from multidict import CIMultiDict
 
 from agentcore_rollout._agentcore import SESSION_HEADER, AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
 from agentcore_rollout._sandbox import SessionCallError
-from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 
 from .conftest import REGION, RUNTIME_ARN
 from .factories import flat_config
+from .wire_support import AUTH, Received, Reply, recording_server, signature_holds
 
 SESSION = "s" * 40
 PAYLOAD = json.dumps({"prompt": "why is the sky blue?", "_rollout": {"k": "v:/?&="}}).encode()
-_AUTH = re.compile(
-    r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<date>\d{8})/(?P<region>[^/]+)/"
-    r"(?P<service>[^/]+)/aws4_request, SignedHeaders=(?P<signed>[^,]+), "
-    r"Signature=(?P<signature>[0-9a-f]{64})"
-)
-
-
-@dataclass
-class Received:
-    method: str
-    raw_path: str
-    headers: CIMultiDict[str]  # as received: any case
-    body: bytes
-
-
-Reply = Callable[[Received], web.Response]
 
 
 def _accepted(req: Received) -> web.Response:
@@ -59,25 +36,8 @@ def _accepted(req: Received) -> web.Response:
 @pytest.fixture
 async def recorder() -> AsyncIterator[tuple[str, list[Received], list[Reply]]]:
     """(url, what it received, the replies to give: `_accepted` when none is queued)."""
-    received: list[Received] = []
-    replies: list[Reply] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        got = Received(
-            request.method, request.raw_path, request.headers.copy(), await request.read()
-        )
-        received.append(got)
-        return (replies.pop(0) if replies else _accepted)(got)
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", received, replies
-    await runner.cleanup()
+    async with recording_server(_accepted) as recording:
+        yield recording
 
 
 def _config(agentcore_url: str) -> Any:
@@ -122,25 +82,6 @@ async def _our_calls(url: str) -> dict[str, int]:
         return dict(clients.api_calls)
 
 
-def _signature_holds(
-    req: Received, secret: str = LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
-) -> bool:
-    """Recompute the signature from the request as it arrived, as the service does."""
-    m = _AUTH.fullmatch(req.headers["Authorization"])
-    assert m is not None, req.headers["Authorization"]
-    headers = {name: req.headers[name] for name in m["signed"].split(";")}
-    request = AWSRequest(
-        req.method, f"http://{req.headers['Host']}{req.raw_path}", data=req.body, headers=headers
-    )
-    request.context["timestamp"] = req.headers["X-Amz-Date"]
-    token = LOCAL_CREDENTIALS["AWS_SESSION_TOKEN"]
-    signer = SigV4Auth(Credentials(m["key"], secret, token), m["service"], m["region"])
-    expected = signer.signature(
-        signer.string_to_sign(request, signer.canonical_request(request)), request
-    )
-    return hmac.compare_digest(expected, m["signature"])
-
-
 async def test_the_engine_sends_what_botocore_sends_signed_as_it_signs(recorder) -> None:
     url, received, _ = recorder
     await _botocore_calls(url)
@@ -156,12 +97,12 @@ async def test_the_engine_sends_what_botocore_sends_signed_as_it_signs(recorder)
         assert {h: ours.headers.get(h) for h in modelled} == {
             h: theirs.headers.get(h) for h in modelled
         }
-        assert _AUTH.fullmatch(ours.headers["Authorization"])["region"] == REGION  # type: ignore[index]
+        assert AUTH.fullmatch(ours.headers["Authorization"])["region"] == REGION  # type: ignore[index]
         # The signature holds for what arrived, botocore's as ours, and only for that.
-        assert _signature_holds(theirs) and _signature_holds(ours)
-        assert not _signature_holds(ours, secret="not-the-secret")
+        assert signature_holds(theirs) and signature_holds(ours)
+        assert not signature_holds(ours, secret="not-the-secret")
         tampered = Received(ours.method, ours.raw_path, ours.headers, ours.body + b" ")
-        assert not _signature_holds(tampered)
+        assert not signature_holds(tampered)
     assert our_invoke.raw_path.startswith("/runtimes/arn%3Aaws%3Abedrock-agentcore%3A")
     assert our_invoke.body == botocore_invoke.body == PAYLOAD
     # StopRuntimeSession's body is its idempotency token, a fresh one per call, as botocore's.

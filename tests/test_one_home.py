@@ -39,7 +39,12 @@ def _hits(pattern: str, *, allowed: set[str], paths: list[Path] = SOURCES) -> li
             r"(?i)(idle|lifetime).*\b(900|28_?800|8 \* 3600)\b",
             "agentcore_rollout/_agentcore.py",
         ),
-        ("the signing-key derivation", r"hmac\.new\(", "agentcore_rollout/contract.py"),
+        # results' signing keys; AWS's SigV4 chain is the other use of HMAC, in `_sigv4`
+        (
+            "the signing-key derivation",
+            r"hmac\.new\(",
+            "agentcore_rollout/contract.py agentcore_rollout/_sigv4.py",
+        ),
         ("the random run secret", r"token_hex\(", "agentcore_rollout/contract.py"),
         (
             "the result prefix's normal form",
@@ -55,7 +60,8 @@ def _hits(pattern: str, *, allowed: set[str], paths: list[Path] = SOURCES) -> li
 )
 def test_one_definition(what: str, pattern: str, home: str) -> None:
     extra = [ROOT / "infra" / "cdk" / "parameters.py"] if "AgentCore" in what else []
-    assert _hits(pattern, allowed={home}, paths=SOURCES + extra) == [], f"{what} outside {home}"
+    homes = set(home.split())
+    assert _hits(pattern, allowed=homes, paths=SOURCES + extra) == [], f"{what} outside {home}"
 
 
 def test_one_name_for_the_deadline() -> None:
@@ -135,9 +141,12 @@ def test_the_engine_reads_in_short_functions() -> None:
 # opened a gateway session (4). AgentCore's two calls as signed HTTP requests rather than
 # through botocore's call pipeline (issue 23, item 3: ~1 ms of engine CPU per rollout) added
 # about 110: `SignedClient` and its aiohttp session (70), and the calls' paths, headers,
-# answers and transport errors as botocore has them (40). Raise it only with a reason in the
-# same commit.
-MAX_LINES = 18_172
+# answers and transport errors as botocore has them (40). The engine's own SigV4 signer and
+# SQS's three results-path calls signed (issue 23, item 3: botocore's signer was a quarter of
+# each signed call, and SQS's calls through botocore the largest share of the engine's CPU)
+# added about 220: `_sigv4.py` (110) and `_sqs.py` (100), and their client in `AwsClients`
+# (10). Raise it only with a reason in the same commit.
+MAX_LINES = 18_393
 
 
 def test_the_package_did_not_grow() -> None:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agentcore_rollout import Outcome, RolloutBatch, RolloutEngine, RolloutRequest
+from agentcore_rollout._sqs import QueueClient
 from agentcore_rollout.contract import listing_prefix, result_key
 
 from .conftest import engine_config
@@ -34,7 +35,6 @@ async def _run(cfg: Any, tag: str, n: int, work: float) -> tuple[RolloutBatch, l
         engine._clients.s3.meta.events.register(
             "before-parameter-build.s3.GetObject", lambda params, **_: asked.append(params["Key"])
         )
-        engine._clients.sqs.meta.events.register("after-call.sqs.ReceiveMessage", _received)
         batch = await engine.rollout(requests)
     assert [o.outcome for o in batch.outcomes] == [Outcome.OK] * n
     return batch, asked
@@ -43,13 +43,19 @@ async def _run(cfg: Any, tag: str, n: int, work: float) -> tuple[RolloutBatch, l
 RECEIVED: Counter[tuple[str, str]] = Counter()  # (kind, message id) -> receipts in this run
 
 
-def _received(parsed: dict[str, Any], **_: Any) -> None:
-    for m in parsed.get("Messages", []):
+async def _receive_recorded(queue: QueueClient, **params: Any) -> dict[str, Any]:
+    """`QueueClient.receive_message`, counting what each receive brought."""
+    answer = await _RECEIVE(queue, **params)
+    for m in answer.get("Messages", []):
         body = m["Body"]
         kind = next(
             (k for k in ("elsewhere", "another-exp", "not a notification") if k in body), "ours"
         )
         RECEIVED[kind, m["MessageId"]] += 1
+    return answer
+
+
+_RECEIVE = QueueClient.receive_message
 
 
 def _notify_elsewhere_too(moto: Any, channel: Any) -> None:
@@ -90,7 +96,10 @@ def _on_queue(sqs: Any, url: str) -> int:
     return sum(int(attrs[n]) for n in names)
 
 
-async def test_foreign_and_malformed_notifications_cost_a_run_little(moto, channel, emulator):
+async def test_foreign_and_malformed_notifications_cost_a_run_little(
+    moto, channel, emulator, monkeypatch
+):
+    monkeypatch.setattr(QueueClient, "receive_message", _receive_recorded)
     emu = await emulator()
     cfg = engine_config(moto, channel, emu)
     _notify_elsewhere_too(moto, channel)  # S3's test event for it goes with the first run
