@@ -54,7 +54,7 @@ lint: $(VENV)/.dev
 bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 	$(PY) bench/dispatch.py
 	$(PY) bench/gateway.py
-	$(PY) bench/agentcore_calls.py
+	$(PY) bench/calls.py
 	$(PY) bench/scale.py
 	$(PY) bench/memory.py
 	$(PY) bench/run_memory.py
