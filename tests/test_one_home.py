@@ -145,8 +145,10 @@ def test_the_engine_reads_in_short_functions() -> None:
 # SQS's three results-path calls signed (issue 23, item 3: botocore's signer was a quarter of
 # each signed call, and SQS's calls through botocore the largest share of the engine's CPU)
 # added about 220: `_sigv4.py` (110) and `_sqs.py` (100), and their client in `AwsClients`
-# (10). Raise it only with a reason in the same commit.
-MAX_LINES = 18_393
+# (10). moto served by waitress, connections kept alive as AWS keeps them (10), and the agent's
+# `ResultWriter` keeping its clients per event loop, since kept-alive connections belong to one
+# (13). Raise it only with a reason in the same commit.
+MAX_LINES = 18_416
 
 
 def test_the_package_did_not_grow() -> None:

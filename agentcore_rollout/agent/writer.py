@@ -47,9 +47,18 @@ class ResultWriter:
     def __init__(self, attempts: int = 5) -> None:
         self._attempts = attempts
         self._clients: dict[str, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
 
+    def _in_this_loop(self) -> None:
+        """Clients keep connections alive in the event loop they were made in; made in another
+        one (an app served again in a new loop, as tests do), they are left to it."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._clients, self._lock = loop, {}, asyncio.Lock()
+
     async def _client(self, service: str) -> Any:
+        self._in_this_loop()
         async with self._lock:
             if service not in self._clients:
                 config = AioConfig(retries={"mode": "standard", "max_attempts": self._attempts})
@@ -58,6 +67,7 @@ class ResultWriter:
             return self._clients[service]
 
     async def close(self) -> None:
+        self._in_this_loop()
         for client in self._clients.values():
             await client.__aexit__(None, None, None)
         self._clients.clear()
