@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from aiobotocore.session import get_session
@@ -21,8 +20,7 @@ from agentcore_rollout._aws import AwsClients
 from agentcore_rollout._sandbox import SessionCallError
 
 from .conftest import REGION, RUNTIME_ARN
-from .factories import flat_config
-from .wire_support import AUTH, Received, Reply, recording_server, signature_holds
+from .wire_support import AUTH, Received, Reply, engine_at, recording_server, signature_holds
 
 SESSION = "s" * 40
 PAYLOAD = json.dumps({"prompt": "why is the sky blue?", "_rollout": {"k": "v:/?&="}}).encode()
@@ -38,21 +36,6 @@ async def recorder() -> AsyncIterator[tuple[str, list[Received], list[Reply]]]:
     """(url, what it received, the replies to give: `_accepted` when none is queued)."""
     async with recording_server(_accepted) as recording:
         yield recording
-
-
-def _config(agentcore_url: str) -> Any:
-    return flat_config(
-        exp_id="exp1",
-        region=REGION,
-        bucket="results",
-        queue_url="http://127.0.0.1:9/q",
-        runtime_arn=RUNTIME_ARN,
-        endpoints={
-            "s3": "http://127.0.0.1:9",
-            "sqs": "http://127.0.0.1:9",
-            "agentcore": agentcore_url,
-        },
-    )
 
 
 async def _botocore_calls(url: str) -> None:
@@ -75,7 +58,7 @@ async def _botocore_calls(url: str) -> None:
 
 
 async def _our_calls(url: str) -> dict[str, int]:
-    async with AwsClients(_config(url)) as clients:
+    async with AwsClients(engine_at(agentcore=url)) as clients:
         runtime = AgentCoreRuntime(clients.agentcore, RUNTIME_ARN)
         await runtime.invoke(SESSION, PAYLOAD)
         await runtime.stop(SESSION)
@@ -147,7 +130,7 @@ async def test_an_answer_is_read_as_botocore_reads_it(
 ) -> None:
     url, _, replies = recorder
     replies.append(reply)
-    async with AwsClients(_config(url)) as clients:
+    async with AwsClients(engine_at(agentcore=url)) as clients:
         with pytest.raises(SessionCallError) as caught:
             await AgentCoreRuntime(clients.agentcore, RUNTIME_ARN).invoke(SESSION, PAYLOAD)
     err = caught.value
@@ -161,7 +144,7 @@ async def test_an_answer_is_read_as_botocore_reads_it(
 
 async def test_the_emulators_refusals_and_an_unreachable_endpoint(emulator) -> None:
     emu = await emulator()
-    async with AwsClients(_config(emu.url)) as clients:
+    async with AwsClients(engine_at(agentcore=emu.url)) as clients:
         known = AgentCoreRuntime(clients.agentcore, RUNTIME_ARN)
         await known.stop(SESSION)  # a session that does not exist: not an error
         unknown = AgentCoreRuntime(clients.agentcore, RUNTIME_ARN.replace("abc123", "zzz999"))
@@ -172,7 +155,7 @@ async def test_the_emulators_refusals_and_an_unreachable_endpoint(emulator) -> N
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening
-        async with AwsClients(_config(closed)) as clients:
+        async with AwsClients(engine_at(agentcore=closed)) as clients:
             with pytest.raises(SessionCallError) as caught:
                 await AgentCoreRuntime(clients.agentcore, RUNTIME_ARN).invoke(SESSION, PAYLOAD)
     err = caught.value
@@ -181,7 +164,7 @@ async def test_the_emulators_refusals_and_an_unreachable_endpoint(emulator) -> N
 
 
 async def test_without_an_endpoint_the_calls_go_to_aws_regional_data_plane() -> None:
-    cfg = _config("unused").model_copy(update={"region": "us-west-2"})
+    cfg = engine_at(agentcore="unused").model_copy(update={"region": "us-west-2"})
     cfg.endpoints.agentcore = None
     async with AwsClients(cfg) as clients:
         assert clients.agentcore.endpoint_url == "https://bedrock-agentcore.us-west-2.amazonaws.com"

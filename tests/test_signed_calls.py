@@ -25,8 +25,7 @@ from agentcore_rollout._sigv4 import SigV4
 from agentcore_rollout._sqs import QueueClient
 
 from .conftest import REGION, RUNTIME_ARN
-from .factories import flat_config
-from .wire_support import AUTH, Received, Reply, recording_server, signature_holds
+from .wire_support import AUTH, Received, Reply, engine_at, recording_server, signature_holds
 
 NOW = datetime(2026, 11, 26, 23, 59, 59)
 QUEUE = "http://127.0.0.1:9/000000000000/results"
@@ -104,17 +103,6 @@ async def sqs_recorder() -> AsyncIterator[tuple[str, list[Received], list[Reply]
         yield recording
 
 
-def _config(sqs_url: str) -> Any:
-    return flat_config(
-        exp_id="exp1",
-        region=REGION,
-        bucket="results",
-        queue_url=QUEUE,
-        runtime_arn=RUNTIME_ARN,
-        endpoints={"s3": "http://127.0.0.1:9", "sqs": sqs_url, "agentcore": "http://127.0.0.1:9"},
-    )
-
-
 _CALLS: list[tuple[str, dict[str, Any]]] = [
     (
         "receive_message",
@@ -159,7 +147,7 @@ async def test_sqs_calls_are_botocores_requests_and_answers(sqs_recorder) -> Non
             answer = await getattr(client, method)(**params)
             answer.pop("ResponseMetadata")
             theirs.append(answer)
-    async with AwsClients(_config(url)) as clients:
+    async with AwsClients(engine_at(sqs=url, queue_url=QUEUE)) as clients:
         assert clients.queue is not None
         ours = [await getattr(clients.queue, method)(**params) for method, params in _CALLS]
         calls = dict(clients.api_calls)
@@ -210,7 +198,7 @@ async def test_sqs_errors_are_botocores_client_errors(sqs_recorder, reply: Reply
         with pytest.raises(ClientError) as theirs:
             await client.receive_message(QueueUrl=QUEUE)
     replies.append(reply)
-    async with AwsClients(_config(url)) as clients:
+    async with AwsClients(engine_at(sqs=url, queue_url=QUEUE)) as clients:
         assert clients.sqs.meta.endpoint_url == url
         with pytest.raises(ClientError) as ours:
             await QueueClient(clients.queue._client, max_attempts=1).receive_message(QueueUrl=QUEUE)
@@ -231,7 +219,7 @@ async def test_transient_sqs_answers_are_tried_again_and_others_are_not(sqs_reco
         "AWS.SimpleQueueService.RequestThrottled;Sender",
     )
     replies.extend([_error(503, b""), throttled])
-    async with AwsClients(_config(url)) as clients:
+    async with AwsClients(engine_at(sqs=url, queue_url=QUEUE)) as clients:
         assert clients.queue is not None
         answer = await clients.queue.delete_message_batch(**_CALLS[1][1])
         assert answer == _ANSWERS["DeleteMessageBatch"]
@@ -254,7 +242,7 @@ async def test_the_queue_client_drives_motos_sqs(moto, channel) -> None:
     sqs = moto.client("sqs")
     for i in range(3):
         sqs.send_message(QueueUrl=channel.queue_url, MessageBody=json.dumps({"i": i}))
-    cfg = _config(moto.url)
+    cfg = engine_at(sqs=moto.url, queue_url=QUEUE)
     async with AwsClients(cfg) as clients:
         queue = clients.queue
         assert queue is not None

@@ -15,7 +15,11 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from multidict import CIMultiDict
 
+from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
+
+from .conftest import REGION, RUNTIME_ARN
+from .factories import flat_config
 
 AUTH = re.compile(
     r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<date>\d{8})/(?P<region>[^/]+)/"
@@ -33,6 +37,21 @@ class Received:
 
 
 Reply = Callable[[Received], web.Response]
+CLOSED = "http://127.0.0.1:9"  # nothing listens: for the endpoints a test does not call
+
+
+def engine_at(
+    *, agentcore: str = CLOSED, sqs: str = CLOSED, queue_url: str = f"{CLOSED}/q"
+) -> EngineConfig:
+    """An engine's config whose AgentCore and SQS calls go to these URLs."""
+    return flat_config(
+        exp_id="exp1",
+        region=REGION,
+        bucket="results",
+        queue_url=queue_url,
+        runtime_arn=RUNTIME_ARN,
+        endpoints={"s3": CLOSED, "sqs": sqs, "agentcore": agentcore},
+    )
 
 
 @asynccontextmanager
