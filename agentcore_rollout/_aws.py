@@ -37,7 +37,7 @@ class SignedClient:
 
     Why: the engine makes two AgentCore calls and half an SQS call per rollout, and botocore's
     call pipeline (parameter validation, a dozen event hooks, an endpoint ruleset, `email`
-    header objects, the response parser) costs 1.1 ms of CPU a call; this, 0.3
+    header objects, the response parser) costs about 1 ms of CPU a call; this, 0.2-0.4
     (`bench/calls.py`). What stays botocore's: the credentials and the endpoint
     (resolved once, by a botocore client). The caller builds the path and reads the answer.
     """

@@ -2,10 +2,10 @@
 ChangeMessageVisibilityBatch) as signed requests in SQS's JSON protocol: the same keyword
 arguments and answers as aiobotocore's client, so the buffer takes either.
 
-Why: half an SQS call per rollout through botocore's pipeline cost 1.7-2.6 ms each, more than
-any other part of the engine's CPU (`bench/scale.py`, profiled); signed, 0.3-0.9 (the range is
-loopback with and without kept-alive connections). Retries are botocore's standard mode in
-small: transient answers (5xx, throttling) and broken connections are tried again, with
+Why: the engine makes about half of one of these calls per rollout, and through botocore's
+pipeline each cost 0.9-1.0 ms of its CPU, signed 0.35 (`bench/calls.py`); profiled, they were
+the largest share of the engine's CPU in `bench/scale.py`. Retries are botocore's standard mode
+in small: transient answers (5xx, throttling) and broken connections are tried again, with
 jittered back-off, up to `max_attempts` in all.
 """
 
