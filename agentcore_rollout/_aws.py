@@ -117,17 +117,7 @@ class AwsClients:
             self.sqs = await self._client("sqs", cfg.endpoints.sqs, standard)
             self._credentials = await session.get_credentials()
             self._http = await self._stack.enter_async_context(_http_session(cfg))
-            meta = self.sqs.meta
-            self.queue = QueueClient(
-                SignedClient(
-                    self._http,
-                    meta.service_model.signing_name,
-                    meta.region_name,
-                    meta.endpoint_url,
-                    self._credentials,
-                    self.api_calls,
-                )
-            )
+            self.queue = QueueClient(self._signed_like(self.sqs.meta))
             self.agentcore = await self.agentcore_in(cfg.region, cfg.endpoints.agentcore)
         except BaseException:
             await self._stack.aclose()
@@ -142,21 +132,24 @@ class AwsClients:
         AWS's), one per pair: runtimes may live in several regions or behind several URLs."""
         key = (region, endpoint)
         if key not in self._agentcore:
-            assert self._http is not None  # entered
             # botocore resolves AWS's endpoint for the region; its client is never called
             async with self._session.create_client(
                 "bedrock-agentcore", region_name=region, endpoint_url=endpoint
             ) as resolver:
-                meta = resolver.meta
-            self._agentcore[key] = SignedClient(
-                self._http,
-                meta.service_model.signing_name,
-                region,
-                meta.endpoint_url,
-                self._credentials,
-                self.api_calls,
-            )
+                self._agentcore[key] = self._signed_like(resolver.meta)
         return self._agentcore[key]
+
+    def _signed_like(self, meta: Any) -> SignedClient:
+        """A `SignedClient` for the service, region and endpoint a botocore client resolved."""
+        assert self._http is not None  # entered
+        return SignedClient(
+            self._http,
+            meta.service_model.signing_name,
+            meta.region_name,
+            meta.endpoint_url,
+            self._credentials,
+            self.api_calls,
+        )
 
     async def _client(
         self, service: str, endpoint: str | None, cfg: AioConfig, *, region: str | None = None

@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from botocore.auth import SIGNED_HEADERS_BLACKLIST
+from botocore.auth import SIGNED_HEADERS_BLACKLIST, _host_from_url
 from botocore.utils import normalize_url_path
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
@@ -30,7 +30,7 @@ class SigV4:
 
     def __init__(self, service: str, region: str, endpoint_url: str) -> None:
         self._service, self._region = service, region
-        self._host = _host_header(endpoint_url)
+        self._host = _host_from_url(endpoint_url)  # botocore's Host: lower case, no default port
         self._keys: dict[tuple[str, str], bytes] = {}  # (secret, day) -> signing key
 
     def sign(
@@ -97,15 +97,3 @@ def _canonical_path(path: str) -> tuple[str, str]:
     pairs = sorted(pair.partition("=")[::2] for pair in parts.query.split("&") if parts.query)
     query = "&".join(f"{name}={value}" for name, value in pairs)
     return quote(normalize_url_path(parts.path), safe="/~"), query
-
-
-def _host_header(url: str) -> str:
-    """The Host header botocore signs: the host in lower case, bracketed if IPv6, with its port
-    unless the scheme's default."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if parts.port is not None and parts.port != {"http": 80, "https": 443}.get(parts.scheme):
-        host = f"{host}:{parts.port}"
-    return host
