@@ -22,6 +22,8 @@ from agentcore_rollout.cli.summary import RunSummary
 from agentcore_rollout.config import load_config
 from examples.math_agent.app import grade, leads_with_number, reward_for
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123"
 
@@ -62,6 +64,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.e2e
 def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
     data = tmp_path / "data.jsonl"
     rows = [
@@ -123,8 +126,12 @@ def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
     )
     assert cost["usd_per_ok"] == pytest.approx(cost["usd"] / 6)
     assert "sandbox seconds" in stderr and "est. cost USD" in stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["journal.jsonl", "lock", "rollouts.jsonl", "run_secret", "summary.json"]
+    assert (out / "run_secret").stat().st_mode & 0o077 == 0  # readable by its owner only
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_cancels_cleanly_and_leaves_nothing_behind(tmp_path, sig):
     data = tmp_path / "slow.jsonl"
@@ -317,18 +324,62 @@ def test_train_async_keeps_stale_rollouts_bounded_at_one_unless_told(
     assert (limits.max_staleness, limits.stale_policy) == (staleness, policy)
 
 
-def test_overrides_go_anywhere_and_the_input_is_checked_before_the_stack(
+def test_overrides_go_anywhere_and_a_stack_that_fails_leaves_no_run_behind(
     tmp_path, dataset, capsys, stack_starts
 ):
     out = tmp_path / "out"
     argv = ["run", "--n", "2", "local.cold_start=0.5", "--out", str(out), "--data", str(dataset)]
-    assert main([*argv, "local.max_sessions=7"]) == 2
-    assert "the test refuses to start the local stack" in capsys.readouterr().err
-    [local] = stack_starts
+    for _ in range(2):  # the second run is not refused: the first left no run's output
+        assert main([*argv, "local.max_sessions=7"]) == 2
+        err = capsys.readouterr().err
+        assert err == "error: the test refuses to start the local stack\n", err
+        assert sorted(p.name for p in out.iterdir()) == ["lock"]
+    local = stack_starts[0]
     assert local.cold_start == 0.5 and local.max_sessions == 7
-    names = sorted(p.name for p in out.iterdir())
-    assert names == ["journal.jsonl", "lock", "rollouts.jsonl", "run_secret", "summary.json"]
-    assert (out / "run_secret").stat().st_mode & 0o077 == 0  # readable by its owner only
+
+
+def test_a_dataset_the_run_would_write_is_refused_and_left_as_it_was(
+    tmp_path, dataset, capsys, stack_starts
+):
+    """Re-rolling an earlier run's rows into its own folder: its rollouts.jsonl is the input."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "journal.jsonl").write_text('{"kind": "request"}\n')
+    rows = out / "rollouts.jsonl"
+    rows.write_bytes(dataset.read_bytes())
+    code = main(["run", "--data", str(rows), "--out", str(out), "--overwrite"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"run.data: {rows} is {out}/rollouts.jsonl, which this run writes" in err
+    assert rows.read_bytes() == dataset.read_bytes() and stack_starts == []
+    elsewhere = out / "data.jsonl"  # a dataset inside the folder is only read
+    elsewhere.write_bytes(dataset.read_bytes())
+    assert main(["run", "--data", str(elsewhere), "--out", str(out), "--overwrite"]) == 2
+    assert "the test refuses to start the local stack" in capsys.readouterr().err
+    assert elsewhere.read_bytes() == dataset.read_bytes()
+    assert rows.read_bytes() == dataset.read_bytes()  # the stack never started: untouched
+
+
+@pytest.mark.component
+@pytest.mark.parametrize(
+    ("app", "message"),
+    [
+        ("nosuchmodule:app", "cannot load agent app 'nosuchmodule:app': No module named"),
+        ("examples.math_agent.app:nope", "has no attribute 'nope'"),
+    ],
+)
+def test_an_agent_app_that_cannot_load_is_one_line_before_the_stack_starts(
+    app, message, tmp_path, dataset, capsys, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    started = []
+    monkeypatch.setattr("agentcore_rollout.local.moto.MotoServer.start", started.append)
+    out = tmp_path / "out"
+    code = main(["run", "--data", str(dataset), "--out", str(out), f"local.app={app}"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: config: local.app: ") and message in err, err
+    assert started == [] and sorted(p.name for p in out.iterdir()) == ["lock"]
 
 
 def test_default_config_is_configs_local_yaml_in_the_repository_only(
@@ -338,15 +389,14 @@ def test_default_config_is_configs_local_yaml_in_the_repository_only(
     anywhere else the built-in defaults (what configs/engine.yaml lists)."""
     seen = []
 
-    async def recording_run(config, jobs, total, run, *, interrupted, resumed=False):
-        seen.append((config, total))
+    async def recording_run(config, begin, run, *, interrupted):
+        seen.append((config, begin.total))
         raise RuntimeError("the test stops here")
 
     monkeypatch.setattr(cli_run, "roll_out", recording_run)
     env_file = tmp_path / "empty.env"
     env_file.write_text("")
     argv = ["run", "--data", str(dataset), "--env-file", str(env_file), "--out", str(tmp_path)]
-    argv.append("--overwrite")  # each attempt journals the dataset before it stops
     other = tmp_path / "other.yaml"
     other.write_text("engine:\n  exp_id: from-the-variable\n")
     for cwd, variable in [(ROOT, ""), (tmp_path, None), (tmp_path, str(other))]:
@@ -356,11 +406,7 @@ def test_default_config_is_configs_local_yaml_in_the_repository_only(
         else:
             monkeypatch.setenv("AGENTCORE_ROLLOUT_CONFIG", variable)  # empty: unset
         assert main([*argv, "--n", "3"]) == 2
-    # The run's own signing secret is added to what was loaded (see test_resume.py).
-    repo, elsewhere, chosen = (
-        config.model_copy(update={"engine": config.engine.model_copy(update={"run_secret": None})})
-        for config, _ in seen
-    )
+    repo, elsewhere, chosen = (config for config, _ in seen)
     shipped = load_config(ROOT / "configs/local.yaml", env_file=None, environ={})
     assert repo.engine == shipped.engine and repo.engine.exp_id == "local-demo"
     builtin = load_config(None, env_file=None, environ={})
@@ -400,6 +446,7 @@ def test_exit_code(ok, requests, min_ok_fraction, interrupted, code):
     assert cli_run.exit_code(summary, min_ok_fraction) == code
 
 
+@pytest.mark.e2e
 def test_a_run_with_too_few_ok_exits_3_and_still_writes_its_outputs(tmp_path):
     data = tmp_path / "failing.jsonl"
     data.write_text('{"a": 1, "b": 1, "mode": "raise"}\n{"a": 2, "b": 1, "mode": "raise"}\n')
@@ -421,6 +468,7 @@ def test_a_run_with_too_few_ok_exits_3_and_still_writes_its_outputs(tmp_path):
     assert "reward mean per group" in stderr  # the summary was printed
 
 
+@pytest.mark.e2e
 def test_one_run_per_folder_and_a_second_ctrl_c_exits_quietly(
     tmp_path, dataset, capsys, stack_starts
 ):
@@ -483,10 +531,17 @@ def test_one_run_per_folder_and_a_second_ctrl_c_exits_quietly(
         assert main(argv) == 2  # past the lock and the folder's checks: the stack is next
         assert "the test refuses to start the local stack" in capsys.readouterr().err
     assert len(stack_starts) == 2
-    # Overwritten: no row is left, and the journal holds only the new dataset's requests.
+    # The overwrite never began (its stack did not start): the old run is there as it was.
+    assert [json.loads(line) for line in sink.read_text().splitlines()] == lines
     journal = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
-    assert sink.read_text() == "" and {e["kind"] for e in journal} == {"request"}
-    assert journal and not any("sleep" in e["payload"] for e in journal)  # none of the old run
+    assert all("sleep" in e["payload"] for e in journal if e["kind"] == "request")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "journal.jsonl",
+        "lock",
+        "rollouts.jsonl",
+        "run_secret",
+        "summary.json",
+    ]
 
 
 def test_malformed_dataset_line_is_named(tmp_path, capsys):
@@ -497,6 +552,7 @@ def test_malformed_dataset_line_is_named(tmp_path, capsys):
     assert f"data: {data}:3: not valid JSON" in err.replace("\n", "")
 
 
+@pytest.mark.e2e
 def test_local_up_prints_endpoints_and_stops_cleanly():
     proc = _cli("local", "up")
     env: dict[str, str] = {}

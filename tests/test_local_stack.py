@@ -15,6 +15,8 @@ from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.local.stack import LocalStack
 from agentcore_rollout.serving.process import ServiceProcess
 
+pytestmark = pytest.mark.e2e
+
 
 def on_the_loop() -> bool:
     try:
@@ -57,6 +59,8 @@ async def test_a_failed_start_stops_every_child_and_never_blocks_the_loop(
     monkeypatch.setattr(ServiceProcess, "stop", watch("stop", ServiceProcess.stop))
     provision = watch("provision", stack_module.provision_results_channel)
     monkeypatch.setattr(stack_module, "provision_results_channel", provision)
+    # Past the app's own check (which would find it first, before anything starts).
+    monkeypatch.setattr(LocalStack, "_check_app", lambda self: None)
 
     # The emulator cannot load this app, while the gateway, started alongside it, can start.
     config = LocalConfig(

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import yaml
 
 from agentcore_rollout import RolloutEngine, RolloutRequest
@@ -22,6 +23,8 @@ from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 
 from .agents.basic import expected_reward
 from .conftest import REGION, engine_config
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -168,7 +171,7 @@ async def test_a_failed_write_loses_nothing_and_resume_recovers_each_result_once
         and stderr.strip().splitlines()[-1]
         == (f"error: run.out: cannot write {out}/journal.jsonl: File too large")
     ), stderr[-3000:]
-    assert (out / "journal.jsonl").read_text() == "" and emu.started == []
+    assert sorted(p.name for p in out.iterdir()) == ["lock"] and emu.started == []
 
     # A fresh run may take the folder (nothing ran there); this one's rows pass LIMIT mid-run.
     code, stderr = await _ended(await _cli(*run, "--data", str(data), cwd=tmp_path, limited=True))

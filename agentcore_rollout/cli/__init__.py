@@ -22,7 +22,7 @@ once on a second Ctrl-C, with the summary of what ended; 2 for a usage, config, 
 output-directory error (a folder another run holds, or one with a run's output without
 `--resume` or `--overwrite`), which is one line on stderr and is found before anything starts.
 
-One module per concept, `args` first (docs/ARCHITECTURE.md lists them); they use the public
+One module per concept, `args` first (docs/architecture.md lists them); they use the public
 API only, so the CLI is a user of the engine like any trainer.
 """
 

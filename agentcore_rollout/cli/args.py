@@ -17,7 +17,7 @@ from rich.table import Table
 
 from .. import Config, ConfigError, load_config
 from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
-from .errors import EXIT_ERROR, UsageError
+from .errors import EXIT_ERROR, EXIT_INTERRUPTED, Interrupted, UsageError
 from .infra import READY_TIMEOUT_S, infra_command
 from .run import run_command
 from .views import console, run_async
@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError, RuntimeError) as e:  # InfraError: Runtime
         print(f"error: {e}", file=sys.stderr)  # plain: one line, never wrapped
         return EXIT_ERROR
+    except Interrupted as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:

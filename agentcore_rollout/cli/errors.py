@@ -6,3 +6,7 @@ EXIT_ERROR, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, EXIT_INTERRUPTED = 2, 3, 4, 130
 
 class UsageError(ValueError):
     """Input the CLI cannot use: its arguments, the dataset, the output directory."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C before anything started: nothing to clean up or resume."""

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import RolloutRequest, RolloutStart
-from ..contract import new_run_secret
 from .errors import UsageError
 
 JOURNAL, ROLLOUTS, SECRET = "journal.jsonl", "rollouts.jsonl", "run_secret"
+STAGED_JOURNAL = "journal.jsonl.new"  # a fresh run's, until its stack is up
 
 
 @dataclass
@@ -144,23 +144,23 @@ def _journaled(event: dict[str, Any]) -> Journaled:
     return Journaled(request, event["step"])
 
 
-def run_secret(out: Path, configured: str | None, *, resume: bool) -> str:
-    """The configured secret, else the run's own (created with the run, read on resume)."""
+def run_secret(out: Path, configured: str | None) -> str:
+    """A resumed run's secret: the configured one, else the one its run wrote."""
     if configured:
         return configured
-    path = out / SECRET
-    if resume:
-        try:
-            return path.read_text().strip()
-        except FileNotFoundError:
-            raise UsageError(
-                f"--resume {out}: no {SECRET} there and engine.run_secret is not set"
-            ) from None
-    secret = new_run_secret()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        return (out / SECRET).read_text().strip()
+    except FileNotFoundError:
+        raise UsageError(
+            f"--resume {out}: no {SECRET} there and engine.run_secret is not set"
+        ) from None
+
+
+def write_secret(out: Path, secret: str) -> None:
+    """Keep a run's own secret beside its journal (0600), for `--resume`."""
+    fd = os.open(out / SECRET, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
-    return secret
 
 
 def _complete(lines: list[str]) -> list[str]:

@@ -9,17 +9,25 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import Config, EngineStats, RolloutEngine, RolloutHandle
+from ..contract import new_run_secret
 from .dataset import journal_requests
-from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, UsageError
+from .errors import (
+    EXIT_INTERRUPTED,
+    EXIT_TOO_FEW_OK,
+    EXIT_WRITE_FAILED,
+    Interrupted,
+    UsageError,
+)
 from .feed import Feed
 from .journal import (
     JOURNAL,
     ROLLOUTS,
+    STAGED_JOURNAL,
     Journal,
     Journaled,
     Lines,
@@ -27,7 +35,7 @@ from .journal import (
     left_open,
     run_secret,
 )
-from .outdir import locked, prepare_out
+from .outdir import begin_fresh, check_fresh, check_not_an_output, check_writable, locked
 from .summary import SUMMARY, RunSummary, Tally
 from .views import console, print_summary, progress_bar, run_async
 
@@ -36,42 +44,75 @@ def run_command(config: Config, resume: str | None, overwrite: bool = False) -> 
     """`run`, fresh or `--resume OUT`: the exit code."""
     out = Path(config.run.out if resume is None else resume)
     with locked(out, "run.out" if resume is None else "--resume"):
-        prepare_out(out, fresh=resume is None, overwrite=overwrite)
-        if resume is None:
-            total = journal_dataset(config, out / JOURNAL)
-            jobs: Iterable[Journaled] = journaled_requests(out / JOURNAL, total)
-            ended_before: list[str] = []
-        else:
-            jobs, ended_before = left_open(out)
-            total = len(jobs)
-        secret = run_secret(out, config.engine.run_secret, resume=resume is not None)
-        config = config.model_copy(
-            update={"engine": config.engine.model_copy(update={"run_secret": secret})}
-        )
-        run = RunState(out, ended_before)
-        summary = run_async(
-            lambda stop: roll_out(
-                config, jobs, total, run, resumed=resume is not None, interrupted=stop
-            ),
-            forced=run.forced,
-        )
+        begin = _fresh(config, out, overwrite) if resume is None else _resumed(config, out)
+        run = RunState(out, begin.ended_before)
+        try:
+            summary = run_async(
+                lambda stop: roll_out(config, begin, run, interrupted=stop), forced=run.forced
+            )
+        finally:
+            (out / STAGED_JOURNAL).unlink(missing_ok=True)  # the journal of a run never begun
         return _finish(summary, out, config.run.min_ok_fraction)
 
 
+@dataclass
+class Begin:
+    """How a run begins once its stack is up: `commit()` makes the run's files and returns its
+    jobs. Until then the folder holds no run (a stack that fails to start leaves nothing behind
+    to resume or overwrite)."""
+
+    total: int
+    secret: str
+    commit: Callable[[], Iterable[Journaled]]
+    resumed: bool = False
+    ended_before: list[str] = field(default_factory=list)
+
+
+def _fresh(config: Config, out: Path, overwrite: bool) -> Begin:
+    """Check the folder and the dataset, and journal its requests into a staged journal: what
+    the user's input can get wrong is found here, before anything starts."""
+    check_fresh(out, overwrite=overwrite)
+    staged = out / STAGED_JOURNAL
+    total = journal_dataset(config, staged)
+    secret = config.engine.run_secret or new_run_secret()
+
+    def commit() -> Iterable[Journaled]:
+        begin_fresh(out, staged, None if config.engine.run_secret else secret)
+        return journaled_requests(out / JOURNAL, total)
+
+    return Begin(total, secret, commit)
+
+
+def _resumed(config: Config, out: Path) -> Begin:
+    jobs, ended_before = left_open(out)
+    check_writable(out)
+    secret = run_secret(out, config.engine.run_secret)
+    return Begin(len(jobs), secret, lambda: jobs, resumed=True, ended_before=ended_before)
+
+
 def journal_dataset(config: Config, path: Path) -> int:
-    """Check the dataset and journal its requests before anything starts (one pass, a line at a
-    time); how many. A bad dataset, or a journal that cannot take it, leaves the journal empty
-    (the folder fresh) and is one line."""
+    """Check the dataset and journal its requests into `path` before anything starts (one
+    pass, a line at a time); how many. A bad dataset, an interrupt, or a journal that cannot
+    take it leaves no journal, and is one line."""
 
-    def cannot(_: Path, error: OSError) -> None:
-        raise UsageError(f"run.out: cannot write {path}: {error.strerror}")
+    def cannot(_: Path, error: OSError) -> NoReturn:  # named as the journal it would become
+        raise UsageError(f"run.out: cannot write {path.parent / JOURNAL}: {error.strerror}")
 
-    data, lines = Path(config.run.data), Lines(path, cannot)
+    data = Path(config.run.data)
+    check_not_an_output(data, path.parent)
+    try:
+        path.unlink(missing_ok=True)  # an earlier run's, cut short
+        lines = Lines(path, cannot)
+    except OSError as e:
+        cannot(path, e)
     try:
         with console.status(f"checking and journaling {data}"):
             return journal_requests(data, config.run.n, config.run.step, Journal(lines))
-    except UsageError:
-        path.open("w").close()
+    except KeyboardInterrupt:
+        path.unlink(missing_ok=True)
+        raise Interrupted(f"interrupted while reading {data}: nothing started") from None
+    except BaseException:
+        path.unlink(missing_ok=True)
         raise
     finally:
         lines.close()
@@ -135,25 +176,21 @@ def _finish(summary: RunSummary, out: Path, min_ok_fraction: float) -> int:
 
 
 async def roll_out(
-    config: Config,
-    jobs: Iterable[Journaled],
-    total: int,
-    run: RunState,
-    *,
-    resumed: bool = False,
-    interrupted: asyncio.Event,
+    config: Config, begin: Begin, run: RunState, *, interrupted: asyncio.Event
 ) -> RunSummary:
-    """Roll out `jobs` (fresh requests, journaled before any starts, or what a resumed run left
-    open), a window at a time: submit or resume each, write rollouts.jsonl as outcomes arrive."""
+    """Start the stack and the engine, then begin the run (its files made, its jobs: fresh
+    requests journaled before any starts, or what a resumed run left open) and roll the jobs
+    out a window at a time: submit or resume each, write rollouts.jsonl as outcomes arrive."""
     async with AsyncExitStack() as stack:
-        engine_config = config.engine
+        engine_config = config.engine.model_copy(update={"run_secret": begin.secret})
         if config.stack == "local":
             from ..local.stack import LocalStack  # lazily: it loads moto, numpy, the gateway
 
             with console.status("starting the local stack (moto, emulator, policy, gateway)"):
                 local = await stack.enter_async_context(LocalStack(config.local))
-            engine_config = local.engine_config(config.engine)
+            engine_config = local.engine_config(engine_config)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
+        jobs = begin.commit()
         began, before = time.monotonic(), engine.stats()
         run.figures = lambda: (engine.stats().since(before), time.monotonic() - began)
         lines = Lines(run.out / JOURNAL, run.failed)
@@ -162,7 +199,7 @@ async def roll_out(
 
         def submit(j: Journaled) -> RolloutHandle:
             started: dict[str, Any] = {"timeout": config.run.timeout, "on_start": journal.started}
-            if not resumed:
+            if not begin.resumed:
                 return engine.submit(j.request, **started)
             return engine.resume(
                 j.request,
@@ -176,7 +213,7 @@ async def roll_out(
             )
 
         feed = Feed(jobs, submit, window=2 * engine_config.dispatch.max_live_sessions)
-        await _collect(engine, feed, total, run, journal, interrupted)
+        await _collect(engine, feed, begin.total, run, journal, interrupted)
         summary = run.summary(interrupted=interrupted.is_set())
     return summary
 

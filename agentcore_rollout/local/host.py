@@ -1,5 +1,5 @@
 """Serve any app of the AgentCore container contract (`POST /invocations`, `GET /ping`):
-`python -m agentcore_rollout.local.host module:app --fd N`.
+`python -m agentcore_rollout.local.host module:app --fd N` (`--check`: load it, serve nothing).
 
 What a container image does with its own server, for an app given as `module:attr`: any
 BedrockAgentCoreApp (a RolloutApp included) or any other ASGI app. The emulator binds the
@@ -43,13 +43,18 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m agentcore_rollout.local.host")
     parser.add_argument("app", help="module:attribute of an ASGI app (e.g. a BedrockAgentCoreApp)")
-    parser.add_argument("--fd", type=int, required=True, help="serve on this bound socket")
+    parser.add_argument("--fd", type=int, help="serve on this bound socket")
+    parser.add_argument("--check", action="store_true", help="load the app, serve nothing")
     args = parser.parse_args(argv)
+    if args.fd is None and not args.check:
+        parser.error("--fd is required")
     exit_with_parent()
     try:
         app = load_asgi_app(args.app)
     except AppLoadError as e:
         raise SystemExit(str(e)) from None
+    if args.check:
+        return
     uvicorn.run(app, fd=args.fd, log_level="warning", access_log=False)
 
 

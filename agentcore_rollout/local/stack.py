@@ -26,6 +26,8 @@ import asyncio
 import importlib.util
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -64,8 +66,11 @@ class LocalStack:
         for name, value in LOCAL_CREDENTIALS.items():  # the engine's clients need some
             os.environ.setdefault(name, value)
         try:
+            # Found before anything starts: an app that does not load, a model that cannot.
+            checks = [] if self._containers else [asyncio.to_thread(self._check_app)]
             if self.config.policy != TOY:  # a known name may convert first (once, ~30 s)
-                self.model_dir = str(await asyncio.to_thread(_resolve, self.config.policy))
+                checks.append(self._resolve_model())
+            await _together(*checks)
             if self._containers:  # built once, before anything starts
                 engine = await asyncio.to_thread(container_engine, self.config.container_engine)
                 self._container_host = engine.host
@@ -101,6 +106,19 @@ class LocalStack:
                 *(asyncio.to_thread(worker.stop) for worker in self.workers),
                 asyncio.to_thread(self.moto.stop),
             )
+
+    def _check_app(self) -> None:
+        """Load `local.app` in a process of its own, with the path its agents get, so an app
+        that cannot load is one line now rather than a failed start for every request."""
+        env = {**os.environ, "PYTHONPATH": _agent_path()}
+        argv = [sys.executable, "-m", "agentcore_rollout.local.host", self.config.app, "--check"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode:
+            said = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+            raise ConfigError(f"config: local.app: {said[-1]}")
+
+    async def _resolve_model(self) -> None:
+        self.model_dir = str(await asyncio.to_thread(_resolve, self.config.policy))
 
     def _workers(self) -> list[ServiceProcess]:
         cfg = self.config
@@ -198,13 +216,12 @@ class LocalStack:
 
     def agent_env(self) -> dict[str, str]:
         """What an agent process needs to reach the local S3 and SQS."""
-        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         return {
             **LOCAL_CREDENTIALS,
             "AWS_DEFAULT_REGION": LOCAL_REGION,
             "AWS_ENDPOINT_URL_S3": self.moto.url,
             "AWS_ENDPOINT_URL_SQS": self.moto.url,
-            "PYTHONPATH": path,
+            "PYTHONPATH": _agent_path(),
         }
 
     @property
@@ -286,6 +303,11 @@ class LocalStack:
                 lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__REPLICAS={urls}")
             lines.append(f"AGENTCORE_ROLLOUT_GATEWAY__ADMIN_TOKEN={cfg.gateway.admin_token}")
         return lines
+
+
+def _agent_path() -> str:
+    """Agents import their app from the current directory (the repository's examples)."""
+    return os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
 
 
 def _resolve(policy: str) -> Path:
