@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 ARGS ?=
 
-.PHONY: run train models containers test lint bench clean
+.PHONY: run train models containers test check lint docs bench clean
 
 $(VENV)/.dev: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,12 +44,22 @@ run: $(VENV)/.models  ## roll out the example dataset on SmolLM2 on the embedded
 train: $(VENV)/.models  ## GRPO through the whole pipeline (the toy; SmolLM2 by --config)
 	$(VENV)/bin/agentcore-rollout train $(ARGS)
 
-test: $(VENV)/.test  ## the whole test suite
-	$(PY) -m pytest $(ARGS)
+test: $(VENV)/.test  ## the whole test suite, on both cores
+	$(PY) -m pytest -n 2 $(ARGS)
+
+check: lint $(VENV)/.test  ## lint, then the fast tier (unit and component tests)
+	$(PY) -m pytest -n 2 -m "not e2e" $(ARGS)
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+$(VENV)/.docs: $(VENV)/.dev
+	$(PIP) -e '.[dev,docs]'
+	touch $@
+
+docs: $(VENV)/.docs  ## the documentation site, into site/ (strict: a broken link fails)
+	$(VENV)/bin/mkdocs build --strict
 
 bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 	$(PY) bench/dispatch.py
@@ -61,4 +71,4 @@ bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 	$(PY) bench/async_train.py
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out site

@@ -115,3 +115,24 @@ def engine_config(
         "backoff_max": 0.5,
     }
     return flat_config(**(base | overrides))
+
+
+TIERS = ("unit", "component", "e2e")  # pyproject's markers; `make check` runs all but e2e
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by them
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test is in one tier: its module's `pytestmark`, or its own mark (or its
+    parameter's) over that. The tier is left as the test's only tier marker, so `-m` sees
+    the nearest one; a test with none stops the run, so none slips out of `make check`."""
+    tiers = {
+        item: next((m.name for m in item.iter_markers() if m.name in TIERS), None) for item in items
+    }
+    untiered = [item.nodeid for item, tier in tiers.items() if tier is None]
+    if untiered:
+        listed = "\n  ".join(untiered[:20])
+        raise pytest.UsageError(f"tests with none of the tiers {', '.join(TIERS)}:\n  {listed}")
+    for item, tier in tiers.items():
+        for node in item.listchain():
+            node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
+        item.add_marker(tier)

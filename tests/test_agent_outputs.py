@@ -38,6 +38,8 @@ from .agents.basic import HOSTILE, controls, expected_reward
 from .conftest import engine_config
 from .factories import make_result
 
+pytestmark = pytest.mark.component
+
 TIMEOUT = 30.0
 PROMPT = TIMEOUT / 6  # a hostile row must end far sooner than a lost result would
 

@@ -26,6 +26,8 @@ from agentcore_rollout.contract import RolloutControl, result_key
 from .agents.basic import LEAKS, controls
 from .conftest import engine_config
 
+pytestmark = pytest.mark.component
+
 API_KEY = "sk-live-" + secrets.token_urlsafe(32)
 REFUSED = {
     "raw_request": "signing key",  # the whole control block: both keys; the first found names it

@@ -22,6 +22,8 @@ from agentcore_rollout._sandbox import SessionCallError
 from .conftest import REGION, RUNTIME_ARN
 from .wire_support import AUTH, Received, Reply, engine_at, recording_server, signature_holds
 
+pytestmark = pytest.mark.component
+
 SESSION = "s" * 40
 PAYLOAD = json.dumps({"prompt": "why is the sky blue?", "_rollout": {"k": "v:/?&="}}).encode()
 

@@ -9,12 +9,16 @@ import json
 import threading
 import time
 
+import pytest
+
 from agentcore_rollout import _buffer
 from agentcore_rollout._buffer import RolloutBuffer, _Batched
 from agentcore_rollout.contract import Outcome, result_key
 
 from .factories import SIG_KEY as KEY
 from .factories import flat_config, make_result, signed_body
+
+pytestmark = pytest.mark.unit
 
 
 class FakeBody:

@@ -16,6 +16,8 @@ import pytest
 
 from agentcore_rollout.cli import main
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 FAST_STACK = (
     "local.app=tests.agents.basic:app",

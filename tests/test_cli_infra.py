@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from dotenv import dotenv_values
 
 from agentcore_rollout.cli import main
+
+pytestmark = pytest.mark.component
 
 ACCOUNT = "123456789012"
 IMAGE = f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/agentcore-rollout:v1"

@@ -10,6 +10,8 @@ import yaml
 from agentcore_rollout.config import Config, ConfigError, load_config
 from agentcore_rollout.local.stack import LOCAL_RUNTIME_ARN
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/test_agent-abc123"
 

@@ -39,6 +39,8 @@ from agentcore_rollout.local.stack import LocalStack
 from .conftest import ROOT, engine_config
 from .factories import flat_config
 
+pytestmark = pytest.mark.unit
+
 TEST_IMAGE = "localhost/agentcore-rollout-agent:test"
 MATH = [
     {"question": "What is 6 + 6?", "answer": 12},
@@ -98,6 +100,7 @@ def _stack_config(engine: ContainerEngine, image: str, **overrides: object) -> L
 
 
 @pytest.mark.containers
+@pytest.mark.e2e
 async def test_a_batch_runs_one_container_per_session(
     engine, agent_image, no_container_left, tmp_path
 ):
@@ -116,6 +119,7 @@ async def test_a_batch_runs_one_container_per_session(
 
 
 @pytest.mark.containers
+@pytest.mark.e2e
 async def test_a_container_killed_mid_rollout_ends_its_request(
     agent_image, engine, no_container_left
 ):
@@ -157,6 +161,7 @@ def _by_session(engine: ContainerEngine, sid: str) -> list[str]:
 
 
 @pytest.mark.containers
+@pytest.mark.e2e
 async def test_failures_are_named(engine, no_container_left, moto, channel, emulator, tmp_path):
     """An image that does not build, a container that exits at start, one that never answers
     /ping: each a one-line error, the start failures the request's `submit_failed`."""
@@ -227,6 +232,7 @@ def test_loopback_urls_point_at_the_host_as_a_container_sees_it():
 
 
 @pytest.mark.containers
+@pytest.mark.e2e
 def test_session_containers_cannot_reach_each_other(engine):
     """As microVMs cannot: Docker's bridge carries no traffic between its containers, while
     the host (the emulator) reaches each. (Podman gives each its own slirp4netns network.)"""
@@ -253,6 +259,7 @@ def test_session_containers_cannot_reach_each_other(engine):
 
 
 @pytest.mark.containers
+@pytest.mark.e2e
 def test_containers_of_an_emulator_that_died_are_removed_at_the_next_start(engine):
     """An emulator killed before its stop leaves its containers: the next one removes them
     (the label's pid runs no more), and leaves those of live emulators alone."""

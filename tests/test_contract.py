@@ -31,6 +31,8 @@ from agentcore_rollout.contract import (
 from .factories import SIG_KEY as KEY
 from .factories import make_result
 
+pytestmark = pytest.mark.unit
+
 
 def _result(**kw) -> RolloutResult:
     return make_result(step=3, timings=Timings(received=1.0, started=1.5, finished=2.0), **kw)

@@ -32,6 +32,8 @@ from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config
 
+pytestmark = pytest.mark.component
+
 AGENTCORE_PER_S = (2 * 0.0895 + 8 * 0.00945) / 3600  # published prices, a whole session's size
 
 

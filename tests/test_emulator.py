@@ -21,6 +21,8 @@ from agentcore_rollout.contract import CONTROL_KEY
 
 from .conftest import RUNTIME_ARN, engine_config
 
+pytestmark = pytest.mark.component
+
 
 def _payload(channel, rid: str, sid: str, deadline: float, **user) -> bytes:
     control = {

@@ -32,6 +32,8 @@ from agentcore_rollout.local.runtime import EmulatorConfig
 from .conftest import REGION, RUNTIME_ARN
 from .test_emulator import _payload
 
+pytestmark = pytest.mark.component
+
 MODEL = botocore.session.get_session().get_service_model("bedrock-agentcore")
 ACCOUNT, AGENT_ID = RUNTIME_ARN.split(":")[4], RUNTIME_ARN.split("/")[-1]
 OTHER_ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/other_agent-xyz789"

@@ -27,6 +27,8 @@ from .conftest import RUNTIME_ARN, engine_config
 from .factories import flat_config
 from .test_limits import FakeRuntime
 
+pytestmark = pytest.mark.component
+
 ARNS = [RUNTIME_ARN.replace("abc123", suffix) for suffix in ("aaa111", "bbb222", "ccc333")]
 
 

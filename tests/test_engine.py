@@ -3,10 +3,14 @@ S3 event -> moto SQS -> RolloutBuffer."""
 
 from __future__ import annotations
 
+import pytest
+
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 
 from .agents.basic import expected_reward
 from .conftest import engine_config
+
+pytestmark = pytest.mark.component
 
 
 def _requests(n: int, **payload: object) -> list[RolloutRequest]:

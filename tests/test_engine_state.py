@@ -15,6 +15,8 @@ from agentcore_rollout.contract import result_key
 
 from .conftest import engine_config
 
+pytestmark = pytest.mark.component
+
 
 async def test_ended_requests_are_forgotten_once_their_step_leaves_the_window(
     moto, channel, emulator

@@ -18,6 +18,8 @@ from .agents.basic import controls, expected_reward
 from .conftest import engine_config
 from .factories import make_result, signed_body
 
+pytestmark = pytest.mark.component
+
 
 def _batch(n: int, special: dict[int, dict] | None = None) -> list[RolloutRequest]:
     special = special or {}

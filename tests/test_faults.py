@@ -37,6 +37,8 @@ from .agents.basic import expected_reward
 from .conftest import RUNTIME_ARN, agent_env, engine_config
 from .factories import flat_config
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 MATH_ROWS = [
     json.loads(line)

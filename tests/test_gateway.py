@@ -34,6 +34,8 @@ from agentcore_rollout.local.policy import CharRenderer, PolicyServer
 
 from .gateway_support import ADD_TOOL, ScriptedWorker, exactness_rollout, hf_renderer
 
+pytestmark = pytest.mark.component
+
 TOOLS = [ADD_TOOL]
 
 
@@ -115,6 +117,7 @@ def two_workers(model: str) -> tuple[PolicyServer, PolicyServer, Any]:
     return workers[0], workers[1], HFRenderer(smollm2(), name=path.name)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("model", ["char", "smollm2"])
 async def test_multi_turn_traces_equal_what_two_workers_sampled_through_the_router(
     model: str,

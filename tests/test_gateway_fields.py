@@ -16,6 +16,8 @@ from agentcore_rollout.local.policy import CharRenderer, PolicyServer
 
 from .gateway_support import ScriptedWorker, hf_renderer
 
+pytestmark = pytest.mark.component
+
 
 def _tool(name: str) -> dict[str, Any]:
     params = {"type": "object", "properties": {"a": {"type": "integer"}}}

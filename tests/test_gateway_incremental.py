@@ -32,6 +32,8 @@ from agentcore_rollout.local.policy import CharRenderer, PolicyServer
 from .gateway_support import TOKENIZER_DIR, ScriptedWorker, exactness_conversation, hf_renderer
 from .test_gateway import TOOLS, agent, recorded
 
+pytestmark = pytest.mark.component
+
 OTHER_TOOLS = [{"type": "function", "function": {"name": "mul", "parameters": {}}}]
 
 

@@ -32,6 +32,8 @@ from agentcore_rollout.gateway.turns import ChatTurn, TurnAnswer
 from .gateway_support import ADD_TOOL_ANTHROPIC, ScriptedWorker, hf_renderer
 from .test_gateway import check_sample_against_records
 
+pytestmark = pytest.mark.component
+
 TOOLS = [ADD_TOOL_ANTHROPIC]
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -34,6 +34,8 @@ from agentcore_rollout.local.stack import LocalStack
 from .factories import flat_config
 from .test_reclaim import start_first_life
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # An engine that journals each start on stdout (as `run` does in journal.jsonl), then is killed.

@@ -32,6 +32,8 @@ from agentcore_rollout.gateway.turns import TurnAnswer
 from .gateway_support import ADD_TOOL_RESPONSES, ScriptedWorker, hf_renderer
 from .test_gateway import check_sample_against_records
 
+pytestmark = pytest.mark.component
+
 TOOLS: list[Any] = [ADD_TOOL_RESPONSES]
 CALL_TEXT = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 EVENTS = TypeAdapter(ResponseStreamEvent)

@@ -28,6 +28,8 @@ from agentcore_rollout.serving.server import Server
 
 from .test_gateway import agent, recorded
 
+pytestmark = pytest.mark.component
+
 TURN = {"temperature": 1.0, "max_tokens": 80}
 
 

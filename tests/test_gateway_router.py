@@ -16,6 +16,8 @@ from agentcore_rollout.gateway import RouterError, SGLangRouter
 from agentcore_rollout.gateway.router import free_port
 from agentcore_rollout.local.policy import PolicyServer
 
+pytestmark = pytest.mark.component
+
 
 def listening(pid: int) -> dict[int, str]:
     """{port: local address} of the TCP sockets process `pid` listens on (from /proc)."""

@@ -18,6 +18,8 @@ from agentcore_rollout.local.stack import CHAR_RENDERER
 
 from .gateway_support import TOKENIZER_DIR, hf_renderer
 
+pytestmark = pytest.mark.unit
+
 
 def turn(index: int, prompt: list[int], out: list[int], finish: str = "stop") -> Turn:
     logprobs = [-(index + 1) / 10 - i / 100 for i in range(len(out))]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
@@ -15,6 +17,8 @@ from agentcore_rollout.local.policy import CharRenderer
 
 from .agents.basic import expected_reward
 from .conftest import RUNTIME_ARN, engine_config
+
+pytestmark = pytest.mark.component
 
 
 class _HeldStops:

@@ -25,6 +25,8 @@ from agentcore_rollout.training import TrainingSample, grpo_advantages  # noqa: 
 
 from .test_hf_policy import PROMPTS, build_model, generate, ids_and_logprobs  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 TRANSFORMS = [
     {"temperature": 1.0},
     {"temperature": 0.7, "top_p": 0.9, "top_k": 50},

@@ -28,6 +28,8 @@ from agentcore_rollout.local.policy.sampling import sampling_logprobs  # noqa: E
 from .gateway_support import TOKENIZER_DIR, exactness_rollout, hf_renderer  # noqa: E402
 from .test_gateway import check_sample_against_records, recorded  # noqa: E402
 
+pytestmark = pytest.mark.component
+
 VOCAB = 702  # the fixture tokenizer: 700 BPE entries and <tool_call>, </tool_call>
 IM_END = 2
 PROMPTS = [[5, 17, 300, 41], [9, 8, 7], [100, 200, 300, 400, 500, 600, 650], [1, 44], [77] * 12]

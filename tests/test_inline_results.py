@@ -28,6 +28,8 @@ from tests.agents import basic
 from .conftest import engine_config
 from .factories import make_result, signed_body
 
+pytestmark = pytest.mark.component
+
 
 def _requests(n: int, **payload: Any) -> list[RolloutRequest]:
     """Ids of their own: the in-process agents are shared by every test and remember them."""

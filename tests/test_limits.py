@@ -24,6 +24,8 @@ from agentcore_rollout.config import EngineConfig
 
 from .factories import flat_config
 
+pytestmark = pytest.mark.unit
+
 
 class FakeRuntime:
     def __init__(self, start_time: float = 0.0, errors: list[SessionCallError] | None = None):

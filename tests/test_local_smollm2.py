@@ -25,6 +25,8 @@ from agentcore_rollout.local.trainer import make_learner
 from .factories import flat_config
 from .test_traces import _runs
 
+pytestmark = pytest.mark.e2e
+
 NAME = "smollm2-135m-instruct"
 
 

@@ -25,6 +25,8 @@ from agentcore_rollout.local.models import KNOWN, MARKER, ready_model
 
 from .smollm2 import LOAD_SECONDS, NAME, model_dir
 
+pytestmark = pytest.mark.component
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 

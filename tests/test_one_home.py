@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
@@ -147,8 +149,11 @@ def test_the_engine_reads_in_short_functions() -> None:
 # added about 220: `_sigv4.py` (110) and `_sqs.py` (100), and their client in `AwsClients`
 # (10). moto served by waitress, connections kept alive as AWS keeps them (10), and the agent's
 # `ResultWriter` keeping its clients per event loop, since kept-alive connections belong to one
-# (13). Raise it only with a reason in the same commit.
-MAX_LINES = 18_416
+# (13). A description on every config field, the source of the generated reference
+# docs/configuration.md, added 78 to config.py. A fresh run's files made only once its stack is
+# up, a dataset the run would write refused, and the agent app loaded before anything starts
+# (issue 33, item 2) added about 80. Raise it only with a reason in the same commit.
+MAX_LINES = 18_580
 
 
 def test_the_package_did_not_grow() -> None:

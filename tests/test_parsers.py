@@ -19,6 +19,8 @@ from agentcore_rollout.gateway.render import normalize_messages
 
 from .gateway_support import TOKENIZER_DIR
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "tests" / "fixtures" / "templates"
 ADD = {"a": 2, "b": 3}

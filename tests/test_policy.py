@@ -24,6 +24,8 @@ from agentcore_rollout.local.policy import CharTokenizer, PolicyServer, Sampling
 from agentcore_rollout.local.policy.sampling import draw, sampling_logprobs
 from agentcore_rollout.local.policy.tokenizer import IM_END_ID, IM_START_ID, VOCAB_SIZE, char_id
 
+pytestmark = pytest.mark.component
+
 REPO = Path(__file__).resolve().parents[1]
 TOK = CharTokenizer()
 Session = aiohttp.ClientSession

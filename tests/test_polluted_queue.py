@@ -10,11 +10,15 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
+
 from agentcore_rollout import Outcome, RolloutBatch, RolloutEngine, RolloutRequest
 from agentcore_rollout._sqs import QueueClient
 from agentcore_rollout.contract import listing_prefix, result_key
 
 from .conftest import engine_config
+
+pytestmark = pytest.mark.e2e
 
 ROLLOUTS = 32
 OUTSIDE, OTHER_EXP, MALFORMED = 150, 150, 20  # 300 foreign notifications, 20 malformed

@@ -21,6 +21,8 @@ from agentcore_rollout.gateway.render import RenderState, hf_anchors
 from .gateway_support import ADD_TOOL, ScriptedWorker
 from .smollm2 import LOAD_SECONDS, family_renderer, family_tokenizer, smollm2
 
+pytestmark = pytest.mark.component
+
 TOOLS = [ADD_TOOL]
 # Boundaries that BPE merges would cross if the renderer cut there: trailing and leading spaces,
 # newlines, non-ASCII first characters, digits, emoji.

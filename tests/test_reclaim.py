@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from agentcore_rollout import EngineConfig, RolloutEngine, RolloutRequest
 from agentcore_rollout.config import LocalConfig
@@ -30,6 +31,8 @@ from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
 

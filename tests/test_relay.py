@@ -12,6 +12,8 @@ from aiohttp import web
 
 from agentcore_rollout.local.relay import LoopbackRelay
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture
 async def upstream() -> int:

@@ -27,6 +27,8 @@ from agentcore_rollout._sqs import QueueClient
 from .conftest import REGION, RUNTIME_ARN
 from .wire_support import AUTH, Received, Reply, engine_at, recording_server, signature_holds
 
+pytestmark = pytest.mark.component
+
 NOW = datetime(2026, 11, 26, 23, 59, 59)
 QUEUE = "http://127.0.0.1:9/000000000000/results"
 RECEIPT = "AQEB+/Zm9v=="

@@ -17,6 +17,8 @@ from .agents.basic import controls, expected_reward
 from .conftest import engine_config
 from .factories import make_result, signed_body
 
+pytestmark = pytest.mark.component
+
 
 async def test_results_one_step_old_are_kept_two_steps_old_go_stale(moto, channel, emulator):
     emu = await emulator()

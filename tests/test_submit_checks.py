@@ -9,6 +9,8 @@ from agentcore_rollout import RolloutEngine, RolloutRequest
 
 from .conftest import engine_config
 
+pytestmark = pytest.mark.component
+
 
 @pytest.mark.parametrize(
     ("request_fields", "message"),

@@ -7,6 +7,7 @@ turns after the first incrementally."""
 from __future__ import annotations
 
 import aiohttp
+import pytest
 
 from agentcore_rollout import RolloutEngine, RolloutRequest
 from agentcore_rollout.config import LocalConfig
@@ -14,6 +15,8 @@ from agentcore_rollout.local.policy import CharRenderer, CharTokenizer
 from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config
+
+pytestmark = pytest.mark.e2e
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:

@@ -43,6 +43,8 @@ from agentcore_rollout.training import (
 from .factories import flat_config
 from .test_cli import _alive, _cli, _descendants
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

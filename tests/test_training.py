@@ -28,6 +28,8 @@ from agentcore_rollout.training import (
 from .conftest import engine_config
 from .factories import make_outcome, trace_sample
 
+pytestmark = pytest.mark.component
+
 
 def _trace(prompt: list[int], turns: list[tuple[list[int], list[int], list[float]]]) -> dict:
     """A gateway trace of one merged sample, every turn sampled by weights "3"."""

@@ -34,6 +34,8 @@ from agentcore_rollout.local.stack import LocalStack
 from .factories import flat_config
 from .gateway_support import TOKENIZER_DIR
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

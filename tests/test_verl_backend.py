@@ -17,6 +17,8 @@ from agentcore_rollout.local.policy import CharRenderer, CharTokenizer
 
 from .factories import make_outcome
 
+pytestmark = pytest.mark.component
+
 TOK = CharTokenizer()
 
 

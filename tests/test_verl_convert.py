@@ -17,6 +17,8 @@ from agentcore_rollout.training import grpo_advantages
 
 from .factories import make_outcome, trace_sample
 
+pytestmark = pytest.mark.unit
+
 
 def _outcome(samples, rewards=1.0, outcome=Outcome.OK, step=4) -> RolloutOutcome:
     turns = [{"index": 0, "latency_s": 0.25}, {"index": 1, "latency_s": 0.5}]

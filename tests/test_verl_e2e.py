@@ -39,6 +39,8 @@ from .factories import flat_config
 from .gateway_support import TOKENIZER_DIR
 from .verl_support import PolicyServerManager
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS = ["prompts", "responses", "response_mask", "rollout_log_probs", "rm_scores", "extra_fields"]
 

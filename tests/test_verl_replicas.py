@@ -30,6 +30,8 @@ from agentcore_rollout.local.stack import LocalStack
 from .test_verl_agent_loop import _agent_loop, _engine_yaml, _held_stack, _samples
 from .verl_support import PolicyServerManager
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 RENDERER = "agentcore_rollout.local.policy.render:CharRenderer"
 

@@ -16,6 +16,8 @@ from agentcore_rollout.integrations.verl import AgentCoreAgentLoop, AgentCoreSet
 from agentcore_rollout.integrations.verl.agent_loop import engine_limits, reissue_settings
 from agentcore_rollout.integrations.verl.switch import SwitchError, trainer_config
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 SWITCH = "actor_rollout_ref.rollout.mode=agentcore"
 

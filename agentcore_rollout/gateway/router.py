@@ -5,7 +5,7 @@ round-robin unless asked) and lets workers come and go at run time, which is how
 in fresh inference servers. It is a Rust binary in a wheel (`sglang-router`, in the [gateway]
 extra) and runs on CPU without sglang itself.
 
-What this wrapper guarantees, from what was measured on 0.3.2 (see NOTES.md):
+What this wrapper guarantees, from what was measured on 0.3.2:
 - everything binds 127.0.0.1: `--host 127.0.0.1`, and the Prometheus exporter (which otherwise
   binds 0.0.0.0:29000) gets `--prometheus-host 127.0.0.1 --prometheus-port <free port>`;
 - workers are managed with `POST /workers {"url"}` (202, registered in the background),

@@ -26,7 +26,7 @@ route's 404 names the routes served):
   GET    /health                          liveness, no auth: {"status": "ok", "sessions": n, ...}
   POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?}
                                           -> 201 {"session_id", "api_key", "model"}
-  POST   /admin/sessions/{id}/finish      -> 200 trace (see client.GatewayAdmin.finish_session);
+  POST   /admin/sessions/{id}/finish      -> 200 trace (see GatewayAdmin.finish_session);
                                           the session is closed, its key stops working
   DELETE /admin/sessions/{id}             -> 200 {"session_id", "dropped": true, "usage"}; no
                                              trace, its tokens only (what a failure spent)
@@ -34,7 +34,7 @@ route's 404 names the routes served):
                                           opened for that request (404 if none), for an
                                           engine that restarted to find an earlier's trace
   GET    /admin/stats                     -> 200 {"sessions", "turns", "render", "prompt_tokens"}
-                                          (see client.GatewayAdmin.stats)
+                                          (see GatewayAdmin.stats)
 
 Limits end a turn the way agent loops stop on, never with a retryable error: past `max_turns` a
 turn gets an empty answer with finish_reason `length` (unrecorded; the trace counts it under
@@ -478,7 +478,7 @@ class Gateway(Server):
         return _json(self.stats())
 
     def stats(self) -> dict[str, Any]:
-        """The counters /admin/stats answers (see `client.GatewayAdmin.stats`)."""
+        """The counters /admin/stats answers (see `GatewayAdmin.stats`)."""
         return {
             "sessions": len(self.sessions),
             "turns": sum(self.render_counts.values()),

@@ -99,7 +99,7 @@ class Session:
         }
 
     def trace(self, *, token_capture: bool, backend: str, model: str) -> dict[str, Any]:
-        """The JSON-serializable trace (see `client.GatewayAdmin.finish_session`)."""
+        """The JSON-serializable trace (see `GatewayAdmin.finish_session`)."""
         data = self.trajectory.to_json()
         turns = self.trajectory.turns
         return {

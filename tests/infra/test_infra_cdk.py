@@ -24,6 +24,8 @@ from .cfn import (
     synth,
 )
 
+pytestmark = pytest.mark.component
+
 RUNTIME_ROLE_ACTIONS = {
     "s3:PutObject",
     "sqs:SendMessage",

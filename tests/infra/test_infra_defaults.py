@@ -12,6 +12,8 @@ from agentcore_rollout._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 
 from .tf import load_module, snake
 
+pytestmark = pytest.mark.unit
+
 TEMPLATE = Path(__file__).resolve().parents[2] / "infra/template/agentcore-rollout.template.json"
 DEFAULTS = {"IdleRuntimeSessionTimeout": IDLE_TIMEOUT_S, "MaxLifetime": MAX_LIFETIME_S}
 

@@ -12,6 +12,8 @@ import pytest
 from .iam_eval import Decision, Request, ResourcePolicy, Unsupported, evaluate, wildcard_match
 from .tf import HclUnsupported, Module, evaluate_hcl
 
+pytestmark = pytest.mark.unit
+
 ROLE = "arn:aws:iam::123456789012:role/trainer"
 BUCKET = "arn:aws:s3:::b"
 TLS = {"aws:SecureTransport": "true"}

@@ -37,7 +37,7 @@ from tests.factories import SIG_KEY, flat_config, make_result, signed_body
 from .cfn import Resolver, one_resource, resources_of_type
 
 # moto warns about each resource type its CloudFormation skips; the tests check them.
-pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse")
+pytestmark = [pytest.mark.filterwarnings("ignore:Tried to parse"), pytest.mark.component]
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -316,7 +316,7 @@ def test_moto_skipped_these_and_they_are_applied_from_the_template(applied: Depl
         "QueuePolicy",
         "Notification",
         "EcrScanOnPush",
-    }, "moto changed: update the module docstring and NOTES.md"
+    }, "moto changed: update the module docstring"
     s3 = applied.client("s3")
     name = applied.outputs["BucketName"]
     block = s3.get_public_access_block(Bucket=name)["PublicAccessBlockConfiguration"]

@@ -33,6 +33,8 @@ from agentcore_rollout.cli.infra import (
 )
 from infra.cdk import app
 
+pytestmark = pytest.mark.component
+
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/agentcore-rollout-runtime"

@@ -11,6 +11,8 @@ from infra.cdk import app
 
 from .cfn import synth
 
+pytestmark = pytest.mark.component
+
 REGIONS = ["us-east-1", "us-west-2"]
 
 

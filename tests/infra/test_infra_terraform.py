@@ -28,6 +28,8 @@ from .tf import (
     tf_signature,
 )
 
+pytestmark = pytest.mark.component
+
 # CloudFormation resource types and the Terraform types that make them.
 KIND_COUNTERPARTS = {
     "AWS::S3::Bucket": "aws_s3_bucket",

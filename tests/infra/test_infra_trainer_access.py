@@ -31,6 +31,8 @@ from .iam_eval import (
 )
 from .tf import Module, evaluate_hcl, load_module, policy_json
 
+pytestmark = pytest.mark.component
+
 
 @dataclass(frozen=True)
 class World:
