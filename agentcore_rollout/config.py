@@ -111,15 +111,15 @@ class _Section(BaseModel):
 class Endpoints(_Section):
     """Endpoint overrides; None means the AWS default for the region."""
 
-    s3: str | None = None
-    sqs: str | None = None
-    agentcore: str | None = None
+    s3: str | None = Field(default=None, description="S3's endpoint URL")
+    sqs: str | None = Field(default=None, description="SQS's endpoint URL")
+    agentcore: str | None = Field(default=None, description="AgentCore's data-plane endpoint URL")
 
 
 class GatewayReplica(_Section):
     """One gateway process: where the engine reaches its admin API, and what agents call."""
 
-    url: str
+    url: str = Field(description="where the engine reaches its admin API")
     public_url: str | None = Field(default=None, description="what agents call; default url")
 
     @property
@@ -135,12 +135,22 @@ class GatewayConfig(_Section):
     its state is. A replica that cannot be reached gets no new session for
     `dispatch.backoff_max` seconds; the sessions it held end `invalid_result` (trace lost)."""
 
-    url: str | None = None
-    admin_token: str = Field(repr=False)
+    url: str | None = Field(
+        default=None, description="the one gateway's URL, where the engine reaches its admin API"
+    )
+    admin_token: str = Field(
+        repr=False, description="token of the admin API; every replica shares it"
+    )
     public_url: str | None = Field(default=None, description="what agents call; default url")
-    replicas: list[GatewayReplica] = Field(default_factory=list)
-    max_context: int | None = Field(default=None, ge=1)
-    max_turns: int | None = Field(default=None, ge=1)
+    replicas: list[GatewayReplica] = Field(
+        default_factory=list, description="several gateway replicas, instead of url"
+    )
+    max_context: int | None = Field(
+        default=None, ge=1, description="tokens a turn's prompt and answer may hold"
+    )
+    max_turns: int | None = Field(
+        default=None, ge=1, description="turns a session may take; past it a turn ends `length`"
+    )
 
     @field_validator("replicas", mode="before")
     @classmethod
@@ -232,9 +242,11 @@ class DispatchConfig(_Section):
         "lowest published per-endpoint invocation rate). Below start_rate, stopped sessions "
         "would pile up in live slots",
     )
-    max_retries: int = Field(default=8, ge=0)
-    backoff_base: float = Field(default=0.2, gt=0)
-    backoff_max: float = Field(default=20.0, gt=0)
+    max_retries: int = Field(default=8, ge=0, description="retries of 429, 402, 409 and 5xx")
+    backoff_base: float = Field(
+        default=0.2, gt=0, description="seconds; full-jitter exponential back-off"
+    )
+    backoff_max: float = Field(default=20.0, gt=0, description="seconds; the back-off's cap")
 
     @property
     def max_starting(self) -> int:
@@ -272,10 +284,18 @@ class LimitsConfig(_Section):
 class ResultsConfig(_Section):
     """How results come back: SQS polling, S3 downloads, and what is remembered."""
 
-    pollers: int = Field(default=1, ge=1)
-    wait_time: int = Field(default=20, ge=0, le=20)
-    visibility_timeout: int = Field(default=60, ge=0, le=43200)
-    foreign_visibility: int = Field(default=2, ge=0, le=43200)
+    pollers: int = Field(default=1, ge=1, description="concurrent SQS long-pollers")
+    wait_time: int = Field(default=20, ge=0, le=20, description="SQS long-poll seconds")
+    visibility_timeout: int = Field(
+        default=60, ge=0, le=43200, description="seconds a received message stays invisible"
+    )
+    foreign_visibility: int = Field(
+        default=2,
+        ge=0,
+        le=43200,
+        description="seconds a notification no request here expects is released for; 4x longer "
+        "each time after its second return",
+    )
     receive_gather: float = Field(
         default=0.05,
         ge=0,
@@ -289,8 +309,12 @@ class ResultsConfig(_Section):
         description="seconds a handled message waits for others to share its delete call; "
         "must stay well under visibility_timeout",
     )
-    download_concurrency: int = Field(default=16, ge=1)
-    max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024)
+    download_concurrency: int = Field(default=16, ge=1, description="concurrent S3 downloads")
+    max_result_bytes: int = Field(
+        default=DEFAULT_MAX_RESULT_BYTES,
+        ge=1024,
+        description="larger results become `invalid_result`",
+    )
     notify_directly: bool = Field(
         default=False,
         description="agents also send to SQS after the put, a small result inside: no GetObject",
@@ -351,13 +375,24 @@ _SECTIONS = {"dispatch": DispatchConfig, "limits": LimitsConfig, "results": Resu
 class EngineConfig(_Section):
     """Everything the engine needs to dispatch rollouts and collect their results."""
 
-    exp_id: str = Field(default="default", pattern=ID_PATTERN, max_length=ID_MAX)
-    region: str = "us-east-1"
-    # Where results go and which runtime runs the agents. Required on AWS; the embedded
-    # local stack fills them in.
-    bucket: _BucketName | None = None
-    prefix: str = "rollouts"
-    queue_url: str | None = None
+    exp_id: str = Field(
+        default="default",
+        pattern=ID_PATTERN,
+        max_length=ID_MAX,
+        description="experiment id: part of every result key; other ids are left alone",
+    )
+    region: str = Field(default="us-east-1", description="AWS region (also from AWS_REGION)")
+    bucket: _BucketName | None = Field(
+        default=None, description="results bucket; required on AWS, filled in by the local stack"
+    )
+    prefix: str = Field(
+        default="rollouts",
+        description="results at s3://bucket/prefix/exp_id/step (8 digits)/request_id.json",
+    )
+    queue_url: str | None = Field(
+        default=None,
+        description="SQS queue the bucket notifies; required on AWS, filled in by the local stack",
+    )
     runtime_arn: _RuntimeArn | None = Field(default=None, description="the one runtime")
     qualifier: str = Field(default="DEFAULT", description="the one runtime's endpoint")
     runtimes: list[RuntimeTarget] = Field(
@@ -367,7 +402,7 @@ class EngineConfig(_Section):
     )
     endpoints: Endpoints = Field(default_factory=Endpoints)
     max_pool_connections: int = Field(default=64, ge=1, description="per AWS client")
-    llm: LLMSettings | None = None  # the policy endpoint agents call (the gateway, deployed)
+    llm: LLMSettings | None = Field(default=None, description="the policy endpoint agents call")
     gateway: GatewayConfig | None = None
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -432,25 +467,46 @@ class EngineConfig(_Section):
 class LocalConfig(_Section):
     """The embedded stack (`stack: local`): moto, the runtime emulator, the local policy."""
 
-    app: str = "examples.math_agent.app:app"
-    mode: Literal["process", "in_process", "container"] = "process"
-    # mode container: each session a container of `image`, built from `dockerfile` when
-    # missing (`agentcore-rollout local build` rebuilds it); `app` is then the image's.
-    image: str = Field(default="localhost/agentcore-rollout-agent:local", min_length=1)
-    dockerfile: str = "examples/math_agent/Dockerfile"
+    app: str = Field(
+        default="examples.math_agent.app:app",
+        description="module:attribute of the RolloutApp each session runs",
+    )
+    mode: Literal["process", "in_process", "container"] = Field(
+        default="process",
+        description="`process`: an agent process per session; `in_process`: one shared app (fast, "
+        "for tests); `container`: a container of `image` per session",
+    )
+    image: str = Field(
+        default="localhost/agentcore-rollout-agent:local",
+        min_length=1,
+        description="mode container: the agent's image, built from `dockerfile` when missing "
+        "(`app` is then the image's)",
+    )
+    dockerfile: str = Field(
+        default="examples/math_agent/Dockerfile",
+        description="what `agentcore-rollout local build` builds `image` from",
+    )
     container_engine: Literal["auto", "podman", "docker"] = Field(
         default="auto", description="mode container: podman or docker (auto: podman if present)"
     )
-    bucket: _BucketName = "agentcore-rollout-local"
-    queue: _QueueName = "agentcore-rollout-results"
-    cold_start: float = Field(default=0.0, ge=0)
+    bucket: _BucketName = Field(
+        default="agentcore-rollout-local", description="the local stack's results bucket"
+    )
+    queue: _QueueName = Field(
+        default="agentcore-rollout-results", description="the local stack's results queue"
+    )
+    cold_start: float = Field(
+        default=0.0, ge=0, description="simulated seconds before a new session's agent starts"
+    )
     invoke_tps: float | None = Field(
         default=None, gt=0, description="emulator's invocations per second, all calls; None: none"
     )
     new_sessions_per_minute: float | None = Field(
         default=None, gt=0, description="emulator's new-session rate (429 above it); None: none"
     )
-    max_sessions: int = Field(default=1000, ge=1)
+    max_sessions: int = Field(
+        default=1000, ge=1, description="emulator's live-session quota (402 above it)"
+    )
     endpoints: int = Field(
         default=1,
         ge=1,
@@ -458,8 +514,14 @@ class LocalConfig(_Section):
         "its own invoke_tps and new_sessions_per_minute; the engine starts sessions on all, each "
         "at engine.dispatch.start_rate",
     )
-    idle_timeout: float = Field(default=IDLE_TIMEOUT_S, gt=0)
-    max_lifetime: float = Field(default=MAX_LIFETIME_S, gt=0)
+    idle_timeout: float = Field(
+        default=IDLE_TIMEOUT_S, gt=0, description="seconds after which an idle session is ended"
+    )
+    max_lifetime: float = Field(
+        default=MAX_LIFETIME_S,
+        gt=0,
+        description="seconds after which any session is ended, busy or not",
+    )
     # What the workers serve: the toy (numpy, char tokenizer), or a Hugging Face causal LM on
     # CPU, named (a known model, converted once into a cache) or a model directory; the gateway
     # then renders with that model's tokenizer and chat template. Resolved by the stack (core
@@ -467,8 +529,10 @@ class LocalConfig(_Section):
     policy: str = Field(
         default="toy", min_length=1, description="toy | a known model name | a model directory"
     )
-    policy_seed: int = 0
-    policy_params: str | None = None
+    policy_seed: int = Field(
+        default=0, description="seed of the toy policy (and the workers' sampling)"
+    )
+    policy_params: str | None = Field(default=None, description=".npz of trained toy parameters")
     policy_workers: int = Field(default=2, ge=1, description="behind sglang-router when > 1")
     # One by default: on cores shared with other work, a worker's pool of 2 threads measured 6x
     # slower than 1 (SmolLM2, 32 sequences, 2 cores under load 6: 5.5 vs 33 tokens/s).
@@ -485,7 +549,9 @@ class LocalConfig(_Section):
         default=1, ge=1, description="gateway processes; each session on one (engine.gateway)"
     )
     max_context: int = Field(default=2048, ge=16, description="gateway context limit, tokens")
-    agent_log_dir: str | None = None
+    agent_log_dir: str | None = Field(
+        default=None, description="write each agent process's output here"
+    )
 
     @model_validator(mode="after")
     def _params_for_the_toy(self) -> LocalConfig:
@@ -502,10 +568,13 @@ class LocalConfig(_Section):
 class RunConfig(_Section):
     """What `agentcore-rollout run` rolls out."""
 
-    data: str = "examples/math_agent/data/train.jsonl"
+    data: str = Field(
+        default="examples/math_agent/data/train.jsonl",
+        description="JSONL, one payload per line; `id` names its group",
+    )
     n: int = Field(default=4, ge=1, description="samples per prompt (a GRPO group)")
-    out: str = "out"
-    step: int = Field(default=0, ge=0)
+    out: str = Field(default="out", description="rollouts.jsonl and summary.json go here")
+    step: int = Field(default=0, ge=0, description="policy version written into every request")
     timeout: float | None = Field(
         default=None, gt=0, description="default: engine.limits.rollout_timeout"
     )
@@ -518,14 +587,20 @@ class TrainConfig(_Section):
     """What `agentcore-rollout train` does: GRPO on the local policy (`local.policy`: the toy or
     a Hugging Face model), each step a batch of groups rolled out through the whole pipeline."""
 
-    data: str = "examples/math_agent/data/train.jsonl"
-    out: str = "out/train"
-    steps: int = Field(default=20, ge=1)
+    data: str = Field(
+        default="examples/math_agent/data/train.jsonl",
+        description="JSONL, one prompt per line (ids as for run)",
+    )
+    out: str = Field(
+        default="out/train",
+        description="metrics.jsonl, reward_curve.png and the weights of every step",
+    )
+    steps: int = Field(default=20, ge=1, description="training steps")
     n: int = Field(default=8, ge=1, description="members trained per group")
     extra: int = Field(default=0, ge=0, description="more submitted, cancelled once n are ok")
     min_ok: int = Field(default=2, ge=1, description="fewer ok members: the group is skipped")
     groups_per_step: int | None = Field(default=None, ge=1, description="default: one per row")
-    lr: float = Field(default=8.0, gt=0)
+    lr: float = Field(default=8.0, gt=0, description="learning rate of the policy-gradient step")
     clip: float = Field(default=0.2, gt=0, description="PPO ratio clip")
     asynchronous: bool = Field(
         default=False,
@@ -536,7 +611,10 @@ class TrainConfig(_Section):
 
 
 class Config(_Section):
-    stack: Literal["local", "aws"] = "local"
+    stack: Literal["local", "aws"] = Field(
+        default="local",
+        description="`local`: start the embedded stack; `aws`: use the configured endpoints",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
     run: RunConfig = Field(default_factory=RunConfig)

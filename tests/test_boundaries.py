@@ -37,6 +37,8 @@ from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config
 
+pytestmark = pytest.mark.component
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
 # The core: every module at the package root.
@@ -166,7 +168,7 @@ def where(path: Path, line: int, name: str) -> str:
 
 def test_every_folder_of_the_package_is_a_layer() -> None:
     folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    assert folders == set(LAYERS), "add the new folder to LAYERS and to docs/ARCHITECTURE.md"
+    assert folders == set(LAYERS), "add the new folder to LAYERS and to docs/architecture.md"
 
 
 def test_the_core_imports_no_folder_and_only_light_libraries() -> None:
@@ -347,6 +349,7 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("with_gateway", [True, False], ids=["gateway", "llm"])
 async def test_a_core_only_install_rolls_out_a_batch(
     bare_python: Path, with_gateway: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

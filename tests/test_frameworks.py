@@ -42,7 +42,7 @@ from .gateway_support import ADD_TOOL, ScriptedWorker, hf_renderer
 
 quiet_frameworks()
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.component]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -330,6 +330,7 @@ async def test_example_agent_cut_at_max_tokens_still_ends_with_reward_0(
     assert [t["finish_reason"] for t in trace["turns"]] == ["length"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["strands_agent", "langgraph_agent"])
 async def test_example_runs_on_the_local_stack_and_every_rollout_ends_ok_with_a_reward(
     name: str,
@@ -366,10 +367,10 @@ async def test_example_runs_on_the_local_stack_and_every_rollout_ends_ok_with_a_
 
 
 async def test_the_readme_framework_wrap_runs_as_written(live: LiveSession) -> None:
-    """The README's "Writing an agent" wrap of a Strands agent, taken from the README as is."""
+    """The docs' wrap of a Strands agent (docs/agents.md), taken from the page as is."""
     from strands import tool
 
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs/agents.md").read_text(), re.S)
     (block,) = [b for b in blocks if "OpenAIModel(" in b]
     tools = Calls()
     namespace: dict[str, Any] = {
@@ -377,7 +378,7 @@ async def test_the_readme_framework_wrap_runs_as_written(live: LiveSession) -> N
         "RolloutOutput": RolloutOutput,
         "add": tool(tools.add),
     }
-    exec(compile(block, "README.md", "exec"), namespace)
+    exec(compile(block, "docs/agents.md", "exec"), namespace)
     live.script(CALL, "5")
     output = await namespace["rollout"]({"question": QUESTION, "answer": 5}, _context(live))
     assert tools.seen == [(2, 3)] and output.rewards == 1.0

@@ -1,5 +1,5 @@
 """The public face: what `agentcore_rollout` exports, and that nothing meant for users (README,
-examples, the CLI) reaches into the internals."""
+docs, examples, the CLI) reaches into the internals."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 import agentcore_rollout
 import agentcore_rollout.agent
 import agentcore_rollout.training
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
@@ -75,8 +79,9 @@ def test_engine_exposes_no_internals():
     }
 
 
-def test_readme_and_examples_use_only_the_public_api():
-    texts = {p: p.read_text() for p in [ROOT / "README.md", *ROOT.glob("examples/**/*.py")]}
+def test_readme_docs_and_examples_use_only_the_public_api():
+    pages = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]
+    texts = {p: p.read_text() for p in [*pages, *ROOT.glob("examples/**/*.py")]}
     for path, text in texts.items():
         assert not re.search(r"agentcore_rollout\._|agentcore_rollout\.(engine|buffer)\b", text), (
             path

@@ -1,6 +1,7 @@
-"""The README's streaming example, its reading loop taken from the README as written, against
-the emulator: a streaming agent's first event reaches the reader before the agent has
-produced its last one (botocore's default `iter_lines()` holds it until 1 KiB has come)."""
+"""The docs' streaming example (docs/local-stack.md), its reading loop taken from the page as
+written, against the emulator: a streaming agent's first event reaches the reader before the
+agent has produced its last one (botocore's default `iter_lines()` holds it until 1 KiB has
+come)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,20 @@ import uuid
 from types import CodeType
 
 import boto3
+import pytest
 
 from .agents import gate
 from .conftest import REGION, ROOT, RUNTIME_ARN
 
+pytestmark = pytest.mark.component
+
 GUARD = 30.0  # against a hang, never a timing assertion
+PAGE = "docs/local-stack.md"  # "Run your own AgentCore agent locally"
 
 
 def _readme_reading_loop() -> CodeType:
-    """The iterable of the README's `for line in ...` over an InvokeAgentRuntime response."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    """The iterable of the page's `for line in ...` over an InvokeAgentRuntime response."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / PAGE).read_text(), re.S)
     block = next(b for b in blocks if "invoke_agent_runtime(" in b)
     loop = next(
         node
@@ -30,7 +35,7 @@ def _readme_reading_loop() -> CodeType:
         if isinstance(node, ast.For)
         and "resp" in {n.id for n in ast.walk(node.iter) if isinstance(n, ast.Name)}
     )
-    return compile(ast.Expression(loop.iter), "README.md", "eval")
+    return compile(ast.Expression(loop.iter), PAGE, "eval")
 
 
 async def test_the_readme_streaming_example_reads_events_as_they_arrive(emulator):
@@ -41,13 +46,13 @@ async def test_the_readme_streaming_example_reads_events_as_they_arrive(emulator
     seen: list[bytes] = []
     first = threading.Event()
 
-    def read() -> None:  # the README's code; boto3 blocks, so in a thread
+    def read() -> None:  # the page's code; boto3 blocks, so in a thread
         resp = client.invoke_agent_runtime(
             agentRuntimeArn=RUNTIME_ARN,
             runtimeSessionId=f"readme-{uuid.uuid4().hex}",
             payload=json.dumps({"stream": tag, "events": events}).encode(),
         )
-        for line in eval(lines_of, {"resp": resp}):  # the README's own expression
+        for line in eval(lines_of, {"resp": resp}):  # the page's own expression
             if line.strip():
                 seen.append(line)
                 first.set()

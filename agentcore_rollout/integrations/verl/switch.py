@@ -21,7 +21,7 @@ staleness bound (`trainer.v1.sampler`) is what the agent loop gives the engine
 `agentcore-rollout verl [--config-path DIR --config-name NAME] [HYDRA OVERRIDES...]` composes
 veRL's trainer config (or yours, which may extend it), translates it, and runs veRL's
 `main_ppo` on it. Who launches `verl.trainer.main_ppo` directly passes the native settings
-above instead (see the README).
+above instead (see docs/verl.md).
 """
 
 from __future__ import annotations
