@@ -159,7 +159,13 @@ class MessagesDialect:
                 deltas.append(("signature_delta", "signature", block["signature"]))
             else:
                 start = {**block, "input": {}}
-                deltas = [("input_json_delta", "partial_json", json.dumps(block["input"]))]
+                deltas = [
+                    (
+                        "input_json_delta",
+                        "partial_json",
+                        json.dumps(block["input"], ensure_ascii=False),
+                    )
+                ]
             yield "content_block_start", _event("content_block_start", index, content_block=start)
             for delta, key, value in deltas:
                 data = _event("content_block_delta", index, delta={"type": delta, key: value})
@@ -356,7 +362,8 @@ def _tool_use(block: dict[str, Any], i: int) -> dict[str, Any]:
     caller = block.get("caller")
     if caller is not None and caller != {"type": "direct"}:
         raise ValueError(f"[{i}]: a tool_use caller other than 'direct' is not supported")
-    function = {"name": name, "arguments": json.dumps(arguments)}  # as the parser writes it
+    # As the parser writes it: non-ASCII kept, or the next prompt holds text the model never wrote.
+    function = {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
     return {"id": call_id, "type": "function", "function": function}
 
 
