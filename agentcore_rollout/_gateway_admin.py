@@ -158,7 +158,8 @@ class GatewayAdmin:
 
     async def stats(self) -> dict[str, Any]:
         """The gateway's counters: {"sessions": live, "turns": rendered since start,
-        "render": {"incremental", "fallback", "full"}, "prompt_tokens": {"reused", "encoded"}}."""
+        "render": {"incremental", "fallback", "full"}, "prompt_tokens": {"reused", "encoded"},
+        "ignored_fields": {field name: turns that sent it with no effect}}."""
         return await self._call("GET", "/admin/stats")
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:

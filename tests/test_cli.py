@@ -105,6 +105,7 @@ def test_run_on_the_local_stack_writes_consistent_outputs(tmp_path):
         assert components["turns"] == len(answers) and components["format"] == formatted
         trace = line["trace"]  # through the gateway, sglang-router and two policy workers
         assert trace["token_capture"] is True and trace["num_turns"] == len(answers)
+        assert all(turn["ignored"] == [] for turn in trace["turns"])  # the OpenAI SDK's fields
         assert sum(s["num_sampled"] for s in trace["samples"]) >= len(answers)
         assert "sig" not in result and "sig_key" not in json.dumps(line)
     assert summary["groups"]["g1"]["n"] == 3 and "p99" in summary["latency_s"]

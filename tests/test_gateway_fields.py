@@ -1,5 +1,6 @@
-"""Every request field honoured or refused, through the real wire (OpenAI SDK -> gateway ->
-a scripted SGLang worker or the local policy server), never accepted and ignored."""
+"""Chat completions' fields honoured or refused, through the real wire (OpenAI SDK -> gateway ->
+a scripted SGLang worker or the local policy server); the fields that change nothing sampled,
+accepted and named in the trace, are in test_gateway_field_policy.py."""
 
 from __future__ import annotations
 
@@ -182,13 +183,20 @@ async def test_top_logprobs_are_filled_per_token(char_gateway: tuple[Gateway, st
     ("extra", "message"),
     [
         ({"logit_bias": {"5": 10}}, "logit_bias is not supported"),
-        ({"extra_body": {"frobnicate": 1}}, "unknown field 'frobnicate'"),
+        ({"web_search_options": {}}, "web_search_options is not supported"),
         ({"tool_choice": "required"}, "tool_choice 'required' needs tools"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}}, "'x'"),
         ({"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
         ({"modalities": ["text", "audio"]}, "text-only"),
     ],
-    ids=["logit_bias", "unknown", "required_without_tools", "unknown_tool", "top_alone", "audio"],
+    ids=[
+        "logit_bias",
+        "web_search",
+        "required_without_tools",
+        "unknown_tool",
+        "top_alone",
+        "audio",
+    ],
 )
 async def test_fields_the_gateway_cannot_honour_are_a_400_naming_them(
     turns: Turns, extra: dict, message: str

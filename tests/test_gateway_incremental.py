@@ -213,6 +213,7 @@ async def test_stats_need_the_admin_token() -> None:
             "turns": 0,
             "render": {"incremental": 0, "fallback": 0, "full": 0},
             "prompt_tokens": {"reused": 0, "encoded": 0},
+            "ignored_fields": {},
         }
 
 

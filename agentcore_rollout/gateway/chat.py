@@ -1,8 +1,9 @@
 """OpenAI chat completions (`POST /v1/chat/completions`): the gateway's first dialect.
 
-Every field of the request is honoured, accepted as having no effect on the turn (`user`,
-`metadata`, `store`, `service_tier`), or refused with a 400 that names it; see `turns` for what
-the shared options mean.
+Every field of the request is honoured, ignored (no effect on the turn, named in its trace:
+`user`, `metadata`, `store`, `service_tier`, `prompt_cache_key` and the like, `reasoning_effort`
+and `verbosity`, fields the gateway does not know) or refused with a 400 that names it; see
+`turns` for the kinds and what the shared options mean.
 """
 
 from __future__ import annotations
@@ -16,19 +17,22 @@ from .sampling import SGLANG_NAMES, request_sampling
 from .sessions import Session
 from .turns import (
     ChatTurn,
+    Ignored,
     ToolChoice,
     TurnAnswer,
     check_fields,
     json_schema_of,
     mode_choice,
     named_choice,
+    steering,
     top_logprobs_of,
 )
 
 _HONOURED = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls", "stream"}
 _HONOURED |= {"stream_options", "logprobs", "top_logprobs", "response_format", "n", "modalities"}
-_HONOURED |= {"max_completion_tokens", *SGLANG_NAMES}
-_NO_EFFECT = {"user", "metadata", "store", "service_tier"}
+_HONOURED |= {"max_completion_tokens", "reasoning_effort", "verbosity", *SGLANG_NAMES}
+_NO_EFFECT = {"user", "metadata", "store", "service_tier", "safety_identifier"}
+_NO_EFFECT |= {"prompt_cache_key", "prompt_cache_retention"}
 _REFUSED = {
     "logit_bias": "the backends sample from the policy's own distribution",
     "functions": "use tools (function calling's legacy form is not served)",
@@ -36,7 +40,6 @@ _REFUSED = {
     "audio": "the gateway's renderer is text-only",
     "prediction": "predicted outputs are not served",
     "web_search_options": "the gateway hosts no search tool",
-    "reasoning_effort": "the policy's reasoning is not steered by the gateway",
 }
 
 
@@ -44,8 +47,14 @@ class ChatDialect:
     name = "chat"
     paths = ("/v1/chat/completions",)
 
+    def __init__(self, strict: bool = False) -> None:
+        self.strict = strict
+
     def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
-        check_fields(body, _HONOURED | _NO_EFFECT, _REFUSED)
+        ignored = Ignored(self.strict)
+        check_fields(body, _HONOURED, _NO_EFFECT, _REFUSED, ignored)
+        steering(body.get("reasoning_effort"), "reasoning_effort", ignored)
+        steering(body.get("verbosity"), "verbosity", ignored)
         modalities = body.get("modalities")
         if modalities not in (None, ["text"]):
             raise ValueError("modalities must be ['text']: the gateway's renderer is text-only")
@@ -73,6 +82,7 @@ class ChatDialect:
             top_logprobs=top,
             stream=boolean(body.get("stream"), "stream"),
             body=body,
+            ignored=ignored,
         )
 
     def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:

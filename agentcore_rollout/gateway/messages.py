@@ -11,25 +11,34 @@ written as the parser writes it, so a call the model made re-renders to the ids 
 its `thinking` its `reasoning_content`; a user's `tool_result` blocks one `tool` message each, in
 order, before the user's remaining text (`is_error` kept visible as an "Error: " prefix).
 
-Fields: honoured are `model`, `messages`, `system`, `max_tokens`, `stop_sequences`,
-`temperature`, `top_p`, `top_k`, `tools`, `tool_choice` (auto, any -> required, tool -> named,
-none; `disable_parallel_tool_use`), `stream`, `output_config.format` (a JSON schema, to the
-backend as `response_format` is) and `thinking` `disabled` / `adaptive` (the model decides
-whether to reason, as the policy does), `system` messages in `messages` (a system turn where
-they stand); accepted with no effect on the turn: `metadata`, `service_tier`, `speed`,
-`inference_geo`, `diagnostics` (the reply carries none), `cache_control` (anywhere), text
-`citations`, `toolset_name`, a tool's `eager_input_streaming` (a turn is streamed once whole).
+Fields (see `turns` for the kinds): honoured are `model`, `messages`, `system`, `max_tokens`,
+`stop_sequences`, `temperature`, `top_p`, `top_k`, `tools`, `tool_choice` (auto, any ->
+required, tool -> named, none; `disable_parallel_tool_use`), `stream`, `output_config.format`
+(a JSON schema, to the backend as `response_format` is), `thinking` `disabled` / `adaptive` (the
+model decides whether to reason, as the policy does) with `display: omitted` (the thinking comes
+back empty, its text sealed in the signature), `system` messages in `messages` (a system turn
+where they stand), `context_management`'s `clear_thinking_20251015` edit (the thinking of all
+but the last `keep` assistant turns is left out of the prompt, which the trace shows), and a
+tool's `defer_loading` (a deferred tool is not in the prompt: the gateway serves no tool search
+that would load it). Ignored: `metadata`, `service_tier`, `speed`, `inference_geo`,
+`diagnostics` (the reply carries none), `cache_control` (anywhere), text `citations`,
+`toolset_name`, a tool's `eager_input_streaming` (a turn is streamed once whole) and `strict`
+(not enforced while sampling: a call that does not parse is flagged ill-formed),
+`thinking.display` other than omitted, `output_config.effort` (named with its value when not
+the default, high), a
+`clear_thinking_20251015` edit that keeps all, server tools (web_search_*, bash_*, ...: dropped
+from what the model sees, as Responses' hosted tools are), fields the gateway does not know.
 Refused with a 400 naming them: `thinking` `enabled` / `between_tools` (a budget or a schedule
-cannot be enforced on the policy), `display: omitted`, `output_config.effort`, `container`,
-server tools (web_search_*, bash_*, text_editor_*, ...), a tool's `strict`, `defer_loading`,
-`input_examples` and callers other than direct, image / document / search-result blocks (the
-renderer is text-only), `redacted_thinking` (encrypted by Anthropic: nothing to render; the
-gateway never produces one), a final assistant message (prefill: the renderer always opens a new
-turn), and any unknown field.
+cannot be enforced on the policy), context edits other than clearing thinking,
+`container`, `mcp_servers`, a tool's `input_examples` and callers other than direct, image /
+document / search-result blocks (the renderer is text-only), `redacted_thinking` (encrypted by
+Anthropic: nothing to render; the gateway never produces one), a final assistant message
+(prefill: the renderer always opens a new turn).
 
-Replies: thinking, text and tool_use blocks in that order; a thinking block's `signature` is
-empty: the gateway signs nothing and checks no signature when the block comes back (its text is
-re-rendered, and a changed text only costs the prefix reuse). Finishes map to `end_turn`,
+Replies: thinking, text and tool_use blocks in that order; a thinking block's `signature` seals
+its text (`turns.seal_reasoning`): a block sent back with its text renders that text, one sent
+back empty (`display: omitted`, or a client that keeps only the signature) the sealed text, so
+the next prompt extends what was sampled either way. Finishes map to `end_turn`,
 `tool_use`, `max_tokens` (the turn and context limits too) and `stop_sequence` (when the backend
 says which stop string matched). Errors are `{"type": "error", "error": {"type", "message"}}`
 with the status the SDK maps to the matching exception.
@@ -46,23 +55,28 @@ from .sampling import request_sampling
 from .sessions import Session
 from .turns import (
     ChatTurn,
+    Ignored,
     ToolChoice,
     TurnAnswer,
     arguments_object,
     check_fields,
     json_schema_of,
     named_choice,
+    seal_reasoning,
+    steering,
+    unseal_reasoning,
 )
 
 _HONOURED = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature"}
 _HONOURED |= {"top_p", "top_k", "tools", "tool_choice", "stream", "thinking", "output_config"}
+_HONOURED |= {"context_management"}
 _NO_EFFECT = {"metadata", "service_tier", "inference_geo", "cache_control", "speed"}
 _NO_EFFECT |= {"diagnostics"}
 _REFUSED = {
     "container": "the gateway hosts no code-execution container",
     "mcp_servers": "the gateway connects to no MCP server",
-    "context_management": "the gateway does not edit the conversation's context",
 }
+CLEAR_THINKING = "clear_thinking_20251015"
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _STOP_REASONS["content_filter"] = "refusal"  # a pass-through backend's filter
 _ERROR_TYPES = {
@@ -85,20 +99,19 @@ _BLOCK_KEYS = {
 }
 _TOOL_KEYS = {"name", "description", "input_schema", "type", "cache_control", "strict"}
 _TOOL_KEYS |= {"eager_input_streaming", "allowed_callers", "defer_loading", "input_examples"}
-_TOOL_REFUSED = {  # a tool's fields the gateway cannot honour, when set (not null, not false)
-    "strict": "tool inputs are not constrained while sampling",
-    "defer_loading": "the gateway serves no tool search",
-    "input_examples": "the chat template renders no input examples",
-}
 
 
 class MessagesDialect:
     name = "messages"
     paths = ("/v1/messages", "/v1/v1/messages")
 
+    def __init__(self, strict: bool = False) -> None:
+        self.strict = strict
+
     def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
-        check_fields(body, _HONOURED | _NO_EFFECT, _REFUSED)
-        _check_thinking(body.get("thinking"))
+        ignored = Ignored(self.strict)
+        check_fields(body, _HONOURED, _NO_EFFECT, _REFUSED, ignored)
+        _check_thinking(body.get("thinking"), ignored)
         max_tokens = body.get("max_tokens")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError("max_tokens is required: a positive integer")
@@ -109,9 +122,10 @@ class MessagesDialect:
             raise ValueError("stop_sequences must be a list of non-empty strings")
         picked = {"max_tokens": max_tokens, "stop": stop or None}
         picked.update((k, body.get(k)) for k in ("temperature", "top_p", "top_k"))
-        tools = _tools(body.get("tools"))
+        tools = _tools(body.get("tools"), ignored)
         choice, parallel = _tool_choice(body.get("tool_choice"), tools)
         messages = _messages(body.get("messages"))
+        _clear_thinking(messages, body.get("context_management"), ignored)
         system = _system(body.get("system"))
         return ChatTurn(
             messages=[{"role": "system", "content": system}, *messages] if system else messages,
@@ -120,9 +134,10 @@ class MessagesDialect:
             tool_choice=choice,
             parallel_tool_calls=parallel,
             sampling=request_sampling(picked, session.sampling),
-            json_schema=_output_schema(body.get("output_config")),
+            json_schema=_output_schema(body.get("output_config"), ignored),
             stream=boolean(body.get("stream"), "stream"),
             body=body,
+            ignored=ignored,
         )
 
     def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
@@ -133,7 +148,7 @@ class MessagesDialect:
             "type": "message",
             "role": "assistant",
             "model": turn.model,
-            "content": _content(answer),
+            "content": _content(answer, omit_thinking=_display(turn.body) == "omitted"),
             "stop_reason": "stop_sequence" if stop_sequence else reason,
             "stop_sequence": stop_sequence,
             "usage": _usage(answer.prompt_tokens, answer.completion_tokens),
@@ -183,7 +198,7 @@ class MessagesDialect:
 # -- the request ----------------------------------------------------------------------------------
 
 
-def _check_thinking(thinking: Any) -> None:
+def _check_thinking(thinking: Any, ignored: Ignored) -> None:
     if thinking is None:
         return
     kind = thinking.get("type") if isinstance(thinking, Mapping) else None
@@ -194,20 +209,56 @@ def _check_thinking(thinking: Any) -> None:
         )
     if kind not in ("adaptive", "disabled"):
         raise ValueError("thinking must be {'type': 'adaptive' | 'disabled'}")
-    if thinking.get("display") not in (None, "summarized"):
-        raise ValueError("thinking.display 'omitted' is not supported: the thinking is returned")
-    extra = set(thinking) - {"type", "display"}
-    if extra:
-        raise ValueError(f"thinking: unknown field {sorted(extra)[0]!r}")
+    display = thinking.get("display")
+    if display is not None and not isinstance(display, str):
+        raise ValueError("thinking.display must be a string")
+    if display not in (None, "omitted"):
+        ignored.add("thinking.display", "how thinking is shown: it comes back whole")
+    for extra in sorted(set(thinking) - {"type", "display"}):
+        ignored.add(f"thinking.{extra}", "unknown to the gateway")
 
 
-def _output_schema(config: Any) -> dict[str, Any] | None:
+def _display(body: Mapping[str, Any]) -> Any:
+    thinking = body.get("thinking")
+    return thinking.get("display") if isinstance(thinking, Mapping) else None
+
+
+def _clear_thinking(messages: list[dict[str, Any]], edits: Any, ignored: Ignored) -> None:
+    """Carry out `context_management`: a `clear_thinking_20251015` edit leaves the thinking of
+    all but the last `keep` assistant turns out of the prompt (1 unless told; "all" keeps it)."""
+    if edits is None:
+        return
+    listed = edits.get("edits") if isinstance(edits, Mapping) else None
+    if not isinstance(listed, list) or set(edits) - {"edits"}:
+        raise ValueError("context_management must be {'edits': [...]}")
+    for i, edit in enumerate(listed):
+        kind = edit.get("type") if isinstance(edit, Mapping) else None
+        if kind != CLEAR_THINKING or set(edit) - {"type", "keep"}:
+            raise ValueError(
+                f"context_management.edits[{i}] of type {kind!r} is not supported: the gateway "
+                f"carries out {CLEAR_THINKING!r} (with 'keep') only"
+            )
+        keep = edit.get("keep", {"type": "thinking_turns", "value": 1})
+        if keep == "all":
+            ignored.add("context_management", "it keeps all thinking: nothing is cleared")
+            continue
+        turns = keep.get("value") if isinstance(keep, Mapping) else None
+        if type(turns) is not int or turns < 0 or keep.get("type") != "thinking_turns":
+            raise ValueError(
+                f"context_management.edits[{i}].keep must be 'all' or "
+                "{'type': 'thinking_turns', 'value': N}"
+            )
+        assistants = [m for m in messages if m["role"] == "assistant"]
+        for message in assistants[: len(assistants) - turns]:
+            message.pop("reasoning_content", None)
+
+
+def _output_schema(config: Any, ignored: Ignored) -> dict[str, Any] | None:
     if config is None:
         return None
     if not isinstance(config, Mapping) or set(config) - {"format", "effort"}:
-        raise ValueError("output_config must be an object with 'format' (and no other field)")
-    if config.get("effort") is not None:
-        raise ValueError("output_config.effort is not supported: the policy is not steered")
+        raise ValueError("output_config must be an object with 'format' or 'effort'")
+    steering(config.get("effort"), "output_config.effort", ignored)
     fmt = config.get("format")
     if fmt is None:
         return None
@@ -340,7 +391,7 @@ def _assistant(blocks: list[Any]) -> dict[str, Any]:
         elif kind == "thinking":
             if not isinstance(block.get("thinking"), str):
                 raise ValueError(f"[{i}]: a thinking block needs a string 'thinking'")
-            thoughts.append(block["thinking"])
+            thoughts.append(block["thinking"] or unseal_reasoning(block.get("signature")) or "")
         elif kind == "tool_use":
             calls.append(_tool_use(block, i))
         else:
@@ -367,7 +418,7 @@ def _tool_use(block: dict[str, Any], i: int) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": function}
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
+def _tools(tools: Any, ignored: Ignored) -> list[dict[str, Any]] | None:
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):
@@ -376,27 +427,32 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise ValueError(f"tools[{i}] must be an object with a string 'name'")
-        if tool.get("type") not in (None, "custom"):
-            raise ValueError(
-                f"tools[{i}] ({tool['name']!r}) is a server tool of type {tool['type']!r}, "
-                "which is not supported: the gateway runs no tools; define it as a client tool"
+        kind = tool.get("type")
+        if kind not in (None, "custom"):
+            ignored.add(
+                f"tools:{kind}", "a server tool: the gateway runs none, the model sees none"
             )
-        extra = set(tool) - _TOOL_KEYS
-        if extra:
-            raise ValueError(f"tools[{i}]: unknown field {sorted(extra)[0]!r}")
-        for name, why in _TOOL_REFUSED.items():
-            if tool.get(name) not in (None, False, []):
-                raise ValueError(f"tools[{i}].{name} is not supported: {why}")
+            continue
+        for extra in sorted(set(tool) - _TOOL_KEYS):
+            ignored.add(f"tools.{extra}", "unknown to the gateway")
+        if tool.get("strict"):
+            ignored.add("tools.strict", "tool inputs are not constrained while sampling")
+        if tool.get("input_examples"):
+            raise ValueError(
+                f"tools[{i}].input_examples is not supported: the chat template renders none"
+            )
         if tool.get("allowed_callers") not in (None, ["direct"]):
             raise ValueError(f"tools[{i}].allowed_callers must be ['direct']: no code execution")
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise ValueError(f"tools[{i}].input_schema must be a JSON schema object")
+        if tool.get("defer_loading"):
+            continue  # honoured: not in the prompt, and no tool search would load it
         function = {"name": tool["name"], "parameters": schema}
         if tool.get("description") is not None:
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})
-    return out
+    return out or None
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> tuple[ToolChoice, bool]:
@@ -424,10 +480,12 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> tuple[ToolCh
 # -- the reply ------------------------------------------------------------------------------------
 
 
-def _content(answer: TurnAnswer) -> list[dict[str, Any]]:
+def _content(answer: TurnAnswer, *, omit_thinking: bool) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if answer.reasoning:
-        blocks.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
+        shown = "" if omit_thinking else answer.reasoning
+        sealed = seal_reasoning(answer.reasoning)
+        blocks.append({"type": "thinking", "thinking": shown, "signature": sealed})
     if answer.content:
         blocks.append({"type": "text", "text": answer.content})
     for call in answer.tool_calls:

@@ -11,28 +11,36 @@ sample. The reply's output items are `reasoning` (the parsed reasoning, as `reas
 content), `message` (`output_text`) and `function_call`; a `length` finish is status
 `incomplete` with reason `max_output_tokens`.
 
-Every request field is honoured, has no effect on the turn, or is refused with a 400 naming it:
+Every request field is honoured, ignored (no effect on the turn; named in the turn's trace, see
+`turns`) or refused with a 400 naming it:
   - honoured: `model`, `input`, `instructions`, function `tools`, `tool_choice` (none, auto,
     required, a named function), `parallel_tool_calls`, `max_output_tokens`, `temperature`,
     `top_p`, `text.format` (text, json_object, json_schema: see `turns`), `top_logprobs`,
-    `include: ["message.output_text.logprobs"]`, `stream`, `store` and `previous_response_id`
+    `include` of `message.output_text.logprobs` and `reasoning.encrypted_content` (each
+    reasoning item then carries its text sealed, as Codex keeps it with `store: false`, so
+    the item sent back renders as sampled), `stream`, `store` and `previous_response_id`
     (below), `truncation: "disabled"` (what the gateway does: a prompt past the session's
-    context ends the turn with `length`), `background: false`, `text.verbosity: "medium"`.
-  - no effect (echoed where the Response has them): `user`, `metadata`, `service_tier`,
-    `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`
-    (the gateway reuses prefixes by itself), `stream_options` (no obfuscation is added: the
-    stream is on loopback or the agent's own network), `max_tool_calls` (it bounds built-in
-    tools; the gateway hosts none), a function tool's `strict` (not enforced while sampling: a
-    call that does not parse is flagged ill-formed in the trace), `reasoning` with every
-    setting null. Item metadata (`id`, `status`, annotations, logprobs) is not read.
+    context ends the turn with `length`), `background: false`.
+  - ignored: `user`, `metadata`, `client_metadata`, `service_tier`, `safety_identifier`,
+    `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options` (the gateway reuses
+    prefixes by itself), `stream_options` (no obfuscation is added: the stream is on loopback or
+    the agent's own network), `max_tool_calls` (it bounds built-in tools; the gateway hosts
+    none), a function tool's `strict` (not enforced while sampling: a call that does not parse
+    is flagged ill-formed in the trace), `reasoning.summary` and `reasoning.generate_summary`
+    (how reasoning is shown, not sampled: the text comes back whole), `reasoning.effort` and
+    `text.verbosity` (named with their value when not the default, medium), other `include`
+    values (items the gateway never produces), fields the gateway does not know. Hosted tools
+    (`web_search`, `file_search`, `namespace` groups, ...) are dropped from what the model sees
+    and named in the trace: the gateway runs none, and a client such as Codex sends
+    `web_search` whatever it is told, so refusing it would stop the agent, while the model
+    never sees a tool it cannot call. Item metadata (`id`, `status`, annotations, logprobs) is
+    not read.
   - refused: `conversation` (no conversation objects: send items or `previous_response_id`),
     `prompt` (no stored prompts), `background: true`, `truncation: "auto"` (the gateway never
-    drops input), any `reasoning` setting: effort, summary, context, mode (the policy's
-    reasoning is not steered; its text is returned as is), other `include` values,
-    `text.verbosity` other than medium,
-    `context_management`, `moderation`, `image`, `access_programs`; input and output parts
-    other than text (the renderer is text-only), `item_reference` and items of any type other
-    than the four above, tools and tool choices other than functions.
+    drops input), other `reasoning` settings, `context_management`, `moderation`, `image`,
+    `access_programs`; input and output parts other than text (the renderer is text-only),
+    `item_reference` and items of any type other than the four above, tool choices other than
+    functions.
 
 `store` (default true) keeps the response's whole conversation (input, without the
 instructions, plus output) in its session, the last `MAX_STORED_RESPONSES` of them; a request
@@ -54,24 +62,29 @@ from .sampling import request_sampling
 from .sessions import Session
 from .turns import (
     ChatTurn,
+    Ignored,
     ToolChoice,
     TurnAnswer,
     check_fields,
     json_schema_of,
     mode_choice,
     named_choice,
+    seal_reasoning,
+    steering,
     top_logprobs_of,
+    unseal_reasoning,
 )
 
 MAX_STORED_RESPONSES = 8  # per session: a few agents' threads, bounded
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+SEALED_INCLUDE = "reasoning.encrypted_content"
 
 _HONOURED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls"}
 _HONOURED |= {"max_output_tokens", "temperature", "top_p", "text", "top_logprobs", "include"}
 _HONOURED |= {"stream", "store", "previous_response_id", "truncation", "background", "reasoning"}
 _NO_EFFECT = {"user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key"}
 _NO_EFFECT |= {"prompt_cache_retention", "prompt_cache_options", "stream_options"}
-_NO_EFFECT |= {"max_tool_calls"}
+_NO_EFFECT |= {"max_tool_calls", "client_metadata"}
 _REFUSED = {
     "conversation": "the gateway keeps no conversation objects; send the items, or "
     "previous_response_id within the session",
@@ -94,21 +107,27 @@ class ResponsesTurn(ChatTurn):
     instructions: dict[str, Any] | None = None
     store: bool = True
     session: Session | None = None
+    sealed: bool = False  # reasoning items carry their text sealed (`encrypted_content`)
 
 
 class ResponsesDialect:
     name = "responses"
     paths = ("/v1/responses",)
 
+    def __init__(self, strict: bool = False) -> None:
+        self.strict = strict
+
     def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
-        check_fields(body, _HONOURED | _NO_EFFECT, _REFUSED)
-        _check_modes(body)
-        tools = _tools(body.get("tools"))
+        ignored = Ignored(self.strict)
+        check_fields(body, _HONOURED, _NO_EFFECT, _REFUSED, ignored)
+        _check_modes(body, ignored)
+        tools = _tools(body.get("tools"), ignored)
         include = body.get("include") or []
-        if not isinstance(include, list) or any(i != LOGPROBS_INCLUDE for i in include):
-            raise ValueError(
-                f"include may only hold {LOGPROBS_INCLUDE!r}: the gateway has nothing else to add"
-            )
+        if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
+            raise ValueError("include must be a list of strings")
+        for name in include:
+            if name not in (LOGPROBS_INCLUDE, SEALED_INCLUDE):
+                ignored.add(f"include:{name}", "the gateway never produces those items")
         top = top_logprobs_of(body.get("top_logprobs"))
         logprobs = LOGPROBS_INCLUDE in include
         if top and not logprobs:
@@ -124,6 +143,8 @@ class ResponsesDialect:
         picked["max_tokens"] = body.get("max_output_tokens")
         store = body.get("store")
         return ResponsesTurn(
+            ignored=ignored,
+            sealed=SEALED_INCLUDE in include,
             messages=[system, *conversation] if system else conversation,
             model=body["model"] if isinstance(body.get("model"), str) else model,
             tools=tools,
@@ -199,7 +220,7 @@ class ResponsesDialect:
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "instructions": body.get("instructions"),
             "model": turn.model,
-            "output": _output(answer),
+            "output": _output(answer, isinstance(turn, ResponsesTurn) and turn.sealed),
             "parallel_tool_calls": turn.parallel_tool_calls,
             "previous_response_id": body.get("previous_response_id"),
             "temperature": turn.sampling.get("temperature"),
@@ -247,8 +268,9 @@ def _continued(previous: Any, session: Session) -> list[dict[str, Any]]:
     return list(earlier)
 
 
-def _check_modes(body: Mapping[str, Any]) -> None:
-    """The fields that are honoured in one setting (the gateway's) and refused in the others."""
+def _check_modes(body: Mapping[str, Any], ignored: Ignored) -> None:
+    """The fields that are honoured or ignored in one setting (the gateway's) and refused in the
+    others."""
     if body.get("truncation") not in (None, "disabled"):
         raise ValueError("truncation must be 'disabled': the gateway never drops input items")
     if body.get("background") not in (None, False):
@@ -257,11 +279,20 @@ def _check_modes(body: Mapping[str, Any]) -> None:
     if reasoning is not None and not isinstance(reasoning, Mapping):
         raise ValueError("reasoning must be an object")
     for name, value in (reasoning or {}).items():
-        if value is not None:
+        if value is None:
+            continue
+        if name == "effort":
+            steering(value, "reasoning.effort", ignored)
+        elif name in ("summary", "generate_summary"):
+            ignored.add(f"reasoning.{name}", "how reasoning is shown: it comes back whole")
+        else:
             raise ValueError(
-                f"reasoning.{name} is not supported: the policy's reasoning is not steered by the "
-                "gateway, and its text comes back as is"
+                f"reasoning.{name} {value!r} is not supported: the policy's reasoning is not "
+                "steered by the gateway, and its text comes back as is"
             )
+    text = body.get("text")
+    if isinstance(text, Mapping):
+        steering(text.get("verbosity"), "text.verbosity", ignored)
 
 
 def _text_format(text: Any) -> dict[str, Any] | None:
@@ -269,8 +300,6 @@ def _text_format(text: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(text, Mapping):
         raise ValueError("text must be an object")
-    if text.get("verbosity") not in (None, "medium"):
-        raise ValueError("text.verbosity is not supported: the gateway does not steer the policy")
     fmt = text.get("format")
     if fmt is None:
         return None
@@ -279,8 +308,9 @@ def _text_format(text: Any) -> dict[str, Any] | None:
     return json_schema_of(fmt.get("type"), fmt.get("schema"), "text.format")
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Responses function tools as chat tools (name, description, parameters)."""
+def _tools(tools: Any, ignored: Ignored) -> list[dict[str, Any]] | None:
+    """Responses function tools as chat tools (name, description, parameters); hosted tools
+    dropped, and named (see the module docstring)."""
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):
@@ -288,19 +318,23 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     out = []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if not isinstance(kind, str):
+            raise ValueError(f"tools[{i}] must be an object with a string type")
         if kind != "function":
-            raise ValueError(
-                f"tools[{i}] is of type {kind!r}: only function tools are served (the gateway "
-                "hosts no built-in tools)"
+            ignored.add(
+                f"tools:{kind}", "a hosted tool: the gateway runs none, the model sees none"
             )
+            continue
         if not isinstance(tool.get("name"), str):
             raise ValueError(f"tools[{i}] needs a string name")
+        if tool.get("strict"):
+            ignored.add("tools.strict", "tool inputs are not constrained while sampling")
         function = {"name": tool["name"]}
         for key in ("description", "parameters"):
             if tool.get(key) is not None:
                 function[key] = tool[key]
         out.append({"type": "function", "function": function})
-    return out
+    return out or None
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
@@ -414,7 +448,8 @@ def _text(content: Any, where: str, *, allow_refusal: bool = False) -> str:
 
 
 def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
-    """A reasoning item's text: its reasoning_text content, else its summary."""
+    """A reasoning item's text: its reasoning_text content, else its summary, else the text
+    its `encrypted_content` seals (what Codex sends back)."""
     for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(key)
         if parts:
@@ -424,22 +459,32 @@ def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
             ):
                 raise ValueError(f"{where}.{key} must be a list of {kind} parts")
             return "\n\n".join(p["text"] for p in parts)
-    if item.get("encrypted_content"):
-        raise ValueError(f"{where}: a reasoning item with only encrypted_content cannot render")
+    sealed = item.get("encrypted_content")
+    if sealed:
+        text = unseal_reasoning(sealed)
+        if text is None:
+            raise ValueError(
+                f"{where}: a reasoning item's encrypted_content was not sealed by this gateway"
+            )
+        return text
     return ""
 
 
 # -- the reply ------------------------------------------------------------------------------------
 
 
-def _output(answer: TurnAnswer) -> list[dict[str, Any]]:
-    """The answer's output items: reasoning, the message, then one item per tool call."""
+def _output(answer: TurnAnswer, sealed: bool) -> list[dict[str, Any]]:
+    """The answer's output items: reasoning (its text sealed too, if asked), the message, then
+    one item per tool call."""
     rid = answer.id
     status = "incomplete" if answer.finish_reason == "length" else "completed"
     output: list[dict[str, Any]] = []
     if answer.reasoning:
         content = [{"type": "reasoning_text", "text": answer.reasoning}]
-        output.append({"id": f"rs_{rid}", "type": "reasoning", "summary": [], "content": content})
+        item = {"id": f"rs_{rid}", "type": "reasoning", "summary": [], "content": content}
+        if sealed:
+            item["encrypted_content"] = seal_reasoning(answer.reasoning)
+        output.append(item)
     calls = answer.tool_calls
     if answer.content or not calls:
         part = {"type": "output_text", "text": answer.content, "annotations": []}

@@ -69,6 +69,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -110,7 +111,8 @@ class Gateway(Server):
     and is required when the backend captures tokens. `admin_token` protects the admin routes (a
     random one is made if not given; read it from `.admin_token`). Sessions idle for longer
     than `session_ttl` seconds are dropped, so a crashed engine cannot leak them forever.
-    `resume` bounds how aborted turns are resumed (`resume.ResumePolicy`).
+    `resume` bounds how aborted turns are resumed (`resume.ResumePolicy`). `strict_fields`
+    refuses the request fields that change nothing sampled, rather than ignoring them (`turns`).
     """
 
     def __init__(
@@ -124,6 +126,7 @@ class Gateway(Server):
         model_name: str = "policy",
         session_ttl: float | None = DEFAULT_SESSION_TTL,
         resume: ResumePolicy | None = None,
+        strict_fields: bool = False,
     ) -> None:
         if backend.token_capture and renderer is None:
             raise ValueError(f"the {backend.name} backend captures tokens and needs a renderer")
@@ -140,8 +143,13 @@ class Gateway(Server):
         self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
-        self._messages = MessagesDialect()
-        self.dialects: tuple[Dialect, ...] = (ChatDialect(), ResponsesDialect(), self._messages)
+        self.ignored_fields: Counter[str] = Counter()  # per field name, the turns that sent it
+        self._messages = MessagesDialect(strict_fields)
+        self.dialects: tuple[Dialect, ...] = (
+            ChatDialect(strict_fields),
+            ResponsesDialect(strict_fields),
+            self._messages,
+        )
 
     def __repr__(self) -> str:
         return f"Gateway(url={self.url!r}, backend={self.backend.name!r}, admin_token='***')"
@@ -233,6 +241,7 @@ class Gateway(Server):
         session = self._agent_session(request)
         body = await read_json_object(request, _fastjson.loads)
         turn = dialect.turn(body, session, self.model_name)
+        self.ignored_fields.update(turn.ignored)
         answer = await self.answer(session, turn)
         if turn.stream:
             return await sse_events(request, dialect.events(answer, turn))
@@ -265,6 +274,7 @@ class Gateway(Server):
             )
             recorded, completion, parsed = await self._run_turn(session, index, request)
             recorded.render, recorded.reused_prompt_tokens = render, reused
+            recorded.ignored = list(turn.ignored)
         finally:
             session.end_turn(recorded)
         return TurnAnswer(
@@ -484,6 +494,7 @@ class Gateway(Server):
             "turns": sum(self.render_counts.values()),
             "render": dict(self.render_counts),
             "prompt_tokens": dict(self.prompt_tokens),
+            "ignored_fields": dict(self.ignored_fields),
         }
 
     def _remove(self, request: web.Request, reason: str) -> Session:

@@ -86,6 +86,7 @@ class Turn:
     reused_prompt_tokens: int = 0  # prompt ids taken from an earlier render, not re-encoded
     version_runs: VersionRuns | None = None  # per output token, the version that sampled it
     resumed: int = 0  # times the gateway continued it after the backend aborted it
+    ignored: list[str] = field(default_factory=list)  # request fields accepted with no effect
 
     @property
     def truncated(self) -> bool:
@@ -110,6 +111,7 @@ class Turn:
             "version_runs": self.version_runs,
             **_bounds(self.version_runs or []),
             "resumed": self.resumed,
+            "ignored": self.ignored,
         }
 
 

@@ -7,6 +7,14 @@ produced back into its reply, its stream events and its errors. The sessions, ke
 rendering, sampling and traces behind them are the same for all of them, so a rollout's trace
 does not depend on the SDK its agent was written with.
 
+Every field of a request is one of three kinds. Honoured: the gateway carries it out. Ignored:
+it cannot change what the model samples or how the turn is read (metadata, cache keys, display
+preferences, effort and verbosity, which steer a hosted model and no policy here, a field the
+gateway does not know): accepted, with no effect, and named in the turn's trace (`ignored`) and
+the gateway's counter. Refused: a 400
+naming the field and its value, for what would make the trace a lie or what the backend cannot
+serve. A strict gateway (`--strict-fields`) refuses the ignored ones too.
+
 What "honoured" means for the options the dialects share:
   - `tool_choice`: `none` parses no tool call (the model's text is the content), `required` and a
     named tool make a turn without a call (or with another tool's) ill-formed: the model's text
@@ -19,7 +27,9 @@ What "honoured" means for the options the dialects share:
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -57,6 +67,7 @@ class ChatTurn:
     top_logprobs: int = 0
     stream: bool = False
     body: Mapping[str, Any] = field(default_factory=dict)  # the request as sent, for echoes
+    ignored: list[str] = field(default_factory=list)  # fields accepted with no effect
 
 
 @dataclass
@@ -108,16 +119,80 @@ class Dialect(Protocol):
 # -- checks the dialects share --------------------------------------------------------------------
 
 
-def check_fields(body: Mapping[str, Any], known: set[str], refused: Mapping[str, str]) -> None:
-    """A 400 for the first field of `body` the dialect does not know, then for the first field
-    of `refused` set (not null, not false): the gateway cannot honour it, and says why rather
-    than ignoring it."""
-    unknown = sorted(set(body) - known - set(refused))
-    if unknown:
-        raise ValueError(f"unknown field {unknown[0]!r}: the gateway does not serve it")
+class Ignored(list[str]):
+    """The names of the fields a request set that change nothing sampled, in order, once each.
+    A strict gateway refuses each instead."""
+
+    def __init__(self, strict: bool = False) -> None:
+        super().__init__()
+        self.strict = strict
+
+    def add(self, name: str, why: str) -> None:
+        if self.strict:
+            raise ValueError(f"{name} is not honoured ({why}), and this gateway is strict")
+        if name not in self:
+            self.append(name)
+
+
+def check_fields(
+    body: Mapping[str, Any],
+    honoured: set[str],
+    no_effect: set[str],
+    refused: Mapping[str, str],
+    ignored: Ignored,
+) -> None:
+    """A 400 for the first field of `refused` set (not null, not false): the gateway cannot
+    honour it, and says why. Every other field set that is not honoured is ignored: one of
+    `no_effect`, or one the gateway does not know (a client's newer field)."""
     for name, why in refused.items():
         if body.get(name) not in (None, False):
             raise ValueError(f"{name} is not supported: {why}")
+    for name in body:
+        if name not in honoured and name not in refused and body[name] is not None:
+            known = name in no_effect
+            ignored.add(name, "it has no effect on the turn" if known else "unknown to the gateway")
+
+
+def steering(value: Any, name: str, ignored: Ignored) -> None:
+    """A setting that steers a hosted model (effort, verbosity): the policy has no such knob,
+    and what it samples is in the trace either way, so any value is ignored; one other than
+    the API's default is named with its value (`reasoning_effort=high`)."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string")
+    default = STEERING_DEFAULTS.get(name)
+    ignored.add(name if value == default else f"{name}={value}", "the policy is not steered")
+
+
+STEERING_DEFAULTS = {  # each API's documented default
+    "reasoning_effort": "medium",
+    "verbosity": "medium",
+    "reasoning.effort": "medium",
+    "text.verbosity": "medium",
+    "output_config.effort": "high",
+}
+
+
+SEAL_PREFIX = "agw1."  # what this gateway's sealed reasoning starts with
+
+
+def seal_reasoning(text: str) -> str:
+    """The policy's reasoning as an opaque token (Anthropic's thinking `signature`, the
+    Responses API's `encrypted_content`), so a client that keeps only the token sends the text
+    back and the next prompt extends what was sampled. Sealed, not encrypted: the agent saw
+    the text, and a changed one only splits the trace's sample."""
+    return SEAL_PREFIX + base64.urlsafe_b64encode(zlib.compress(text.encode())).decode()
+
+
+def unseal_reasoning(token: Any) -> str | None:
+    """The text of a token `seal_reasoning` made; None for any other (another service's)."""
+    if not isinstance(token, str) or not token.startswith(SEAL_PREFIX):
+        return None
+    try:
+        return zlib.decompress(base64.urlsafe_b64decode(token[len(SEAL_PREFIX) :])).decode()
+    except (ValueError, zlib.error):
+        return None
 
 
 def mode_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice | None:
