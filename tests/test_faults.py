@@ -179,14 +179,17 @@ async def test_moto_restarted_mid_run_every_request_still_ends():
     emu = await _emulator_process(moto)
     timeout, grace = 6.0, 1.0
     cfg = engine_config(
-        moto, channel, emu, start_rate=8.0, rollout_timeout=timeout, result_grace=grace
+        moto, channel, emu, start_rate=4.0, rollout_timeout=timeout, result_grace=grace
     )
     requests = _requests(24, sleep=0.3)
+
+    back: list[float] = []  # when the channel was back (epoch s, as started_at is)
 
     async def restart() -> None:  # state is lost, as a crash loses it; the channel comes back
         await asyncio.to_thread(moto.stop)
         await asyncio.to_thread(moto.start)
         await asyncio.to_thread(provision)
+        back.append(time.time())
 
     try:
         async with RolloutEngine(cfg) as engine:
@@ -196,8 +199,13 @@ async def test_moto_restarted_mid_run_every_request_still_ends():
         await asyncio.to_thread(moto.stop)
     _one_each(outcomes, requests)
     ok = [o for o in outcomes if o.outcome is Outcome.OK]
-    assert len(ok) >= len(requests) // 2, [o.error for o in outcomes if o not in ok]
     assert all(o.reward == expected_reward(o.request.payload) for o in ok)
+    # Results written while moto was down are lost with its state (how many depends on how
+    # long the restart took, so on the machine's load); every session started once the
+    # channel was back ends ok.
+    after = [o for o in outcomes if o.started_at is not None and o.started_at > back[0]]
+    assert after and all(o.outcome is Outcome.OK for o in after), [o.error for o in after]
+    assert len(ok) >= 4 + len(after)
     # Nothing waits past its own deadline plus the grace (plus a little for the stop).
     assert all(
         o.finished_at <= o.deadline + grace + 2.0 for o in outcomes if o.deadline is not None
