@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 
 import agentcore_rollout.local.stack as stack_module
+from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.local.stack import LocalStack
 from agentcore_rollout.serving.process import ServiceProcess
+
+from .factories import flat_config
 
 pytestmark = pytest.mark.e2e
 
@@ -78,3 +81,26 @@ async def test_a_failed_start_stops_every_child_and_never_blocks_the_loop(
     assert sorted(started) == ["gateway 0", "moto", "policy worker 0"]
     assert stack.channel is not None  # provisioning, concurrent with the failure, was awaited
     assert [name for name, pid in started.items() if alive(pid)] == []
+
+
+async def test_an_in_process_agent_that_prints_megabytes_ends_ok(capfd) -> None:
+    """Its prints go to the emulator's stdout; read past the URL line, they reach the stack's
+    stderr, where they cannot fill a pipe and stall every session (64 KB did, before)."""
+    config = LocalConfig(
+        app="tests.agents.basic:app",
+        mode="in_process",
+        gateway=False,
+        policy_workers=1,
+        bucket="chatty",
+        queue="chatty",
+    )
+    requests = [
+        RolloutRequest({"a": i, "b": 1, "mode": "chatty", "lines": 2048}, f"q{i}", 0)
+        for i in range(4)
+    ]  # 2 MB each
+    async with LocalStack(config) as stack:
+        engine_config = stack.engine_config(flat_config(rollout_timeout=60.0))
+        async with RolloutEngine(engine_config) as engine:
+            batch = await engine.rollout(requests)
+    assert [o.outcome for o in batch.outcomes] == [Outcome.OK] * 4, [o.error for o in batch]
+    assert capfd.readouterr().err.count("x" * 1023) == 4 * 2048

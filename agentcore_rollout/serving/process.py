@@ -48,6 +48,10 @@ class ServiceProcess:
             self.stop()
             raise RuntimeError(f"{self.name} did not start (exit code {code}, printed {line!r})")
         self.url = line
+        # What it prints later (an in_process agent's prints among it) goes where its stderr
+        # goes: a pipe nobody read would fill and block the child at its next print.
+        stdout = self._process.stdout
+        threading.Thread(target=_forward, args=(stdout,), daemon=True, name=self.name).start()
         return line
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -63,6 +67,14 @@ class ServiceProcess:
                 process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+def _forward(stdout: Any) -> None:
+    try:
+        for line in stdout:
+            sys.stderr.write(line)
+    except (OSError, ValueError):  # closed by stop()
+        pass
 
 
 def exit_with_parent() -> None:

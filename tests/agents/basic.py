@@ -177,6 +177,9 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
         return HOSTILE[payload["what"]](ctx)
     if mode == "by_hand":  # the SDK's own write afterwards finds the object there, and stops
         await _put(ctx, _by_hand(ctx, payload["what"]))
+    if mode == "chatty":  # an agent that prints: where does its output go, and does it block?
+        for _ in range(payload["lines"]):
+            print("x" * 1023, flush=True)
     if mode == "big":
         return RolloutOutput(rewards=0.0, trajectory={"blob": "x" * payload["size"]})
     if mode == "big_by_hand":  # past the SDK, which would refuse it
