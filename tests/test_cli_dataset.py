@@ -179,3 +179,26 @@ def test_an_interrupt_leaves_what_was_never_submitted_to_resume(tmp_path):
     }
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"] == 12 and summary["outcomes"]["ok"] == 10
+
+
+@pytest.mark.e2e
+def test_an_interrupt_while_the_dataset_is_read_is_one_line_and_leaves_no_run(tmp_path):
+    """Ctrl-C during the check-and-journal pass (300,000 rows, about 6 s): exit 130, one line,
+    and no journal, so neither a partial run to resume nor a folder to --overwrite."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    data.write_text("".join(f'{{"a": {i}, "b": 1}}\n' for i in range(300_000)))
+    proc = _cli("run", "--data", str(data), "--out", str(out), *FAST_STACK)
+    staged, give_up = out / "journal.jsonl.new", time.monotonic() + 60
+    while not (staged.exists() and staged.stat().st_size > 0):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < give_up, "the journal was never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == f"interrupted while reading {data}: nothing started"
+    assert sorted(p.name for p in out.iterdir()) == ["lock"]
+    resumed = _cli("run", "--resume", str(out))
+    _, stderr = resumed.communicate(timeout=60)
+    assert resumed.returncode == 2 and "no journal.jsonl there (not a run's output)" in stderr
