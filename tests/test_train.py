@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -220,3 +221,31 @@ async def _until_sampled(http: aiohttp.ClientSession, worker: str, n: int) -> No
                 return
         assert time.monotonic() < give_up, "the agents never called the policy"
         await asyncio.sleep(0.05)
+
+
+def test_a_policy_worker_killed_during_async_train_is_one_line_and_keeps_what_was_trained(
+    tmp_path,
+):
+    out = tmp_path / "train"
+    proc = _cli("train", "--async", "--steps", "50", "--out", str(out))
+    metrics = out / METRICS
+    give_up = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < give_up, "no step ended in time"
+        time.sleep(0.2)
+    workers = [
+        pid
+        for pid in _descendants(proc.pid)
+        if b"agentcore_rollout.local.policy" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert workers, "no policy worker found"
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 5, stderr[-3000:]
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: policy worker http://127.0.0.1:") and "steps trained" in last
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(len(steps))) and len(steps) >= 1
+    assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

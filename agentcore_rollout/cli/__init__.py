@@ -21,6 +21,8 @@ interrupted, after writing every request's outcome (the unfinished ones as `canc
 once on a second Ctrl-C, with the summary of what ended; 2 for a usage, config, dataset or
 output-directory error (a folder another run holds, or one with a run's output without
 `--resume` or `--overwrite`), which is one line on stderr and is found before anything starts.
+`train` exits 5 when a part of the local stack it needs stops working (a policy worker that
+cannot be reached): one line names it, and what was trained so far stays.
 
 One module per concept, `args` first (docs/architecture.md lists them); they use the public
 API only, so the CLI is a user of the engine like any trainer.

@@ -2,6 +2,7 @@
 docstring for when each is returned)."""
 
 EXIT_ERROR, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, EXIT_INTERRUPTED = 2, 3, 4, 130
+EXIT_STACK_FAILED = 5  # `train`: a part of the local stack stopped working
 
 
 class UsageError(ValueError):

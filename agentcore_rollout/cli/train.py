@@ -4,7 +4,9 @@ per step; writes metrics.jsonl and reward_curve.png, prints a summary. Imported 
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,10 +15,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .. import Config, Outcome
-from ..local.trainer import METRICS, check_config, train
+from ..local.trainer import METRICS, StackFailed, check_config, train
 from ..training import Group, GroupPolicy, GroupStatus
 from .dataset import read_rows
-from .errors import EXIT_INTERRUPTED, UsageError
+from .errors import EXIT_INTERRUPTED, EXIT_STACK_FAILED, UsageError
 from .outdir import locked
 from .views import console, run_async
 
@@ -44,11 +46,15 @@ def _train(config: Config, prompts: list[tuple[str, dict[str, Any]]], out: Path)
     except OSError as e:
         raise UsageError(f"train.out: cannot write {out}: {e.strerror or e}") from None
     progress = StepProgress(config.train.steps)
+    failed: StackFailed | None = None
     with progress.bar:
-        rows = run_async(
-            lambda stop: train(config, prompts, out, view=progress, interrupted=stop),
-            stopping="stopping after the step under way (again to force)",
-        )
+        try:
+            rows = run_async(
+                lambda stop: train(config, prompts, out, view=progress, interrupted=stop),
+                stopping="stopping after the step under way (again to force)",
+            )
+        except StackFailed as e:  # what was trained so far stays: its metrics, weights, curve
+            failed, rows = e, _rows_written(out)
     for table in summary_tables(rows):
         console.print(table)
     tc = config.train
@@ -62,7 +68,15 @@ def _train(config: Config, prompts: list[tuple[str, dict[str, Any]]], out: Path)
         f"wrote {out / METRICS}"
         + (f" and {out / CURVE}" if drew else " (no plot: matplotlib is not installed)")
     )
+    if failed is not None:
+        print(f"error: {failed}; {len(rows)} steps trained, kept in {out}", file=sys.stderr)
+        return EXIT_STACK_FAILED
     return EXIT_INTERRUPTED if len(rows) < config.train.steps else 0
+
+
+def _rows_written(out: Path) -> list[dict[str, Any]]:
+    """The steps in metrics.jsonl (each written whole as its step ended)."""
+    return [json.loads(line) for line in (out / METRICS).read_text().splitlines() if line]
 
 
 class StepProgress:

@@ -65,6 +65,12 @@ if TYPE_CHECKING:
     from .hf_grpo import HFLearner
 
 METRICS = "metrics.jsonl"
+
+
+class StackFailed(RuntimeError):
+    """A part of the local stack the trainer needs stopped working (its message names it)."""
+
+
 _FAILED = (Outcome.AGENT_ERROR, Outcome.TIMEOUT, Outcome.SUBMIT_FAILED, Outcome.INVALID_RESULT)
 
 
@@ -303,9 +309,12 @@ async def _push(
 
     async def one(url: str) -> None:
         body = {"model_path": str(path), "weight_version": version, "abort_all_requests": abort}
-        async with http.post(f"{url}/update_weights_from_disk", json=body) as resp:
-            answer = await resp.json(content_type=None)
-            if resp.status != 200 or not answer.get("success"):
-                raise RuntimeError(f"policy worker {url} refused weights {path.name}: {answer}")
+        try:
+            async with http.post(f"{url}/update_weights_from_disk", json=body) as resp:
+                answer = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise StackFailed(f"policy worker {url} cannot be reached ({e!r:.200})") from None
+        if resp.status != 200 or not answer.get("success"):
+            raise StackFailed(f"policy worker {url} refused weights {path.name}: {answer}")
 
     await asyncio.gather(*(one(url) for url in workers))
