@@ -188,5 +188,18 @@ def test_the_trainer_picks_its_learner_by_local_policy(model_dir: Path, tmp_path
         saved = learner.save(tmp_path, step)
     assert saved == (tmp_path / "weights" / "step-0003").resolve()
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["step-0002", "step-0003"]
+    # `train --resume`: the weights and the AdamW state saved after step 3, taken up again
+    prompt = PROMPTS[0]
+    stale = sample(prompt, [7], [1], [-1.0], advantage=1.0, version="3")
+    learner.update([stale], weight_version="3")
+    saved = learner.save(tmp_path, 4)
+    resumed = make_learner(hf, resume_from=saved).learner  # type: ignore[attr-defined]
+    state, again = learner.learner.optimizer.state_dict(), resumed.optimizer.state_dict()  # type: ignore[attr-defined]
+    assert state["state"] and again["state"].keys() == state["state"].keys()
+    for key, moments in state["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(again["state"][key][name], value), (key, name)
+    before = learner.learner  # type: ignore[attr-defined]
+    assert first_token_logprob(resumed, prompt, 7) == first_token_logprob(before, prompt, 7)
     with pytest.raises(ValueError, match="neither a local model directory nor a known name"):
         make_learner(config(**{"local.policy": "nope"}))

@@ -152,8 +152,12 @@ def test_the_engine_reads_in_short_functions() -> None:
 # (13). A description on every config field, the source of the generated reference
 # docs/configuration.md, added 78 to config.py. A fresh run's files made only once its stack is
 # up, a dataset the run would write refused, and the agent app loaded before anything starts
-# (issue 33, item 2) added about 80. Raise it only with a reason in the same commit.
-MAX_LINES = 18_580
+# (issue 33, item 2) added about 80. The gateway's field policy for real clients (issue 34:
+# fields ignored and named, hosted tools dropped, context edits, deferred tools and sealed
+# reasoning honoured) added about 200; `train --resume`/`--overwrite` and one line for a dead
+# worker (issue 35) about 90, and a child's output drained about 10. Raise it only with a
+# reason in the same commit.
+MAX_LINES = 18_900
 
 
 def test_the_package_did_not_grow() -> None:

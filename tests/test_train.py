@@ -249,3 +249,45 @@ def test_a_policy_worker_killed_during_async_train_is_one_line_and_keeps_what_wa
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == list(range(len(steps))) and len(steps) >= 1
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_train_resumes_from_its_last_step_and_refuses_to_replace_a_run_by_accident(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "train"
+    argv = ["train", "--out", str(out), "local.policy_seed=0", "train.groups_per_step=2"]
+    assert main([*argv, "--steps", "2"]) == 0
+    first = (out / METRICS).read_text()
+    kept = {p.name: p.read_bytes() for p in (out / "weights").iterdir()}
+    assert sorted(kept) == ["step-0000.npz", "step-0001.npz", "step-0002.npz"]
+    capsys.readouterr()
+
+    assert main([*argv, "--steps", "4"]) == 2  # the same command again: refused, untouched
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: train.out: {out} holds a training run (2 steps): --resume to continue it, or "
+        "--overwrite to replace it\n"
+    )
+    assert main([*argv, "--steps", "2", "--resume"]) == 2
+    assert "trained 2 steps already: raise --steps" in capsys.readouterr().err
+    assert (out / METRICS).read_text() == first
+
+    assert main([*argv, "--steps", "4", "--resume"]) == 0
+    rows = [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and (out / METRICS).read_text().startswith(
+        first
+    )
+    assert [r["weight_version"] for r in rows] == ["1", "2", "3", "4"]
+    weights = {p.name: p.read_bytes() for p in (out / "weights").iterdir()}
+    assert {n: weights[n] for n in kept} == kept  # the earlier steps' weights as they were
+    assert sorted(set(weights) - set(kept)) == ["step-0003.npz", "step-0004.npz"]
+    assert "reward mean, last 2 steps" in capsys.readouterr().err  # the summary: all 4 steps
+
+
+def test_train_refuses_a_folder_that_holds_a_run(tmp_path, capsys):
+    (tmp_path / "journal.jsonl").write_text('{"kind": "request"}\n')
+    assert main(["train", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: train.out: {tmp_path} holds the output of `run`: choose another --out\n"
+    )

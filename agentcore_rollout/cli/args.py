@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from .train import train_command  # lazily: numpy, the local trainer
 
-            return train_command(config)
+            return train_command(config, resume=args.resume, overwrite=args.overwrite)
         if args.local_command == "build":
             return local_build(config)
         run_async(lambda stop: local_up(config, interrupted=stop))
@@ -145,6 +145,14 @@ def _parser() -> argparse.ArgumentParser:
     train_p.add_argument("--data", help="JSONL dataset, one prompt per line")
     train_p.add_argument("--steps", type=int, help="training steps")
     train_p.add_argument("--out", help="output directory")
+    train_p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the training run in --out from its last saved step (metrics appended)",
+    )
+    train_p.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier training run in --out"
+    )
     train_p.add_argument(
         "--max-staleness",
         type=int,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,14 +20,15 @@ from ..local.trainer import METRICS, StackFailed, check_config, train
 from ..training import Group, GroupPolicy, GroupStatus
 from .dataset import read_rows
 from .errors import EXIT_INTERRUPTED, EXIT_STACK_FAILED, UsageError
+from .journal import JOURNAL
 from .outdir import locked
 from .views import console, run_async
 
 CURVE = "reward_curve.png"
 
 
-def train_command(config: Config) -> int:
-    """`train`: 0, or 130 when stopped before its last step."""
+def train_command(config: Config, *, resume: bool = False, overwrite: bool = False) -> int:
+    """`train`: 0, 130 when stopped before its last step, 5 when the stack failed."""
     if config.stack != "local":
         raise UsageError("train: trains the local toy policy, so it needs stack: local")
     try:
@@ -37,20 +39,52 @@ def train_command(config: Config) -> int:
     prompts = list(read_rows(Path(config.train.data)))  # each step samples from all
     out = Path(config.train.out)
     with locked(out, "train.out"):
-        return _train(config, prompts, out)
+        before = _trained_before(out, config.train.steps, resume=resume, overwrite=overwrite)
+        return _train(config, prompts, out, before)
 
 
-def _train(config: Config, prompts: list[tuple[str, dict[str, Any]]], out: Path) -> int:
+def _trained_before(out: Path, steps: int, *, resume: bool, overwrite: bool) -> list[Any]:
+    """The steps an earlier run in `out` trained, which `--resume` continues; a folder holding
+    a run's output, or an earlier training run without `--resume` or `--overwrite`, is
+    refused (one line), so nothing is replaced by accident."""
+    if (out / JOURNAL).is_file() and (out / JOURNAL).stat().st_size:
+        raise UsageError(f"train.out: {out} holds the output of `run`: choose another --out")
+    try:
+        rows = _rows_written(out) if (out / METRICS).is_file() else []
+    except (OSError, ValueError) as e:
+        raise UsageError(f"train.out: cannot read {out / METRICS}: {e}") from None
+    if resume:
+        if not rows:
+            raise UsageError(f"train --resume: {out} holds no trained step to continue from")
+        if len(rows) >= steps:
+            raise UsageError(
+                f"train --resume: {out} trained {len(rows)} steps already: raise --steps"
+            )
+        return rows
+    if rows and not overwrite:
+        raise UsageError(
+            f"train.out: {out} holds a training run ({len(rows)} steps): --resume to continue "
+            "it, or --overwrite to replace it"
+        )
     try:
         (out / METRICS).open("w").close()
+        shutil.rmtree(out / "weights", ignore_errors=True)
     except OSError as e:
         raise UsageError(f"train.out: cannot write {out}: {e.strerror or e}") from None
+    return []
+
+
+def _train(
+    config: Config, prompts: list[tuple[str, dict[str, Any]]], out: Path, before: list[Any]
+) -> int:
     progress = StepProgress(config.train.steps)
     failed: StackFailed | None = None
     with progress.bar:
         try:
-            rows = run_async(
-                lambda stop: train(config, prompts, out, view=progress, interrupted=stop),
+            rows = before + run_async(
+                lambda stop: train(
+                    config, prompts, out, view=progress, interrupted=stop, start=len(before)
+                ),
                 stopping="stopping after the step under way (again to force)",
             )
         except StackFailed as e:  # what was trained so far stays: its metrics, weights, curve

@@ -40,6 +40,9 @@ from .policy.sampling import SamplingParams, sampling_logprobs
 _WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "config.json")
 
 
+OPTIMIZER = "optimizer.pt"  # the AdamW state, beside the weights it goes with
+
+
 class HFLearner:
     """The trainer's copy of a model dir's weights, its AdamW state, and `update` / `save`."""
 
@@ -115,6 +118,11 @@ class HFLearner:
             self.optimizer.step()
         return tally.stats(len(samples), grad_norm)
 
+    def load_optimizer(self) -> None:
+        """Take the AdamW state `save` wrote beside the weights this learner started from."""
+        state = torch.load(self.model_dir / OPTIMIZER, weights_only=True)
+        self.optimizer.load_state_dict(state)
+
     def save(self, out: str | PathLike[str]) -> Path:
         """Write the weights as a model dir at `out` (safetensors, config, and the source dir's
         tokenizer files, so it also serves as `local.policy`): what HFPolicy's
@@ -124,6 +132,7 @@ class HFLearner:
         work = target.with_name(f".{target.name}.tmp")
         shutil.rmtree(work, ignore_errors=True)
         self.model.save_pretrained(work, safe_serialization=True)
+        torch.save(self.optimizer.state_dict(), work / OPTIMIZER)  # for `train --resume`
         weights = {p for pattern in _WEIGHT_FILES for p in self.model_dir.glob(pattern)}
         for file in self.model_dir.iterdir():
             if file.is_file() and file not in weights and not (work / file.name).exists():

@@ -96,13 +96,17 @@ async def train(
     *,
     view: TrainView | None = None,
     interrupted: asyncio.Event | None = None,
+    start: int = 0,
 ) -> list[dict[str, Any]]:
     """Train for `config.train.steps` steps on `prompts` ((input_id, payload) rows); write
     `out/metrics.jsonl` (a row per step, as it ends) and `out/weights/step-NNNN[.npz]`.
-    Returns the rows. An `interrupted` event ends the run after the step under way."""
+    Returns the rows. An `interrupted` event ends the run after the step under way. `start`:
+    the steps a previous run trained (`train --resume`), continued from the weights (and the
+    optimizer's state, where there is one) it saved after its last step."""
     check_config(config)
     tc = config.train
-    learner = await asyncio.to_thread(make_learner, config)
+    resume_from = weights_of(config, out, start) if start else None
+    learner = await asyncio.to_thread(make_learner, config, resume_from)
     group_policy = GroupPolicy(tc.n, tc.extra, tc.min_ok)
     per_step = tc.groups_per_step or len(prompts)
     limits = config.engine.limits
@@ -111,12 +115,16 @@ async def train(
     rows: list[dict[str, Any]] = []
     async with AsyncExitStack() as stack:
         local = await stack.enter_async_context(LocalStack(config.local))
-        engine = await stack.enter_async_context(RolloutEngine(local.engine_config(config.engine)))
+        engine_config = local.engine_config(config.engine)
+        engine = await stack.enter_async_context(RolloutEngine(engine_config, step=start))
         http = await stack.enter_async_context(aiohttp.ClientSession())
         workers = [w.url for w in local.workers]
-        await _push(http, workers, learner.save(out, 0), "0")  # trainer and workers agree
+        saved = resume_from or learner.save(out, 0)
+        await _push(http, workers, saved, str(start))  # trainer and workers agree
         groups = await stack.enter_async_context(GroupRollout(engine, group_policy))
         prompt_cycle = itertools.cycle(prompts)
+        for _ in itertools.islice(prompt_cycle, (start * per_step) % len(prompts)):
+            pass  # a resumed run goes on through the prompts where the last one stopped
 
         def submit(count: int) -> None:
             for input_id, payload in itertools.islice(prompt_cycle, count):
@@ -128,7 +136,7 @@ async def train(
         in_flight = per_step * max(1, staleness) if tc.asynchronous else per_step
         submit(in_flight)
         began = time.monotonic()
-        for step in range(tc.steps):
+        for step in range(start, tc.steps):
             step_began = time.monotonic()
             if view is not None:
                 view.step_started(step, per_step)
@@ -237,15 +245,25 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def make_learner(config: Config) -> Learner:
-    """The learner `config.local.policy` names: the toy, or a Hugging Face model."""
+def weights_of(config: Config, out: Path, step: int) -> Path:
+    """Where `train` saves the weights after `step` steps (the toy's .npz, a model's dir)."""
+    name = f"step-{step:04d}" + (".npz" if config.local.policy == "toy" else "")
+    return (out / "weights" / name).resolve()
+
+
+def make_learner(config: Config, resume_from: Path | None = None) -> Learner:
+    """The learner `config.local.policy` names: the toy, or a Hugging Face model; from the
+    weights a previous run saved at `resume_from`, if given."""
     name = config.local.policy
     if name == "toy":
-        return _ToyLearner(config)
+        learner = _ToyLearner(config)
+        if resume_from is not None:
+            learner.policy.load(resume_from)
+        return learner
     from .models import ready_model
 
     try:
-        model_dir = ready_model(name)
+        model_dir = resume_from or ready_model(name)
     except ValueError as exc:
         raise ConfigError(f"config: local.policy: {exc}") from None
     from .hf_grpo import HFLearner  # torch and transformers: only for a Hugging Face policy
@@ -254,7 +272,10 @@ def make_learner(config: Config) -> Learner:
     sampling = {"temperature": 1.0, **(llm.sampling if llm else {})}
     # the trainer must recompute under the transform the agents sample with: engine.llm.sampling
     sp = SamplingParams.from_json({k: sampling.get(k) for k in _TRANSFORM})
-    return _HFSteps(HFLearner(model_dir, lr=config.train.lr, clip=config.train.clip, sampling=sp))
+    hf = HFLearner(model_dir, lr=config.train.lr, clip=config.train.clip, sampling=sp)
+    if resume_from is not None:
+        hf.load_optimizer()
+    return _HFSteps(hf)
 
 
 _TRANSFORM = ("temperature", "top_p", "top_k", "min_p")
