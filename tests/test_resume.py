@@ -208,3 +208,23 @@ async def test_a_failed_write_loses_nothing_and_resume_recovers_each_result_once
 
 def _results(s3, bucket: str) -> int:
     return s3.list_objects_v2(Bucket=bucket, Prefix="rollouts/resume/").get("KeyCount", 0)
+
+
+async def test_a_failed_write_on_the_embedded_stack_says_which_results_end_with_it(tmp_path):
+    """The embedded stack's S3 is moto inside the run: the message must not promise the
+    results that ended after the failed write; it names how many there were."""
+    rows = [{"a": i, "b": 1, "sleep": 0.3, "mode": "big", "size": 4000} for i in range(12)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    stack = ["local.app=tests.agents.basic:app", "local.mode=in_process", "local.gateway=false"]
+    stack += ["local.policy_workers=1", "engine.dispatch.max_live_sessions=4"]
+    run = ["run", "--data", str(data), "--n", "1", "--out", str(out), *stack]
+    code, stderr = await _ended(await _cli(*run, cwd=ROOT, limited=True))
+    assert code == 4 and "Traceback" not in stderr, stderr[-3000:]
+    written = len((out / "rollouts.jsonl").read_text().splitlines())
+    last = stderr.strip().splitlines()[-1]
+    assert "no result is lost" not in last
+    assert "the embedded stack's S3 ended with this run, and with it the results of the " in last
+    lost = int(last.split("the results of the ")[1].split()[0])
+    assert lost >= 1 and written + lost <= 12

@@ -52,7 +52,8 @@ def run_command(config: Config, resume: str | None, overwrite: bool = False) -> 
             )
         finally:
             (out / STAGED_JOURNAL).unlink(missing_ok=True)  # the journal of a run never begun
-        return _finish(summary, out, config.run.min_ok_fraction)
+        embedded_unwritten = run.unwritten if config.stack == "local" else None
+        return _finish(summary, out, config.run.min_ok_fraction, embedded_unwritten)
 
 
 @dataclass
@@ -126,6 +127,7 @@ class RunState:
         self.out, self.ended_before = out, ended_before
         self.tally = Tally()
         self.write_error: str | None = None
+        self.unwritten = 0  # outcomes that ended after a write failed
         self.write_failed = asyncio.Event()
         self.figures: Callable[[], tuple[EngineStats, float]] = lambda: (EngineStats(), 0.0)
 
@@ -152,14 +154,25 @@ class RunState:
         return f"; {self.summary(interrupted=True).requests} requests ended, in {SUMMARY}"
 
 
-def _finish(summary: RunSummary, out: Path, min_ok_fraction: float) -> int:
-    """Print the tables and the exit code's one line; the exit code."""
+def _finish(
+    summary: RunSummary, out: Path, min_ok_fraction: float, embedded_unwritten: int | None
+) -> int:
+    """Print the tables and the exit code's one line; the exit code. `embedded_unwritten`: on
+    the embedded stack (whose S3 ends with the run), the outcomes that ended unwritten."""
     print_summary(summary)
     code = exit_code(summary, min_ok_fraction)
     if code == EXIT_WRITE_FAILED:
+        if embedded_unwritten is None:
+            kept = "no result is lost (they are in S3)"
+        else:  # moto ran inside this run: what it held ends with it
+            kept = (
+                f"the embedded stack's S3 ended with this run, and with it the results of the "
+                f"{embedded_unwritten} requests that ended after the write failed (--resume "
+                "ends them as timeouts; `agentcore-rollout local up` keeps a stack between runs)"
+            )
         print(
-            f"error: {summary.write_error}; no result is lost (they are in S3): once {out} is "
-            f"writable, agentcore-rollout run --resume {out}",
+            f"error: {summary.write_error}; {kept}: once {out} is writable, "
+            f"agentcore-rollout run --resume {out}",
             file=sys.stderr,
         )
         return code
@@ -251,6 +264,8 @@ async def _collect(
                 run.tally.add(outcome)
                 if run.write_error is None:
                     rows.write(outcome.to_dict())
+                if run.write_error is not None:  # that write, or an earlier one, failed
+                    run.unwritten += 1
                 update(outcome, engine.stats().live_sessions)
     finally:
         rows.close()
