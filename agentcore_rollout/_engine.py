@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -449,7 +449,7 @@ class RolloutEngine:
         engine's session wrote, or waits to write."""
         rid, resumed = job.request.request_id, job.resumed
         if resumed is not None and (found := await self._buffer.look_up(rid)) is not None:
-            job.took_over(resumed, self._gateway)
+            job.took_over(await self._with_its_session(rid, resumed), self._gateway)
             return found
         async with self._dispatcher.live_session(
             job.session_id, job.start_by, priority=job.step
@@ -465,6 +465,18 @@ class RolloutEngine:
                 await self._start(job, session)
             assert job.deadline is not None
             return await self._buffer.wait(rid, job.deadline, self._dispatcher.lost(session))
+
+    async def _with_its_session(self, request_id: str, resumed: _Resumed) -> _Resumed:
+        """A result written by a session whose start the earlier engine never recorded (it
+        died while the invocation was in flight): its gateway session, found by request id,
+        holds the trace. Not found, the result ends `invalid_result` (`_decided`)."""
+        if self._gateway is None or resumed.gateway_session_id is not None:
+            return resumed
+        found = await self._gateway.session_of(request_id)
+        if found is None:
+            return resumed
+        url, held = found
+        return replace(resumed, gateway_session_id=held.session_id, gateway_url=url)
 
     async def _start(self, job: _Job, session: LiveSession) -> None:
         """Open the rollout's gateway session, then start its sandbox session."""
@@ -500,6 +512,10 @@ class RolloutEngine:
         trace = usage = None
         if result is None:
             usage = await self._dropped_usage(job)
+        elif self._gateway is not None and job.gateway_session_id is None:
+            if outcome is Outcome.OK:  # a reward without its tokens is not a training sample
+                outcome, result = Outcome.INVALID_RESULT, None
+                error = "trace lost: no gateway session holds this request's turns"
         elif job.gateway_session_id is not None and job.gateway_url is not None:
             assert self._gateway is not None
             try:

@@ -157,3 +157,51 @@ async def _samples(stack: LocalStack) -> list:
         http.get(f"{stack.workers[0].url}/debug/samples") as resp,
     ):
         return (await resp.json())["samples"]
+
+
+async def test_a_resumed_result_whose_start_was_never_journaled_keeps_its_trace(tmp_path):
+    """`run --resume` after a kill with invocations in flight: their `started` lines were
+    never written, so `resume` gets no gateway session; it finds it by request id, and the
+    result is `ok` with its trace. A result whose session is gone ends `invalid_result`."""
+    local = LocalConfig(
+        app="tests.agents.held:app",
+        mode="in_process",
+        policy_workers=1,
+        record_samples=True,
+        bucket="unjournaled",
+        queue="unjournaled",
+    )
+    requests = [_request(f"unjournaled-{i}", 0.0) for i in range(3)]
+    async with LocalStack(local) as stack:
+        config = stack.engine_config(
+            flat_config(exp_id="unjournaled", run_secret="u" * 32, start_rate=50.0, wait_time=1)
+        )
+        first = await start_first_life(FIRST_LIFE, stack, config, requests, tmp_path)
+        s3 = stack.moto.client("s3")
+        give_up = time.monotonic() + 60
+        while _stored(s3, config.bucket) < 3:
+            assert first.returncode is None, (await first.communicate())[1][-2000:]
+            assert time.monotonic() < give_up, "the first engine's agents did not write in time"
+            await asyncio.sleep(0.1)
+        first.kill()
+        await first.wait()
+        async with GatewayAdmin(config.gateway.url, config.gateway.admin_token) as admin:
+            gone = await admin.session_of(requests[2].request_id)
+            assert gone is not None
+            await admin.drop_session(gone.session_id)  # as a gateway restarted since would
+        async with RolloutEngine(config) as second:
+            outcomes = await asyncio.gather(*(second.resume(r, step=0) for r in requests))
+        sampled = await _samples(stack)
+
+    assert [o.outcome for o in outcomes] == ["ok", "ok", "invalid_result"], [
+        o.error for o in outcomes
+    ]
+    assert outcomes[2].error == "trace lost: no gateway session holds this request's turns"
+    assert len(sampled) == 3  # collected from S3: no agent ran again
+    records = Counter((tuple(s["input_ids"]), tuple(s["output_ids"])) for s in sampled)
+    for outcome in outcomes[:2]:  # each trace is one of the samples the worker drew
+        assert outcome.trace is not None and outcome.gateway_url is not None
+        [sample] = outcome.trace["samples"]
+        mask = sample["loss_mask"]
+        ids = tuple(t for t, m in zip(sample["response_ids"], mask, strict=True) if m)
+        assert records[(tuple(sample["prompt_ids"]), ids)] >= 1
