@@ -147,10 +147,11 @@ async def test_a_feed_keeps_at_most_its_window_in_the_engine(moto, channel, emul
 @pytest.mark.e2e
 def test_an_interrupt_leaves_what_was_never_submitted_to_resume(tmp_path):
     """12 rows through a window of 2 (one live session): Ctrl-C while rows 2 and 3 are in the
-    engine cancels those two; rows 4-11 were never submitted, and `--resume` runs them."""
+    engine cancels those two; rows 4-11 were never submitted. `--resume` runs them all: the
+    ones the interrupt cancelled too (their `cancelled` lines go)."""
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     rows = [
-        {"id": f"r{i}", "a": i, "b": 1, "sleep": 60.0 if i in (2, 3) else 0.0} for i in range(12)
+        {"id": f"r{i}", "a": i, "b": 1, "sleep": 6.0 if i in (2, 3) else 0.0} for i in range(12)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ("--n", "1", *FAST_STACK, "engine.dispatch.max_live_sessions=1")
@@ -168,17 +169,17 @@ def test_an_interrupt_leaves_what_was_never_submitted_to_resume(tmp_path):
     assert [e["input_id"] for e in journal if e["kind"] == "request"] == [r["id"] for r in rows]
     first = {line["input_id"]: line["outcome"] for line in map(json.loads, sink.open())}
     assert first == {"r0": "ok", "r1": "ok", "r2": "cancelled", "r3": "cancelled"}
+    assert [json.loads(line).get("interrupted") for line in sink.open()] == [None, None, True, True]
 
     resumed = _cli("run", "--resume", str(out), *argv)
     _, stderr = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, stderr[-3000:]
     lines = [json.loads(line) for line in sink.read_text().splitlines()]
     assert sorted(line["input_id"] for line in lines) == sorted(r["id"] for r in rows)  # once each
-    assert {line["input_id"]: line["outcome"] for line in lines} == first | {
-        f"r{i}": "ok" for i in range(4, 12)
-    }
+    assert {line["input_id"]: line["outcome"] for line in lines} == {r["id"]: "ok" for r in rows}
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["requests"] == 12 and summary["outcomes"]["ok"] == 10
+    assert summary["requests"] == 12 and summary["outcomes"]["ok"] == 12
+    assert summary["run_again"] == 2 and summary["resumed_after"] == 2
 
 
 @pytest.mark.e2e

@@ -272,7 +272,7 @@ def test_the_journal_keeps_each_session_s_replica_for_resume(tmp_path) -> None:
         }
     )
     lines.close()
-    left, _ = left_open(tmp_path)
+    left = left_open(tmp_path).jobs
     assert [(j.gateway_session_id, j.gateway_url) for j in left] == [
         ("gs-1", "http://b:2"),
         ("gs-2", None),  # resumed on the first replica, where every session was then

@@ -17,10 +17,11 @@ Exit codes: 0 when at least `run.min_ok_fraction` of the requests ended `ok`; 3 
 did (rollouts.jsonl and summary.json are still written, the summary still printed); 4 when the
 output could not be written (disk full, read-only...): no new session was started, the running
 ones finished into S3, and `run --resume OUT` collects them once it is writable; 130 when
-interrupted, after writing every request's outcome (the unfinished ones as `cancelled`), or at
-once on a second Ctrl-C, with the summary of what ended; 2 for a usage, config, dataset or
-output-directory error (a folder another run holds, or one with a run's output without
-`--resume` or `--overwrite`), which is one line on stderr and is found before anything starts.
+interrupted, after writing every request's outcome (the unfinished ones as `cancelled`, which
+`--resume` runs again), or at once on a second Ctrl-C, with the summary of what ended; 2 for a
+usage, config, dataset or output-directory error (a folder another run holds, or one with a
+run's output without `--resume` or `--overwrite`), which is one line on stderr and is found
+before anything starts.
 `train` exits 5 when a part of the local stack it needs stops working (a policy worker that
 cannot be reached): one line names it, and what was trained so far stays.
 

@@ -24,6 +24,7 @@ from .errors import UsageError
 
 JOURNAL, ROLLOUTS, SECRET = "journal.jsonl", "rollouts.jsonl", "run_secret"
 STAGED_JOURNAL = "journal.jsonl.new"  # a fresh run's, until its stack is up
+INTERRUPTED = "interrupted"  # a rollouts.jsonl row the user's Ctrl-C cancelled: run it again
 
 
 @dataclass
@@ -89,20 +90,40 @@ class Journal:
         )
 
 
-def left_open(out: Path) -> tuple[list[Journaled], list[str]]:
-    """The journaled requests that have no line in rollouts.jsonl yet, in submission order and
-    with what is known of their start; and the outcomes of those that have one (the summary
-    counts the whole run). A torn last line of rollouts.jsonl (the process died writing it) is
-    cut off, so appending goes on from a clean line."""
+@dataclass
+class LeftOpen:
+    """What a resumed run takes over: the journaled requests with no line in rollouts.jsonl yet,
+    in submission order and with what is known of their start (those the user's interrupt
+    cancelled start afresh); the outcomes of those that have a line (the summary counts the
+    whole run); how many run again; and the lines rollouts.jsonl keeps."""
+
+    jobs: list[Journaled]
+    ended: list[str]
+    run_again: int
+    rows: list[str] | None  # rollouts.jsonl's lines, when it must be rewritten to them
+
+    def keep_rows(self, out: Path) -> None:
+        """Rewrite rollouts.jsonl to its kept lines (once the resumed run's stack is up): a torn
+        last line cut off (the process died writing it), the interrupted ones gone."""
+        if self.rows is not None:
+            (out / ROLLOUTS).write_text("".join(f"{line}\n" for line in self.rows))
+
+
+def left_open(out: Path) -> LeftOpen:
+    """What `run --resume OUT` takes over (see `LeftOpen`); reads, writes nothing."""
     rollouts = out / ROLLOUTS
     lines = rollouts.read_text().split("\n") if rollouts.is_file() else []
     kept = _complete(lines)
-    if len(kept) != len([line for line in lines if line.strip()]):
-        rollouts.write_text("".join(f"{line}\n" for line in kept))
     ended = [json.loads(line) for line in kept]
-    done = {line["request_id"] for line in ended}
+    again = {row["request_id"] for row in ended if row.get(INTERRUPTED)}
+    rows = None
+    if again or len(kept) != len([line for line in lines if line.strip()]):
+        rows = [line for line, row in zip(kept, ended, strict=True) if not row.get(INTERRUPTED)]
+    ended = [row for row in ended if not row.get(INTERRUPTED)]
+    done = {row["request_id"] for row in ended}
     left = [j for j in _read_journal(out) if j.request.request_id not in done]
-    return left, [line["outcome"] for line in ended]
+    left = [Journaled(j.request, j.step) if j.request.request_id in again else j for j in left]
+    return LeftOpen(left, [row["outcome"] for row in ended], len(again), rows)
 
 
 def _read_journal(out: Path) -> list[Journaled]:

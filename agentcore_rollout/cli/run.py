@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .. import Config, EngineStats, RolloutEngine, RolloutHandle
+from .. import Config, EngineStats, Outcome, RolloutEngine, RolloutHandle
 from ..contract import new_run_secret
 from .dataset import journal_requests
 from .errors import (
@@ -25,6 +25,7 @@ from .errors import (
 )
 from .feed import Feed
 from .journal import (
+    INTERRUPTED,
     JOURNAL,
     ROLLOUTS,
     STAGED_JOURNAL,
@@ -45,7 +46,7 @@ def run_command(config: Config, resume: str | None, overwrite: bool = False) -> 
     out = Path(config.run.out if resume is None else resume)
     with locked(out, "run.out" if resume is None else "--resume"):
         begin = _fresh(config, out, overwrite) if resume is None else _resumed(config, out)
-        run = RunState(out, begin.ended_before)
+        run = RunState(out, begin.ended_before, begin.run_again)
         try:
             summary = run_async(
                 lambda stop: roll_out(config, begin, run, interrupted=stop), forced=run.forced
@@ -67,6 +68,7 @@ class Begin:
     commit: Callable[[], Iterable[Journaled]]
     resumed: bool = False
     ended_before: list[str] = field(default_factory=list)
+    run_again: int = 0  # requests the user's interrupt had cancelled, run again
 
 
 def _fresh(config: Config, out: Path, overwrite: bool) -> Begin:
@@ -85,10 +87,22 @@ def _fresh(config: Config, out: Path, overwrite: bool) -> Begin:
 
 
 def _resumed(config: Config, out: Path) -> Begin:
-    jobs, ended_before = left_open(out)
+    left = left_open(out)
     check_writable(out)
     secret = run_secret(out, config.engine.run_secret)
-    return Begin(len(jobs), secret, lambda: jobs, resumed=True, ended_before=ended_before)
+
+    def commit() -> Iterable[Journaled]:
+        left.keep_rows(out)
+        return left.jobs
+
+    return Begin(
+        len(left.jobs),
+        secret,
+        commit,
+        resumed=True,
+        ended_before=left.ended,
+        run_again=left.run_again,
+    )
 
 
 def journal_dataset(config: Config, path: Path) -> int:
@@ -123,8 +137,8 @@ class RunState:
     """What a run has so far, so that even a forced exit writes its summary: the figures of the
     outcomes (in rollouts.jsonl as they arrive), the first write error, the engine's figures."""
 
-    def __init__(self, out: Path, ended_before: list[str]) -> None:
-        self.out, self.ended_before = out, ended_before
+    def __init__(self, out: Path, ended_before: list[str], run_again: int = 0) -> None:
+        self.out, self.ended_before, self.run_again = out, ended_before, run_again
         self.tally = Tally()
         self.write_error: str | None = None
         self.unwritten = 0  # outcomes that ended after a write failed
@@ -142,7 +156,11 @@ class RunState:
         """The figures so far, written to summary.json if it can be."""
         stats, wall_time = self.figures()
         summary = RunSummary.of(self.tally, stats, wall_time, interrupted=interrupted)
-        summary = replace(summary.counting_in(self.ended_before), write_error=self.write_error)
+        summary = replace(
+            summary.counting_in(self.ended_before),
+            write_error=self.write_error,
+            run_again=self.run_again,
+        )
         try:
             (self.out / SUMMARY).write_text(summary.to_json())
         except OSError as e:
@@ -178,7 +196,10 @@ def _finish(
         return code
     console.print(f"wrote {out / ROLLOUTS} and {out / SUMMARY}")
     if code == EXIT_INTERRUPTED:
-        console.print("[yellow]interrupted: unfinished requests were cancelled")
+        console.print(
+            f"[yellow]interrupted: unfinished requests were cancelled; --resume {out} runs "
+            "them again"
+        )
     elif code == EXIT_TOO_FEW_OK:
         print(
             f"error: {summary.ok} of {summary.requests} requests ended ok, fewer than "
@@ -263,7 +284,10 @@ async def _collect(
             async for outcome in feed:
                 run.tally.add(outcome)
                 if run.write_error is None:
-                    rows.write(outcome.to_dict())
+                    row = outcome.to_dict()
+                    if interrupted.is_set() and outcome.outcome is Outcome.CANCELLED:
+                        row[INTERRUPTED] = True  # --resume runs it again
+                    rows.write(row)
                 if run.write_error is not None:  # that write, or an earlier one, failed
                     run.unwritten += 1
                 update(outcome, engine.stats().live_sessions)

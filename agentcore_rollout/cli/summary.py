@@ -14,7 +14,7 @@ from typing import Any
 from .. import EngineStats, Outcome, RolloutCost, RolloutOutcome
 
 SUMMARY = "summary.json"
-_WHEN_SET = ("resumed_after", "write_error")
+_WHEN_SET = ("resumed_after", "run_again", "write_error")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class RunSummary:
     engine: EngineStats
     interrupted: bool
     resumed_after: int = 0  # a resumed run: the requests that had ended before it, counted in
+    run_again: int = 0  # a resumed run: the requests an interrupt had cancelled, run again
     write_error: str | None = None  # what could not be written to the output folder
 
     @classmethod
@@ -101,7 +102,8 @@ class RunSummary:
         )
 
     def to_json(self) -> str:
-        """summary.json's text: `resumed_after` and `write_error` only when they happened."""
+        """summary.json's text: `resumed_after`, `run_again` and `write_error` only when they
+        happened."""
         fields = {k: v for k, v in asdict(self).items() if v or k not in _WHEN_SET}
         return json.dumps(fields, indent=2) + "\n"
 
