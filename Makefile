@@ -72,3 +72,44 @@ bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 
 clean:
 	rm -rf $(VENV) out site
+
+# -- the released agent clients tests/test_released_clients.py runs against the gateway ---------
+# Outside .venv, each pinned here only (the tests read these lines and check what is installed):
+# the npm packages under .clients/npm, one venv per Python client (openhands-sdk needs >= 3.12,
+# and openhands-tools pinned in the same pip command: alone, it would downgrade openhands-sdk).
+CLIENTS := .clients
+CLAUDE_CODE_VERSION := 2.1.197
+CODEX_VERSION := 0.171.0
+CLAUDE_AGENT_SDK_VERSION := 0.2.189
+OPENHANDS_VERSION := 1.58.2
+MINI_SWE_AGENT_VERSION := 2.4.6
+PYTHON312 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3) \
+	$(shell command -v python3.12))
+CLIENT_PIP := -m pip install --quiet --disable-pip-version-check
+
+.PHONY: clients
+
+clients: $(CLIENTS)/.installed  ## the released agent clients, for tests/test_released_clients.py
+
+$(CLIENTS)/.installed: Makefile
+	@test -n "$(PYTHON312)" || { echo "make clients: openhands-sdk needs Python >= 3.12" \
+		"(none in ~/.pyenv/versions or as python3.12 on PATH)" >&2; exit 1; }
+	command -v node >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) apt-get install -y nodejs npm; }
+	npm install --prefix $(CLIENTS)/npm --no-audit --no-fund \
+		@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) @openai/codex@$(CODEX_VERSION)
+	test -x $(CLIENTS)/venv-claude-agent-sdk/bin/python || \
+		python3 -m venv $(CLIENTS)/venv-claude-agent-sdk
+	$(CLIENTS)/venv-claude-agent-sdk/bin/python $(CLIENT_PIP) \
+		claude-agent-sdk==$(CLAUDE_AGENT_SDK_VERSION)
+	test -x $(CLIENTS)/venv-mini-swe-agent/bin/python || \
+		python3 -m venv $(CLIENTS)/venv-mini-swe-agent
+	$(CLIENTS)/venv-mini-swe-agent/bin/python $(CLIENT_PIP) \
+		mini-swe-agent==$(MINI_SWE_AGENT_VERSION)
+	test -x $(CLIENTS)/venv-openhands-sdk/bin/python || $(PYTHON312) -m venv \
+		$(CLIENTS)/venv-openhands-sdk
+	$(CLIENTS)/venv-openhands-sdk/bin/python $(CLIENT_PIP) \
+		openhands-sdk==$(OPENHANDS_VERSION) openhands-tools==$(OPENHANDS_VERSION)
+	touch $@
+
+test: $(CLIENTS)/.installed  # the released-clients tests need them

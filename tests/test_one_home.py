@@ -155,9 +155,11 @@ def test_the_engine_reads_in_short_functions() -> None:
 # (issue 33, item 2) added about 80. The gateway's field policy for real clients (issue 34:
 # fields ignored and named, hosted tools dropped, context edits, deferred tools and sealed
 # reasoning honoured) added about 200; `train --resume`/`--overwrite` and one line for a dead
-# worker (issue 35) about 90, and a child's output drained about 10. Raise it only with a
-# reason in the same commit.
-MAX_LINES = 18_900
+# worker (issue 35) about 90, and a child's output drained about 10; `train` ending in one
+# line when any child of the stack dies (LocalStack.dead, the trainer's watch) about 30, and
+# interrupted requests run again by --resume about 40. Raise it only with a reason in the
+# same commit.
+MAX_LINES = 19_010
 
 
 def test_the_package_did_not_grow() -> None:

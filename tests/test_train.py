@@ -223,8 +223,17 @@ async def _until_sampled(http: aiohttp.ClientSession, worker: str, n: int) -> No
         await asyncio.sleep(0.05)
 
 
-def test_a_policy_worker_killed_during_async_train_is_one_line_and_keeps_what_was_trained(
-    tmp_path,
+@pytest.mark.parametrize(
+    ("child", "said"),
+    [
+        ("agentcore_rollout.local.policy", "error: policy worker "),
+        ("agentcore_rollout.gateway", "error: gateway 0 (pid "),
+        ("agentcore_rollout.local.runtime", "error: runtime emulator (pid "),
+    ],
+    ids=["worker", "gateway", "emulator"],
+)
+def test_a_child_killed_during_async_train_is_one_line_and_keeps_what_was_trained(
+    tmp_path, child, said
 ):
     out = tmp_path / "train"
     proc = _cli("train", "--async", "--steps", "50", "--out", str(out))
@@ -234,18 +243,18 @@ def test_a_policy_worker_killed_during_async_train_is_one_line_and_keeps_what_wa
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < give_up, "no step ended in time"
         time.sleep(0.2)
-    workers = [
+    found = [
         pid
         for pid in _descendants(proc.pid)
-        if b"agentcore_rollout.local.policy" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        if f"\0-m\0{child}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
-    assert workers, "no policy worker found"
-    os.kill(workers[0], signal.SIGKILL)
+    assert found, f"no {child} found"
+    os.kill(found[0], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 5, stderr[-3000:]
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("error: policy worker http://127.0.0.1:") and "steps trained" in last
+    assert last.startswith(said) and "steps trained" in last, last
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == list(range(len(steps))) and len(steps) >= 1
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

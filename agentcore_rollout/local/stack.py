@@ -107,6 +107,17 @@ class LocalStack:
                 asyncio.to_thread(self.moto.stop),
             )
 
+    def dead(self) -> str | None:
+        """The first of its children that died, and how (None: all run): what a caller that
+        outlives a step (the trainer) says in one line rather than failing on."""
+        children = [self.moto, *self.workers, *self.gateways]
+        children += [self.emulator] if self.emulator is not None else []
+        for child in children:
+            code = child.exit_code
+            if code is not None:
+                return f"{child.name} (pid {child.pid}) exited with code {code}"
+        return None
+
     def _check_app(self) -> None:
         """Load `local.app` in a process of its own, with the path its agents get, so an app
         that cannot load is one line now rather than a failed start for every request."""

@@ -143,7 +143,7 @@ async def train(
             taken: list[Group] = []
             stale: list[Group] = []
             while len(taken) < per_step:
-                group = await groups.next()
+                group = await _next_group(groups, local)
                 (stale if group.status is GroupStatus.STALE else taken).append(group)
                 still_needed = per_step * (tc.steps - step) - len(taken)
                 if staleness and groups.pending < (in_flight if tc.asynchronous else still_needed):
@@ -179,6 +179,19 @@ async def train(
             if interrupted is not None and interrupted.is_set():
                 break
     return rows
+
+
+async def _next_group(groups: GroupRollout, local: LocalStack) -> Group:
+    """The next resolved group; a child of the stack that died meanwhile is StackFailed, at
+    once, rather than a step of rollouts that wait out their deadline."""
+    resolved = asyncio.ensure_future(groups.next())
+    while True:
+        done, _ = await asyncio.wait({resolved}, timeout=0.5)
+        if done:
+            return resolved.result()
+        if (dead := local.dead()) is not None:
+            resolved.cancel()
+            raise StackFailed(dead)
 
 
 def check_config(config: Config) -> None:

@@ -31,6 +31,11 @@ class ServiceProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
+    @property
+    def exit_code(self) -> int | None:
+        """Its exit code if it has died since it started; None while it runs (or never ran)."""
+        return self._process.poll() if self._process else None
+
     def start(self, timeout: float = 60.0) -> str:
         env = {**os.environ, **(self._env or {}), "AGENTCORE_ROLLOUT_PARENT_PID": str(os.getpid())}
         self._process = subprocess.Popen(

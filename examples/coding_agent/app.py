@@ -64,6 +64,10 @@ async def codex_rollout(payload: dict[str, Any], ctx: RolloutContext) -> Rollout
             f'base_url = "{llm.base_url}"\n'
             'wire_api = "responses"\n'
             'env_key = "POLICY_API_KEY"\n'
+            "[features]\n"
+            "plugins = false\n"  # else it syncs a plugin catalog from github.com at start
+            "[analytics]\n"
+            "enabled = false\n"  # else it sends metrics to ab.chatgpt.com
         )
         env = {"HOME": home, "CODEX_HOME": home, "POLICY_API_KEY": llm.api_key}
         argv = [os.environ.get("CODEX_BIN", "codex"), "exec", "--skip-git-repo-check"]
