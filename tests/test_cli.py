@@ -317,7 +317,9 @@ def test_train_async_keeps_stale_rollouts_bounded_at_one_unless_told(
     args, staleness, policy, monkeypatch
 ):
     seen = []
-    monkeypatch.setattr("agentcore_rollout.cli.train.train_command", lambda c, **_: seen.append(c) or 0)
+    monkeypatch.setattr(
+        "agentcore_rollout.cli.train.train_command", lambda c, **_: seen.append(c) or 0
+    )
     assert main(["train", "--async", *args]) == 0
     (config,) = seen
     limits = config.engine.limits
