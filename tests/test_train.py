@@ -19,6 +19,7 @@ import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -194,13 +195,8 @@ def test_train_learns_and_replays_captured_logprobs(tmp_path, monkeypatch):
 
 def test_an_interrupted_train_ends_after_the_step_under_way_and_leaves_nothing(tmp_path):
     out = tmp_path / "train"
-    proc = _cli("train", "--steps", "50", "--out", str(out))
+    proc = _train_past_its_first_step(out)
     metrics = out / METRICS
-    give_up = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < give_up, "no step ended in time"
-        time.sleep(0.2)
     family = _descendants(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
@@ -211,6 +207,17 @@ def test_an_interrupted_train_ends_after_the_step_under_way_and_leaves_nothing(t
     assert (out / "reward_curve.png").is_file()
     time.sleep(0.5)
     assert [p for p in family if _alive(p)] == []
+
+
+def _train_past_its_first_step(out: Path, *args: str) -> Any:
+    """`train --steps 50` in a process of its own, once its first step's metrics are written."""
+    proc = _cli("train", *args, "--steps", "50", "--out", str(out))
+    metrics, give_up = out / METRICS, time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < give_up, "no step ended in time"
+        time.sleep(0.2)
+    return proc
 
 
 async def _until_sampled(http: aiohttp.ClientSession, worker: str, n: int) -> None:
@@ -236,13 +243,8 @@ def test_a_child_killed_during_async_train_is_one_line_and_keeps_what_was_traine
     tmp_path, child, said
 ):
     out = tmp_path / "train"
-    proc = _cli("train", "--async", "--steps", "50", "--out", str(out))
+    proc = _train_past_its_first_step(out, "--async")
     metrics = out / METRICS
-    give_up = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < give_up, "no step ended in time"
-        time.sleep(0.2)
     found = [
         pid
         for pid in _descendants(proc.pid)
