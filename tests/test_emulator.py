@@ -139,6 +139,7 @@ async def _invoke(c, channel, sid: str, **user) -> dict:
     return json.loads(await resp["response"].read())
 
 
+@pytest.mark.e2e  # waits out real idle timeouts and lifetimes (no injectable clock yet)
 async def test_busy_in_the_background_counts_until_ping_says_idle_and_lifetime_caps_it(
     background, channel, moto
 ):
@@ -162,6 +163,7 @@ async def test_busy_in_the_background_counts_until_ping_says_idle_and_lifetime_c
     assert emu.expired == [worker, forever]
 
 
+@pytest.mark.e2e  # waits out real idle timeouts and lifetimes (no injectable clock yet)
 async def test_rollouts_working_past_a_short_idle_timeout_end_ok(moto, channel, emulator):
     """Issue 19's case: 12 concurrent RL-Toolkit-style agents, each busy 5 s in the background
     after acknowledging, under a 2 s idle timeout and 4 invocations/s: all `ok`, none expired."""
@@ -181,6 +183,7 @@ async def test_rollouts_working_past_a_short_idle_timeout_end_ok(moto, channel, 
     assert len(emu.started) == 12
 
 
+@pytest.mark.e2e  # waits out real idle timeouts and lifetimes (no injectable clock yet)
 async def test_an_invocation_meeting_a_session_ending_gets_a_modelled_error(background, channel):
     """A stop racing an invocation: one that has not reached the agent is a retryable conflict
     (the retry gets a new session), one the agent holds says the session ended under it;

@@ -490,6 +490,7 @@ async def test_streaming_reply_arrives_as_it_is_produced(spec, emulator, clients
     ]
 
 
+@pytest.mark.e2e  # waits out real idle timeouts and lifetimes (no injectable clock yet)
 async def test_time_caps_are_the_services_and_configurable(emulator, clients):
     defaults = EmulatorConfig(app="m:app")
     assert (defaults.sync_timeout, defaults.stream_timeout) == (15 * 60.0, 60 * 60.0)
