@@ -256,6 +256,15 @@ CLAUDE_ENV = {  # Claude Code, and the Claude Agent SDK's bundled copy of it
     "DISABLE_ERROR_REPORTING": "1",
     "IS_SANDBOX": "1",  # lets root bypass permissions
 }
+CLAUDE_IGNORED = {"metadata", "context_management", "output_config.effort"}
+
+
+def claude_env(sandbox: Sandbox, gateway: Gateway, session: Any) -> dict[str, str]:
+    """Claude Code's environment: the gateway URL agents are handed, the session's key."""
+    env = sandbox.env(**CLAUDE_ENV, ANTHROPIC_API_KEY=session.api_key)
+    return {**env, "ANTHROPIC_BASE_URL": f"{gateway.url}/v1"}
+
+
 LITELLM_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no cost map fetched at start
 
 
@@ -267,14 +276,13 @@ async def test_claude_code(sandbox: Sandbox) -> None:
     claude = installed(NPM_BIN / "claude", "CLAUDE_CODE", "--version")
     worker = qwen3_worker("Bash", {"command": COMMAND})
     async with gateway_for(worker) as (gateway, admin, session):
-        env = sandbox.env(**CLAUDE_ENV, ANTHROPIC_API_KEY=session.api_key)
-        env["ANTHROPIC_BASE_URL"] = f"{gateway.url}/v1"  # what agents are handed
+        env = claude_env(sandbox, gateway, session)
         argv = [claude, "-p", TASK, "--dangerously-skip-permissions", "--output-format", "json"]
         code, out = await sandbox.run(argv, env)
         trace = await admin.finish_session(session.session_id)
     sandbox.check(code, out)
     assert json.loads(out.splitlines()[-1])["result"] == FINAL
-    check_trace(trace, worker, {"metadata", "context_management", "output_config.effort"})
+    check_trace(trace, worker, CLAUDE_IGNORED)
     assert PLAN in worker.prompt(1)
 
 
@@ -338,13 +346,12 @@ async def test_claude_agent_sdk(sandbox: Sandbox) -> None:
     python = python_client("venv-claude-agent-sdk", "CLAUDE_AGENT_SDK", "claude-agent-sdk")
     worker = qwen3_worker("Bash", {"command": COMMAND})
     async with gateway_for(worker) as (gateway, admin, session):
-        env = sandbox.env(**CLAUDE_ENV, ANTHROPIC_API_KEY=session.api_key)
-        env["ANTHROPIC_BASE_URL"] = f"{gateway.url}/v1"
+        env = claude_env(sandbox, gateway, session)
         code, out = await sandbox.run([python, "-c", SDK_DRIVER, TASK], env)
         trace = await admin.finish_session(session.session_id)
     sandbox.check(code, out)
     assert f"TextBlock(text='{FINAL}')" in out
-    ignored = {"metadata", "context_management", "output_config.effort", "thinking.display"}
+    ignored = {*CLAUDE_IGNORED, "thinking.display"}
     check_trace(trace, worker, ignored)
     assert PLAN in worker.prompt(1)
 
@@ -437,7 +444,7 @@ async def test_the_coding_agent_example_runs_each_client_and_checks_its_work(
     if agent == "claude_code":
         monkeypatch.setenv("CLAUDE_BIN", str(installed(NPM_BIN / "claude", "CLAUDE_CODE", "-v")))
         worker, rollout = qwen3_worker("Bash", {"command": COMMAND}), app.claude_code_rollout
-        ignored = {"metadata", "context_management", "output_config.effort"}
+        ignored = CLAUDE_IGNORED
     else:
         monkeypatch.setenv("CODEX_BIN", str(installed(NPM_BIN / "codex", "CODEX", "--version")))
         worker, rollout = qwen3_worker("exec_command", {"cmd": COMMAND}), app.codex_rollout

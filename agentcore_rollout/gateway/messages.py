@@ -25,9 +25,9 @@ that would load it). Ignored: `metadata`, `service_tier`, `speed`, `inference_ge
 `toolset_name`, a tool's `eager_input_streaming` (a turn is streamed once whole) and `strict`
 (not enforced while sampling: a call that does not parse is flagged ill-formed),
 `thinking.display` other than omitted, `output_config.effort` (named with its value when not
-the default, high), a
-`clear_thinking_20251015` edit that keeps all, server tools (web_search_*, bash_*, ...: dropped
-from what the model sees, as Responses' hosted tools are), fields the gateway does not know.
+the default, high), a `clear_thinking_20251015` edit that keeps all, server tools (web_search_*,
+bash_*, ...: dropped from what the model sees, as Responses' hosted tools are), fields the
+gateway does not know.
 Refused with a 400 naming them: `thinking` `enabled` / `between_tools` (a budget or a schedule
 cannot be enforced on the policy), context edits other than clearing thinking,
 `container`, `mcp_servers`, a tool's `input_examples` and callers other than direct, image /

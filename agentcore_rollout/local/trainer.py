@@ -260,8 +260,11 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def weights_of(config: Config, out: Path, step: int) -> Path:
     """Where `train` saves the weights after `step` steps (the toy's .npz, a model's dir)."""
-    name = f"step-{step:04d}" + (".npz" if config.local.policy == "toy" else "")
-    return (out / "weights" / name).resolve()
+    return _weights(out, step, ".npz" if config.local.policy == "toy" else "")
+
+
+def _weights(out: Path, step: int, suffix: str) -> Path:
+    return (out / "weights" / f"step-{step:04d}{suffix}").resolve()
 
 
 def make_learner(config: Config, resume_from: Path | None = None) -> Learner:
@@ -307,7 +310,7 @@ class _ToyLearner:
         )
 
     def save(self, out: Path, step: int) -> Path:
-        path = (out / "weights" / f"step-{step:04d}.npz").resolve()
+        path = _weights(out, step, ".npz")
         self.policy.save(path)
         return path
 
@@ -323,7 +326,7 @@ class _HFSteps:
         return self.learner.update(samples, weight_version=weight_version)
 
     def save(self, out: Path, step: int) -> Path:
-        path = self.learner.save(out / "weights" / f"step-{step:04d}")
+        path = self.learner.save(_weights(out, step, ""))
         for old in sorted((out / "weights").glob("step-*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
         return path
