@@ -538,3 +538,24 @@ async def test_a_dropped_sessions_usage_is_taken_only_as_counts(usage, taken):
             assert await admin.drop_session("s1") == (usage if taken else None)
     finally:
         await runner.cleanup()
+
+
+async def test_an_agent_gone_mid_request_is_one_line_not_a_traceback(
+    char_gateway: Gateway, admin: GatewayAdmin, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session's agent stopped while it sent a turn (its body cut short): the gateway logs
+    one line and serves the next request as before."""
+    session = await admin.create_session("gone")
+    host, port = char_gateway.url.removeprefix("http://").split(":")
+    _reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {session.api_key}\r\nContent-Length: 1000\r\n\r\n".encode()
+        + b'{"model": "m", "messa'
+    )
+    await writer.drain()
+    await asyncio.sleep(0.2)  # the gateway is reading the body
+    writer.transport.abort()  # a reset, as a killed agent's socket sends
+    await asyncio.sleep(0.2)
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+    assert (await admin.stats())["sessions"] == 1

@@ -418,6 +418,9 @@ class Gateway(Server):
             if exc.status in (404, 405):
                 reason = f"no route {request.method} {request.path[:100]}: {self._route_list()}"
             return self._error(request, exc.status, reason, None)
+        except ConnectionResetError:  # the agent went away mid-request (its session ended)
+            log.info("%s %s: the client closed the connection", request.method, request.path)
+            return self._error(request, 400, "the client closed the connection", None)
         except Exception:
             log.exception("gateway error on %s %s", request.method, request.path)
             return self._error(request, 500, "internal gateway error", None)
