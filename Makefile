@@ -64,7 +64,6 @@ docs: $(VENV)/.docs  ## the documentation site, into site/ (strict: a broken lin
 bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 	$(PY) bench/dispatch.py
 	$(PY) bench/gateway.py
-	$(PY) bench/calls.py
 	$(PY) bench/scale.py
 	$(PY) bench/memory.py
 	$(PY) bench/run_memory.py

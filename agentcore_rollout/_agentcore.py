@@ -1,22 +1,27 @@
-"""`SandboxRuntime` over the AgentCore Runtime data plane: InvokeAgentRuntime in a new session,
-StopRuntimeSession (each one signed HTTP request, as botocore's service model describes it),
-and the mapping of AgentCore's error types onto retry decisions."""
+"""`SandboxRuntime` over the AgentCore Runtime data plane: InvokeAgentRuntime in a new session
+and StopRuntimeSession through aiobotocore's client, and the mapping of AgentCore's answers and
+failures onto retry decisions."""
 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
-from urllib.parse import quote
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
-from botocore.exceptions import BotoCoreError, NoCredentialsError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    HTTPClientError,
+    NoCredentialsError,
+    ProxyConnectionError,
+    SSLError,
+)
 
 from ._sandbox import SessionCallError
-
-if TYPE_CHECKING:
-    from ._aws import SignedClient
 
 # AgentCore Runtime's published defaults and quotas: the one definition, for the config, the
 # emulator, the CLI's deploy and the infra parameters. Check your account's own.
@@ -54,28 +59,29 @@ _AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {
 
 # Refusals that start nothing: the service answered before creating a session.
 _REFUSED = {400, 402, 403, 404, 429}
-SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
 _JSON = "application/json"
 
 
-def _refusal(status: int, headers: Mapping[str, str], body: bytes) -> SessionCallError:
-    """An error answer, read as botocore's rest-json parser reads it: the code from
-    `x-amzn-ErrorType` (or the body's `__type` / `code`), the message from the body."""
-    try:
-        reply = json.loads(body) if body else {}
-    except (ValueError, UnicodeDecodeError):
-        reply = None
-    if not isinstance(reply, dict):
-        reply = {"message": body[:200].decode(errors="replace")}
-    code = headers.get("x-amzn-ErrorType", "").split(":")[0]
-    code = code or str(reply.get("__type") or reply.get("code") or "").split("#")[-1]
-    code = code or f"HTTP{status}"
+def _refusal(e: ClientError) -> SessionCallError:
+    """An error answer. AgentCore's name an error type and carry a request id; a 4xx with
+    neither came from something in between (a proxy refusing its credentials, a firewall):
+    nothing started, AgentCore is not down, and the request fails now, in its own words."""
+    error, meta = e.response.get("Error", {}), e.response.get("ResponseMetadata", {})
+    code, status = str(error.get("Code") or "Unknown"), int(meta.get("HTTPStatusCode") or 0)
+    message = str(error.get("Message") or f"HTTP {status}")
+    if 400 <= status < 500 and code == str(status) and not meta.get("RequestId"):
+        return SessionCallError(
+            f"HTTP{status}",
+            f"refused before reaching AgentCore (no AgentCore request id): {message}",
+            retryable=False,
+            maybe_started=False,
+        )
     retryable, throttled = _AGENTCORE_ERRORS.get(
         code, (status >= 500 or status == 429, status == 429)
     )
     return SessionCallError(
         code,
-        str(reply.get("message") or reply.get("Message") or f"HTTP {status}"),
+        message,
         retryable=retryable,
         throttled=throttled,
         outage=status >= 500,
@@ -83,64 +89,73 @@ def _refusal(status: int, headers: Mapping[str, str], body: bytes) -> SessionCal
     )
 
 
-def _transport_error(e: Exception, url: str) -> SessionCallError:
-    """No answer: unreachable (nothing was sent, nothing started) or cut off mid-call. Named
-    as botocore names them, so logs and outcomes read the same as with its clients."""
-    if isinstance(e, aiohttp.ClientConnectorError):
-        code, unreachable = "EndpointConnectionError", True
-        e = OSError(f"Could not connect to the endpoint URL: {url}: {e.os_error}")
-    elif isinstance(e, aiohttp.ConnectionTimeoutError):
-        code, unreachable = "ConnectTimeoutError", True
-    elif isinstance(e, TimeoutError):
-        code, unreachable = "ReadTimeoutError", False
-    else:
-        code, unreachable = "ConnectionClosedError", False
-    return SessionCallError(
-        code, str(e) or type(e).__name__, retryable=True, outage=True, maybe_started=not unreachable
-    )
+def _failure(e: BotoCoreError) -> SessionCallError:
+    """No answer from AgentCore, named as botocore names it. Unreachable: nothing was sent,
+    nothing started, it may be down. Cut off mid-call: the session may have started. Refused
+    by a proxy, or a certificate that does not verify: nothing reached AgentCore, and trying
+    again will not help. No credentials: nothing was sent."""
+    name = type(e).__name__
+    if isinstance(e, ProxyConnectionError) and isinstance(
+        e.kwargs.get("error"), aiohttp.ClientResponseError
+    ):
+        return SessionCallError(
+            name, f"{e} (the proxy refused)", retryable=False, maybe_started=False
+        )
+    if isinstance(e, SSLError | NoCredentialsError):
+        return SessionCallError(name, str(e), retryable=False, maybe_started=False)
+    if isinstance(e, EndpointConnectionError | ConnectTimeoutError):
+        return SessionCallError(name, str(e), retryable=True, outage=True, maybe_started=False)
+    if isinstance(e, HTTPClientError):
+        return SessionCallError(name, str(e), retryable=True, outage=True)
+    return SessionCallError(name, str(e), retryable=True, maybe_started=False)  # credentials
 
 
 class AgentCoreRuntime:
     """`SandboxRuntime` over the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession),
-    through a `SignedClient` (`AwsClients.agentcore_in`)."""
+    through an aiobotocore client (`AwsClients.agentcore_in`)."""
 
-    def __init__(self, client: SignedClient, runtime_arn: str, qualifier: str = "DEFAULT") -> None:
+    def __init__(self, client: Any, runtime_arn: str, qualifier: str = "DEFAULT") -> None:
         self._client = client
-        runtime = f"/runtimes/{quote(runtime_arn, safe='')}"
-        query = f"?qualifier={quote(qualifier, safe='')}"
-        self._invocations = f"{runtime}/invocations{query}"
-        self._stop = f"{runtime}/stopruntimesession{query}"
+        self._arn = runtime_arn
+        self._qualifier = qualifier
 
     async def invoke(self, session_id: str, payload: bytes) -> None:
-        headers = {"Content-Type": _JSON, "Accept": _JSON, SESSION_HEADER: session_id}
-        body = await self._call("InvokeAgentRuntime", self._invocations, payload, headers)
+        async with _as_session_call_error():
+            reply = await self._client.invoke_agent_runtime(
+                agentRuntimeArn=self._arn,
+                qualifier=self._qualifier,
+                runtimeSessionId=session_id,
+                payload=payload,
+                contentType=_JSON,
+                accept=_JSON,
+            )
+            async with reply["response"] as stream:
+                body = await stream.read()
         _check_accepted(body)
 
     async def stop(self, session_id: str) -> None:
-        # clientToken: the idempotency token botocore would generate
-        token = json.dumps({"clientToken": str(uuid.uuid4())}).encode()
-        headers = {"Content-Type": _JSON, SESSION_HEADER: session_id}
         try:
-            await self._call("StopRuntimeSession", self._stop, token, headers)
+            async with _as_session_call_error():
+                await self._client.stop_runtime_session(
+                    agentRuntimeArn=self._arn,
+                    qualifier=self._qualifier,
+                    runtimeSessionId=session_id,
+                )
         except SessionCallError as err:
             if err.code != "ResourceNotFoundException":
                 raise
 
-    async def _call(self, operation: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
-        try:
-            status, reply_headers, reply = await self._client.post(operation, path, body, headers)
-        except BotoCoreError as e:  # credentials: nothing was sent
-            raise SessionCallError(
-                type(e).__name__,
-                str(e),
-                retryable=not isinstance(e, NoCredentialsError),
-                maybe_started=False,
-            ) from None
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            raise _transport_error(e, self._client.endpoint_url + path) from None
-        if status >= 300:
-            raise _refusal(status, reply_headers, reply)
-        return reply
+
+@asynccontextmanager
+async def _as_session_call_error() -> AsyncIterator[None]:
+    try:
+        yield
+    except ClientError as e:
+        raise _refusal(e) from None
+    except BotoCoreError as e:
+        raise _failure(e) from None
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:  # a body cut off mid-read
+        raise SessionCallError(type(e).__name__, str(e), retryable=True, outage=True) from None
 
 
 def _check_accepted(body: bytes) -> None:

@@ -20,7 +20,6 @@ late, lost, foreign or malformed, so the buffer:
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -32,6 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ._batch import StaleResult
 from ._limits import backoff_delay
+from ._redact import get_logger
 from .config import EngineConfig
 from .contract import (
     INLINE_RESULT_MAX_BYTES,
@@ -48,7 +48,7 @@ from .contract import (
     verify_result,
 )
 
-log = logging.getLogger("agentcore_rollout.buffer")
+log = get_logger("agentcore_rollout.buffer")
 
 # keep: back after the visibility timeout; the others: see `_hidden_for`
 _MessageFate = Literal[

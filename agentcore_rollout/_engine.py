@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
@@ -29,6 +28,7 @@ from ._cost import rollout_cost
 from ._dispatcher import Endpoint, LiveSession, RequestDispatcher, SubmitFailed
 from ._gateway_admin import GatewayError, GatewaySession
 from ._gateway_replicas import GatewayReplicas
+from ._redact import get_logger, redact
 from ._sandbox import SandboxRuntime
 from ._stats import EngineStats
 from .config import ConfigError, CostConfig, EngineConfig
@@ -46,7 +46,7 @@ from .contract import (
     signing_key,
 )
 
-log = logging.getLogger("agentcore_rollout.engine")
+log = get_logger("agentcore_rollout.engine")
 
 _T = TypeVar("_T")
 _USAGE_WAIT = 2.0
@@ -129,7 +129,7 @@ class RolloutEngine:
             await self._clients.__aexit__(None, None, None)
             raise
         self._dispatcher = RequestDispatcher(endpoints, self.config)
-        self._buffer = RolloutBuffer(self._clients.s3, self._clients.queue, self.config)
+        self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
         self._buffer.advance(self._step)
         if self.config.gateway is not None:
             self._gateway = GatewayReplicas(  # a dead replica is tried again at this cadence
@@ -200,8 +200,8 @@ class RolloutEngine:
                     f"config: engine.{key}: {getattr(cfg, key)!r} not found or no access ({code})"
                 ) from None
             except (BotoCoreError, OSError) as e:
-                where = getattr(cfg.endpoints, service) or f"the AWS {service} endpoint"
-                raise ConfigError(f"config: cannot reach {where}: {e}") from None
+                where = getattr(self._clients, service).meta.endpoint_url
+                raise ConfigError(redact(f"config: cannot reach {where}: {e}")) from None
 
     # ------------------------------------------------------------------ public API
 
@@ -682,6 +682,8 @@ class _Job:
         """Its outcome, with its cost: tokens from its trace, else from the usage its dropped
         gateway session reported."""
         finished = time.time()
+        if ended.get("error"):  # the one door every error takes into an outcome
+            ended["error"] = redact(ended["error"])
         return RolloutOutcome(
             self.request,
             self.step,

@@ -15,14 +15,14 @@ rollouts end `invalid_result` (see `RolloutEngine`); new sessions go to the othe
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
 from ._gateway_admin import GatewayAdmin, GatewayError, GatewaySession, HeldSession
+from ._redact import get_logger
 from .config import GatewayReplica
 
-log = logging.getLogger("agentcore_rollout.gateway")
+log = get_logger("agentcore_rollout.gateway")
 
 
 class GatewayReplicas:

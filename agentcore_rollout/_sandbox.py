@@ -1,7 +1,7 @@
 """The two calls the dispatcher needs from a sandbox platform: start an invocation in a new
 session, and stop a session.
 
-AgentCore Runtime implements them as signed HTTP requests (`_agentcore`). Another platform (Modal,
+AgentCore Runtime implements them with its data-plane API (`_agentcore`). Another platform (Modal,
 OpenYuanrong, a Kubernetes job runner) implements the same `SandboxRuntime` protocol and
 classifies its failures into `SessionCallError`s, and the dispatcher works unchanged:
 `RolloutEngine(config, runtime=MyRuntime())`.
@@ -10,6 +10,8 @@ classifies its failures into `SessionCallError`s, and the dispatcher works uncha
 from __future__ import annotations
 
 from typing import Protocol
+
+from ._redact import redact
 
 
 class SessionCallError(Exception):
@@ -33,7 +35,7 @@ class SessionCallError(Exception):
         outage: bool = False,
         maybe_started: bool = True,
     ):
-        super().__init__(f"{code}: {message}")
+        super().__init__(redact(f"{code}: {message}"))  # it reaches logs and outcomes
         self.code = code
         self.retryable = retryable
         self.throttled = throttled

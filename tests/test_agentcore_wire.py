@@ -1,6 +1,6 @@
-"""AgentCore's two data-plane calls as the engine sends them (`AgentCoreRuntime` over
-`SignedClient`), checked at the wire: the same requests botocore's client sends, a SigV4
-signature that holds for what arrived, and AgentCore's answers read as botocore reads them.
+"""AgentCore's two data-plane calls as the engine makes them (`AgentCoreRuntime` over
+aiobotocore's client), checked at the wire: what AgentCore answers, what something in between
+answers, and what no answer at all means for a retry, a stop and the endpoint's health.
 
 A recording server on loopback stands in for the data plane; the emulator answers the real
 refusals."""
@@ -12,15 +12,15 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
-from aiobotocore.session import get_session
 from aiohttp import web
 
-from agentcore_rollout._agentcore import SESSION_HEADER, AgentCoreRuntime
+from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
 from agentcore_rollout._sandbox import SessionCallError
+from agentcore_rollout.local.wire import SESSION_HEADER
 
 from .conftest import REGION, RUNTIME_ARN
-from .wire_support import AUTH, Received, Reply, engine_at, recording_server, signature_holds
+from .wire_support import Received, Reply, engine_at, recording_server
 
 pytestmark = pytest.mark.component
 
@@ -40,70 +40,39 @@ async def recorder() -> AsyncIterator[tuple[str, list[Received], list[Reply]]]:
         yield recording
 
 
-async def _botocore_calls(url: str) -> None:
-    async with get_session().create_client(
-        "bedrock-agentcore", region_name=REGION, endpoint_url=url
-    ) as client:
-        resp = await client.invoke_agent_runtime(
-            agentRuntimeArn=RUNTIME_ARN,
-            qualifier="DEFAULT",
-            runtimeSessionId=SESSION,
-            payload=PAYLOAD,
-            contentType="application/json",
-            accept="application/json",
-        )
-        async with resp["response"] as stream:
-            await stream.read()
-        await client.stop_runtime_session(
-            agentRuntimeArn=RUNTIME_ARN, qualifier="DEFAULT", runtimeSessionId=SESSION
-        )
-
-
-async def _our_calls(url: str) -> dict[str, int]:
+async def test_two_calls_a_rollout_each_one_attempt(recorder) -> None:
+    url, received, replies = recorder
     async with AwsClients(engine_at(agentcore=url)) as clients:
-        runtime = AgentCoreRuntime(clients.agentcore, RUNTIME_ARN)
+        runtime = AgentCoreRuntime(await clients.agentcore_in(REGION, url), RUNTIME_ARN)
         await runtime.invoke(SESSION, PAYLOAD)
         await runtime.stop(SESSION)
-        return dict(clients.api_calls)
-
-
-async def test_the_engine_sends_what_botocore_sends_signed_as_it_signs(recorder) -> None:
-    url, received, _ = recorder
-    await _botocore_calls(url)
-    calls = await _our_calls(url)
+        replies.append(_error(503, None, b""))
+        with pytest.raises(SessionCallError):  # the dispatcher retries, not the client
+            await runtime.invoke(SESSION, PAYLOAD)
+        calls = dict(clients.api_calls)
     assert calls == {
-        "bedrock-agentcore:InvokeAgentRuntime": 1,
+        "bedrock-agentcore:InvokeAgentRuntime": 2,
         "bedrock-agentcore:StopRuntimeSession": 1,
     }
-    botocore_invoke, botocore_stop, our_invoke, our_stop = received
-    modelled = ("Content-Type", "Accept", SESSION_HEADER, "Host", "X-Amz-Security-Token")
-    for theirs, ours in ((botocore_invoke, our_invoke), (botocore_stop, our_stop)):
-        assert (ours.method, ours.raw_path) == (theirs.method, theirs.raw_path)
-        assert {h: ours.headers.get(h) for h in modelled} == {
-            h: theirs.headers.get(h) for h in modelled
-        }
-        assert AUTH.fullmatch(ours.headers["Authorization"])["region"] == REGION  # type: ignore[index]
-        # The signature holds for what arrived, botocore's as ours, and only for that.
-        assert signature_holds(theirs) and signature_holds(ours)
-        assert not signature_holds(ours, secret="not-the-secret")
-        tampered = Received(ours.method, ours.raw_path, ours.headers, ours.body + b" ")
-        assert not signature_holds(tampered)
-    assert our_invoke.raw_path.startswith("/runtimes/arn%3Aaws%3Abedrock-agentcore%3A")
-    assert our_invoke.body == botocore_invoke.body == PAYLOAD
-    # StopRuntimeSession's body is its idempotency token, a fresh one per call, as botocore's.
-    ours_token, theirs_token = (
-        json.loads(r.body)["clientToken"] for r in (our_stop, botocore_stop)
-    )
-    assert len(ours_token) == len(theirs_token) >= 33 and ours_token != theirs_token
+    invoke, stop, _ = received
+    assert invoke.raw_path.startswith("/runtimes/arn%3Aaws%3Abedrock-agentcore%3A")
+    assert invoke.body == PAYLOAD and invoke.headers[SESSION_HEADER] == SESSION
+    assert json.loads(stop.body)["clientToken"]  # botocore's idempotency token
 
 
-def _error(status: int, error_type: str | None, body: bytes) -> Reply:
+def _error(status: int, error_type: str | None, body: bytes, request_id: bool = True) -> Reply:
     headers = {"x-amzn-ErrorType": error_type} if error_type else {}
+    if request_id:
+        headers["x-amzn-RequestId"] = "0f0e0d0c-0000-4000-8000-000000000000"
     return lambda _: web.Response(status=status, body=body, headers=headers)
 
 
+_PROXY_407 = _error(407, None, b"", request_id=False)
+_FIREWALL_403 = _error(403, None, b"<html>Forbidden</html>", request_id=False)
+
+
 @pytest.mark.parametrize(
-    ("reply", "code", "retryable", "throttled", "maybe_started"),
+    ("reply", "code", "retryable", "throttled", "outage", "maybe_started"),
     [
         (
             _error(
@@ -115,6 +84,7 @@ def _error(status: int, error_type: str | None, body: bytes) -> Reply:
             True,
             True,
             False,
+            False,
         ),
         (
             _error(400, None, b'{"__type":"aws#ValidationException","message":"bad"}'),
@@ -122,24 +92,37 @@ def _error(status: int, error_type: str | None, body: bytes) -> Reply:
             False,
             False,
             False,
+            False,
         ),
-        (_error(502, None, b"<html>Bad Gateway</html>"), "HTTP502", True, False, True),
-        (lambda _: web.json_response({"status": "busy"}), "NotAccepted", False, False, True),
+        (_error(502, None, b"<html>Bad Gateway</html>"), "502", True, False, True, True),
+        # Answers that cannot have come from AgentCore: no error type, no request id.
+        (_PROXY_407, "HTTP407", False, False, False, False),
+        (_FIREWALL_403, "HTTP403", False, False, False, False),
+        (lambda _: web.json_response({"status": "busy"}), "NotAccepted", False, False, False, True),
     ],
+    ids=["throttled", "invalid", "bad-gateway", "proxy-407", "firewall-403", "not-accepted"],
 )
-async def test_an_answer_is_read_as_botocore_reads_it(
-    recorder, reply: Reply, code: str, retryable: bool, throttled: bool, maybe_started: bool
+async def test_an_answer_decides_retry_stop_and_health(
+    recorder,
+    reply: Reply,
+    code: str,
+    retryable: bool,
+    throttled: bool,
+    outage: bool,
+    maybe_started: bool,
 ) -> None:
     url, _, replies = recorder
     replies.append(reply)
     async with AwsClients(engine_at(agentcore=url)) as clients:
+        client = await clients.agentcore_in(REGION, url)
         with pytest.raises(SessionCallError) as caught:
-            await AgentCoreRuntime(clients.agentcore, RUNTIME_ARN).invoke(SESSION, PAYLOAD)
+            await AgentCoreRuntime(client, RUNTIME_ARN).invoke(SESSION, PAYLOAD)
     err = caught.value
-    assert (err.code, err.retryable, err.throttled, err.maybe_started) == (
+    assert (err.code, err.retryable, err.throttled, err.outage, err.maybe_started) == (
         code,
         retryable,
         throttled,
+        outage,
         maybe_started,
     )
 
@@ -147,9 +130,10 @@ async def test_an_answer_is_read_as_botocore_reads_it(
 async def test_the_emulators_refusals_and_an_unreachable_endpoint(emulator) -> None:
     emu = await emulator()
     async with AwsClients(engine_at(agentcore=emu.url)) as clients:
-        known = AgentCoreRuntime(clients.agentcore, RUNTIME_ARN)
+        client = await clients.agentcore_in(REGION, emu.url)
+        known = AgentCoreRuntime(client, RUNTIME_ARN)
         await known.stop(SESSION)  # a session that does not exist: not an error
-        unknown = AgentCoreRuntime(clients.agentcore, RUNTIME_ARN.replace("abc123", "zzz999"))
+        unknown = AgentCoreRuntime(client, RUNTIME_ARN.replace("abc123", "zzz999"))
         with pytest.raises(SessionCallError) as caught:
             await unknown.invoke(SESSION, PAYLOAD)
         assert caught.value.code == "ResourceNotFoundException"
@@ -158,17 +142,33 @@ async def test_the_emulators_refusals_and_an_unreachable_endpoint(emulator) -> N
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening
         async with AwsClients(engine_at(agentcore=closed)) as clients:
+            client = await clients.agentcore_in(REGION, closed)
             with pytest.raises(SessionCallError) as caught:
-                await AgentCoreRuntime(clients.agentcore, RUNTIME_ARN).invoke(SESSION, PAYLOAD)
+                await AgentCoreRuntime(client, RUNTIME_ARN).invoke(SESSION, PAYLOAD)
     err = caught.value
     assert err.code == "EndpointConnectionError" and closed in str(err)
     assert err.retryable and err.outage and not err.maybe_started
 
 
-async def test_without_an_endpoint_the_calls_go_to_aws_regional_data_plane() -> None:
-    cfg = engine_at(agentcore="unused").model_copy(update={"region": "us-west-2"})
-    cfg.endpoints.agentcore = None
-    async with AwsClients(cfg) as clients:
-        assert clients.agentcore.endpoint_url == "https://bedrock-agentcore.us-west-2.amazonaws.com"
+async def test_a_password_in_an_endpoint_url_is_in_no_error() -> None:
+    url = "http://user:pw-in-url@127.0.0.1:9"  # the SDK will not send it: an error, masked
+    async with AwsClients(engine_at(agentcore=url)) as clients:
+        client = await clients.agentcore_in(REGION, url)
+        with pytest.raises(SessionCallError) as caught:
+            await AgentCoreRuntime(client, RUNTIME_ARN).invoke(SESSION, PAYLOAD)
+    assert "pw-in-url" not in str(caught.value)
+    with pytest.raises(SessionCallError) as caught:
+        raise SessionCallError(
+            "EndpointConnectionError", f"Could not connect to {url}/x", retryable=True
+        )
+    assert str(caught.value).endswith("Could not connect to http://***:***@127.0.0.1:9/x")
+
+
+async def test_without_an_endpoint_the_calls_go_to_aws_regional_data_plane(monkeypatch) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    async with AwsClients(engine_at()) as clients:
+        west = await clients.agentcore_in("us-west-2", None)
+        assert west.meta.endpoint_url == "https://bedrock-agentcore.us-west-2.amazonaws.com"
         other = await clients.agentcore_in("eu-central-1", None)
-        assert other.endpoint_url == "https://bedrock-agentcore.eu-central-1.amazonaws.com"
+        assert other.meta.endpoint_url == "https://bedrock-agentcore.eu-central-1.amazonaws.com"

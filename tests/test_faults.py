@@ -115,7 +115,11 @@ async def test_runtime_killed_fails_the_rest_fast_with_the_cause(moto, channel):
 
     try:
         async with AwsClients(cfg) as clients:
-            runtime = _Recording(AgentCoreRuntime(clients.agentcore, RUNTIME_ARN))
+            runtime = _Recording(
+                AgentCoreRuntime(
+                    await clients.agentcore_in(cfg.region, cfg.endpoints.agentcore), RUNTIME_ARN
+                )
+            )
             async with RolloutEngine(cfg, runtime=runtime) as engine:
                 outcomes, killed_at = await _collect(engine.stream(requests), 4, kill)
                 ended_at = time.monotonic()

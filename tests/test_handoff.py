@@ -45,7 +45,11 @@ async def test_outcome_is_handed_over_before_the_stop_and_the_slot_waits_for_it(
     cfg = engine_config(moto, channel, emu, max_live_sessions=2)
     requests = [RolloutRequest({"a": i, "b": 1}, input_id=f"q{i}") for i in range(4)]
     async with AwsClients(cfg) as clients:
-        runtime = _HeldStops(AgentCoreRuntime(clients.agentcore, RUNTIME_ARN))
+        runtime = _HeldStops(
+            AgentCoreRuntime(
+                await clients.agentcore_in(cfg.region, cfg.endpoints.agentcore), RUNTIME_ARN
+            )
+        )
         async with RolloutEngine(cfg, runtime=runtime) as engine:
             handles = [engine.submit(r) for r in requests]
             async with asyncio.timeout(20):  # an engine that stops first would wait forever

@@ -41,12 +41,7 @@ def _hits(pattern: str, *, allowed: set[str], paths: list[Path] = SOURCES) -> li
             r"(?i)(idle|lifetime).*\b(900|28_?800|8 \* 3600)\b",
             "agentcore_rollout/_agentcore.py",
         ),
-        # results' signing keys; AWS's SigV4 chain is the other use of HMAC, in `_sigv4`
-        (
-            "the signing-key derivation",
-            r"hmac\.new\(",
-            "agentcore_rollout/contract.py agentcore_rollout/_sigv4.py",
-        ),
+        ("the signing-key derivation", r"hmac\.new\(", "agentcore_rollout/contract.py"),
         ("the random run secret", r"token_hex\(", "agentcore_rollout/contract.py"),
         (
             "the result prefix's normal form",

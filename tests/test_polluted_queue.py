@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from agentcore_rollout import Outcome, RolloutBatch, RolloutEngine, RolloutRequest
-from agentcore_rollout._sqs import QueueClient
 from agentcore_rollout.contract import listing_prefix, result_key
 
 from .conftest import engine_config
@@ -36,6 +35,7 @@ async def _run(cfg: Any, tag: str, n: int, work: float) -> tuple[RolloutBatch, l
         RolloutRequest({"a": i, "b": 1, "sleep": work}, input_id=f"{tag}{i}") for i in range(n)
     ]
     async with RolloutEngine(cfg) as engine:
+        engine._clients.sqs.meta.events.register("after-call.sqs.ReceiveMessage", _received)
         engine._clients.s3.meta.events.register(
             "before-parameter-build.s3.GetObject", lambda params, **_: asked.append(params["Key"])
         )
@@ -47,19 +47,14 @@ async def _run(cfg: Any, tag: str, n: int, work: float) -> tuple[RolloutBatch, l
 RECEIVED: Counter[tuple[str, str]] = Counter()  # (kind, message id) -> receipts in this run
 
 
-async def _receive_recorded(queue: QueueClient, **params: Any) -> dict[str, Any]:
-    """`QueueClient.receive_message`, counting what each receive brought."""
-    answer = await _RECEIVE(queue, **params)
-    for m in answer.get("Messages", []):
+def _received(parsed: dict[str, Any], **_: Any) -> None:
+    """Counts what each of the engine's receives brought (botocore's after-call event)."""
+    for m in parsed.get("Messages", []):
         body = m["Body"]
         kind = next(
             (k for k in ("elsewhere", "another-exp", "not a notification") if k in body), "ours"
         )
         RECEIVED[kind, m["MessageId"]] += 1
-    return answer
-
-
-_RECEIVE = QueueClient.receive_message
 
 
 def _notify_elsewhere_too(moto: Any, channel: Any) -> None:
@@ -100,10 +95,7 @@ def _on_queue(sqs: Any, url: str) -> int:
     return sum(int(attrs[n]) for n in names)
 
 
-async def test_foreign_and_malformed_notifications_cost_a_run_little(
-    moto, channel, emulator, monkeypatch
-):
-    monkeypatch.setattr(QueueClient, "receive_message", _receive_recorded)
+async def test_foreign_and_malformed_notifications_cost_a_run_little(moto, channel, emulator):
     emu = await emulator()
     cfg = engine_config(moto, channel, emu)
     _notify_elsewhere_too(moto, channel)  # S3's test event for it goes with the first run

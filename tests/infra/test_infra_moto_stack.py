@@ -388,7 +388,7 @@ async def test_the_engines_buffer_gets_results_under_the_prefix_only(applied: De
     )
     body = signed_body(make_result(exp_id="exp1", step=3, request_id="req-9", rewards=0.5))
     async with AwsClients(cfg) as clients:
-        buffer = RolloutBuffer(clients.s3, clients.queue, cfg)
+        buffer = RolloutBuffer(clients.s3, clients.sqs, cfg)
         await buffer.start()
         buffer.expect("req-9", step=3, sig_key=SIG_KEY)
         s3.put_object(Bucket=bucket, Key="other/exp1/00000003/req-9.json", Body=body)

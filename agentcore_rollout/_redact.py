@@ -1,0 +1,44 @@
+"""Credentials in URLs, masked wherever the engine writes text: outcomes' errors, session-call
+errors, log lines and their tracebacks.
+
+Why here and not at each call: a URL with a password in it reaches an error message from many
+places (a proxy named in HTTPS_PROXY, an endpoint URL with user info, a library's exception
+text), and the engine writes errors to `rollouts.jsonl`, the journal and the log. The AWS SDK
+masks the proxy URLs it names (`***:***@`); this does the same to any URL, whoever wrote it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+# user info runs to the last '@' before the host: a raw '@' in a password is masked too
+_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/?#'\"<>]+@")
+
+
+def redact(text: str) -> str:
+    """`text` with the user info of every URL in it masked: `http://***:***@proxy:3128`."""
+    return _USERINFO.sub(r"\1***:***@", text) if "@" in text else text
+
+
+class _Redacting(logging.Filter):
+    """Masks a record's message, and its traceback, before any handler formats it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "@" in message:
+            record.msg, record.args = redact(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+_FILTER = _Redacting()
+
+
+def get_logger(name: str) -> logging.Logger:
+    """`logging.getLogger(name)`, its records redacted (a filter on a logger is not inherited
+    by its children, so each of the package's loggers takes one)."""
+    log = logging.getLogger(name)
+    log.addFilter(_FILTER)
+    return log
