@@ -90,10 +90,10 @@ def _refusal(e: ClientError) -> SessionCallError:
 
 
 def _failure(e: BotoCoreError) -> SessionCallError:
-    """No answer from AgentCore, named as botocore names it. Unreachable: nothing was sent,
-    nothing started, it may be down. Cut off mid-call: the session may have started. Refused
-    by a proxy, or a certificate that does not verify: nothing reached AgentCore, and trying
-    again will not help. No credentials: nothing was sent."""
+    """No answer from AgentCore, named as botocore names it. Unreachable (AgentCore, or the
+    proxy before it): nothing was sent, nothing started, it may be down. Cut off mid-call:
+    the session may have started. Refused by a proxy, or a certificate that does not verify:
+    nothing reached AgentCore, and trying again will not help. No credentials: nothing sent."""
     name = type(e).__name__
     if isinstance(e, ProxyConnectionError) and isinstance(
         e.kwargs.get("error"), aiohttp.ClientResponseError
@@ -103,7 +103,7 @@ def _failure(e: BotoCoreError) -> SessionCallError:
         )
     if isinstance(e, SSLError | NoCredentialsError):
         return SessionCallError(name, str(e), retryable=False, maybe_started=False)
-    if isinstance(e, EndpointConnectionError | ConnectTimeoutError):
+    if isinstance(e, EndpointConnectionError | ConnectTimeoutError | ProxyConnectionError):
         return SessionCallError(name, str(e), retryable=True, outage=True, maybe_started=False)
     if isinstance(e, HTTPClientError):
         return SessionCallError(name, str(e), retryable=True, outage=True)

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import ssl
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -81,6 +82,19 @@ async def _all_ok(cfg: Any) -> None:
     assert [o.outcome for o in batch.outcomes] == [Outcome.OK] * ROLLOUTS, [
         o.error for o in batch.outcomes
     ]
+
+
+@pytest.mark.unit
+def test_no_module_of_the_package_signs_aws_requests() -> None:
+    """AWS calls go through the SDK, which signs them; only the emulator reads a signature."""
+    signing = re.compile(r"SigV4|botocore\.auth|AWS4-HMAC-SHA256|X-Amz-Date|aws4_request", re.I)
+    package = ROOT / "agentcore_rollout"
+    signs = [
+        str(path.relative_to(ROOT))
+        for path in package.rglob("*.py")
+        if signing.search(path.read_text())
+    ]
+    assert signs == ["agentcore_rollout/local/wire.py"]
 
 
 # ---------------------------------------------------------------- a CA bundle in ~/.aws/config
@@ -213,6 +227,19 @@ async def test_a_proxy_refusing_a_tls_tunnel_is_a_refusal_that_started_nothing(
     assert err.code == "ProxyConnectionError" and "refused" in str(err)
     assert (err.retryable, err.outage, err.maybe_started) == (False, False, False)
     assert PASSWORD not in str(err)
+
+
+async def test_an_unreachable_proxy_is_an_unreachable_endpoint(
+    aws_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", f"http://bob:{PASSWORD}@127.0.0.1:9")  # nothing listens
+    async with AwsClients(engine_at()) as clients:
+        client = await clients.agentcore_in(REGION, "https://bedrock.example:443")
+        with pytest.raises(SessionCallError) as caught:
+            await AgentCoreRuntime(client, RUNTIME_ARN).invoke("s" * 40, b"{}")
+    err = caught.value
+    assert err.code == "ProxyConnectionError" and PASSWORD not in str(err)
+    assert (err.retryable, err.outage, err.maybe_started) == (True, True, False)
 
 
 def _secret_forms() -> list[str]:
