@@ -29,9 +29,18 @@ IDLE_TIMEOUT_S = 900  # idleRuntimeSessionTimeout: an idle session ends after it
 MAX_LIFETIME_S = 28_800  # maxLifetime: any session ends after it, 8 h
 SYNC_TIMEOUT_S = 900  # a synchronous invocation's reply, 15 min
 MAX_PAYLOAD_BYTES = 100_000_000  # an invocation's payload, 100 MB
-INVOKE_TPS = 200  # InvokeAgentRuntime calls per second per agent, every call (was 25)
-NEW_SESSIONS_PER_MINUTE = 400  # per endpoint, container deployments (was 100; code: 25/s)
-ACTIVE_SESSIONS = 5_000  # per account, us-east-1 and us-west-2
+# Quotas, each per account and region ("Unless otherwise noted, each quota is Region-specific"),
+# all adjustable: AgentCore Developer Guide, "Quotas for Amazon Bedrock AgentCore"
+# (https://docs.aws.amazon.com/bedrock-agentcore/latest/devguide/bedrock-agentcore-limits.html)
+# and Release notes, August 2026, "Amazon Bedrock AgentCore Runtime: Simplified and increased
+# API rate quotas" (https://docs.aws.amazon.com/bedrock-agentcore/latest/devguide/release-notes.html).
+# An account's applied values are in Service Quotas (service code `bedrock-agentcore`), which
+# the engine reads at start-up (`_quotas`).
+NEW_SESSIONS_PER_SECOND = 25  # one quota shared by every endpoint (was 400/min per endpoint)
+DATA_PLANE_TPS = 1_000  # every data-plane call together: invokes, stops (was 200/s per agent)
+ACTIVE_SESSIONS = {"us-east-1": 5_000, "us-west-2": 5_000}  # active session workloads
+ACTIVE_SESSIONS_ELSEWHERE = 2_500  # in every other region
+SERVICE_QUOTAS_CODE = "bedrock-agentcore"
 LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1_209_600  # what the API and CloudFormation accept
 # AgentCore Runtime's published prices (us-east-1; check your region's): it bills per second
 # (1 s minimum) the vCPUs a session actively uses and the peak GB of memory it holds.
@@ -41,6 +50,12 @@ GB_HOUR_USD = 0.00945
 # billed at most this much, so an estimate from them is an upper bound.
 SESSION_VCPUS = 2.0
 SESSION_GB = 8.0
+
+
+def active_sessions(region: str) -> int:
+    """The published active-session quota of an account in `region`."""
+    return ACTIVE_SESSIONS.get(region, ACTIVE_SESSIONS_ELSEWHERE)
+
 
 # AgentCore error types (x-amzn-ErrorType) -> (retryable, throttled)
 _AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {

@@ -1,23 +1,28 @@
 """RequestDispatcher: starts one sandbox session per rollout on one of several endpoints
-without breaking any of their quotas, and stops it where it started.
+without breaking any of their accounts' quotas, and stops it where it started.
 
-Each endpoint (`Endpoint`: on AgentCore, one runtime ARN + qualifier) has its own bounds, and
-the endpoints of one account share the account's:
+AgentCore's quotas are per account and region (`Endpoint.account`), shared by every endpoint
+and runtime there, so each account has (`_Account`, from `_quotas.Limits`: the configured
+values, else the account's quotas):
 - a start rate (token bucket, adapted down on throttling and back up on success),
-- at most `ceil(start_rate * session_start_time)` starts in flight (Little's law), so a
-  cold-start wave cannot pile up connections,
-- at most its own `max_live_sessions` sessions alive, and at most `dispatch.max_live_sessions`
-  in its account; a slot frees only once the session is stopped, which runs behind the
-  outcome's hand-off (`live_session`), never before it.
+- a data-plane rate that every invoke and every stop takes from,
+- at most `max_live_sessions` sessions alive; a slot frees only once the session is stopped,
+  which runs behind the outcome's hand-off (`live_session`), never before it.
+More endpoints in one account add no start rate; more accounts or regions do. Each endpoint
+(on AgentCore, one runtime ARN + qualifier) has its own outage state, its own optional live
+bound, and at most `ceil(start_rate * session_start_time)` starts in flight (Little's law, at
+its account's rate), so a cold-start wave cannot pile up connections on it.
 
 A request first takes a slot of the overall live bound (what the accounts can hold together:
 `live_session`), then each attempt to start takes an endpoint where a start slot, a live slot
-and a start token are free, the least loaded of those (`_pick`); waiters are served lowest
-step first. A retry after a clear refusal may go to another endpoint; once an attempt may have
-created the session (sent, no clear answer), every retry and the stop go where it was sent.
+and its account's start and data-plane tokens are free, the least loaded of those (`_pick`);
+waiters are served lowest step first. A retry after a clear refusal may go to another
+endpoint; once an attempt may have created the session (sent, no clear answer), every retry
+and the stop go where it was sent.
 
-Stops have their own rate (`stop_rate`, with a second of burst), so a burst of results ending
-together is stopped at once, and a stop never holds up anyone's outcome.
+Stops have their own rate (`stop_rate`, with a second of burst; each also takes its account's
+data-plane token), so a burst of results ending together is stopped at once, and a stop never
+holds up anyone's outcome.
 
 And it fails fast, per endpoint: one that keeps failing with outage errors (unreachable, 5xx)
 for longer than the retry budget is declared down; requests waiting to start go to the others,
@@ -30,22 +35,23 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import logging
 import math
 import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from ._limits import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
+from ._quotas import Limits, published
+from ._redact import get_logger
 from ._sandbox import SandboxRuntime, SessionCallError
 from .config import DEFAULT_STOP_RATE, DispatchConfig, EngineConfig
 
-log = logging.getLogger("agentcore_rollout.dispatcher")
+log = get_logger("agentcore_rollout.dispatcher")
 
 _T = TypeVar("_T")
 _EARLY = 0.002  # seconds: a token due this soon counts as there (timers fire a hair early)
@@ -59,16 +65,16 @@ class SubmitFailed(Exception):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One place sessions start: a runtime, its own start rate and live bound, its account."""
+    """One place sessions start: a runtime, its own live bound, its account."""
 
     name: str
     """Where a session started, as journaled (AgentCore: `RuntimeTarget.name`)."""
     runtime: SandboxRuntime
-    start_rate: float
     max_live_sessions: int | None = None
-    """None: only the account's bound (`dispatch.max_live_sessions`)."""
+    """None: only its account's bound."""
     account: str = ""
-    """Endpoints of one account share its live bound."""
+    """`<account id>:<region>` (`RuntimeTarget.account`): endpoints of one account share its
+    start rate, data-plane rate and live bound."""
 
 
 @dataclass(frozen=True)
@@ -159,14 +165,24 @@ class _Outage:
         return SubmitFailed(f"{self._name} down for {self.down_for():.1f}s: {self.cause}")
 
 
-@dataclass
 class _Account:
-    bound: int
-    live: Gauge = field(default_factory=Gauge)
+    """One account and region's budgets, shared by its endpoints: new sessions (adapted down on
+    throttling), data-plane calls (invokes and stops), live sessions."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.bound = limits.max_live_sessions
+        self.starts = AdaptiveRate(_bucket(limits.start_rate))
+        self.calls = _bucket(limits.data_plane_tps)
+        self.live = Gauge()
+
+    def ready_in(self) -> float:
+        """Seconds until a start may take both its tokens."""
+        return max(self.starts.bucket.ready_in(), self.calls.ready_in())
 
 
 class _Endpoint:
-    """One endpoint's state: its start bucket, starts in flight, live sessions and outage."""
+    """One endpoint's state: starts in flight, live sessions and outage; its account's budgets."""
 
     def __init__(
         self, spec: Endpoint, account: _Account, cfg: DispatchConfig, on_change: Callable[[], None]
@@ -174,8 +190,8 @@ class _Endpoint:
         self.name = spec.name
         self.runtime = spec.runtime
         self.account = account
-        self.starts = AdaptiveRate(_bucket(spec.start_rate))
-        self.max_starting = max(1, math.ceil(spec.start_rate * cfg.session_start_time))
+        rate = account.limits.start_rate
+        self.max_starting = max(1, math.ceil(rate * cfg.session_start_time))
         self.max_live = min(spec.max_live_sessions or account.bound, account.bound)
         self.starting = Gauge()
         self.live = Gauge()
@@ -184,9 +200,9 @@ class _Endpoint:
         self.probe: asyncio.Task[None] | None = None
 
     def can_start(self, holding: bool) -> bool:
-        """A start slot and a token are free, and a live slot here and in the account (unless
-        the session holds one here already)."""
-        if self.starting.value >= self.max_starting or self.starts.bucket.ready_in() > _EARLY:
+        """A start slot and the account's tokens are free, and a live slot here and in the
+        account (unless the session holds one here already)."""
+        if self.starting.value >= self.max_starting or self.account.ready_in() > _EARLY:
             return False
         return holding or (
             self.live.value < self.max_live and self.account.live.value < self.account.bound
@@ -214,40 +230,41 @@ class _Waiter:
 
 
 class RequestDispatcher:
-    """Starts and stops the sandbox sessions of rollouts within `engine.dispatch`'s bounds, on
-    `endpoints` (one bare runtime: the one endpoint, at `dispatch.start_rate`)."""
+    """Starts and stops the sandbox sessions of rollouts within `engine.dispatch`'s bounds and
+    each account's `accounts` limits (an account not given: `engine.dispatch`, else the
+    published quotas), on `endpoints` (one bare runtime: the one endpoint)."""
 
     def __init__(
         self,
         endpoints: SandboxRuntime | Sequence[Endpoint],
         config: EngineConfig,
         *,
+        accounts: Mapping[str, Limits] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._cfg = cfg = config.dispatch
         if not isinstance(endpoints, Sequence):
-            endpoints = [Endpoint("runtime", endpoints, cfg.start_rate)]
+            endpoints = [Endpoint("runtime", endpoints)]
         if not endpoints:
             raise ValueError("RequestDispatcher needs at least one endpoint")
         self._rng = rng or random.Random()
-        accounts: dict[str, _Account] = {}
-        self._endpoints: dict[str, _Endpoint] = {}
-        for spec in endpoints:
-            account = accounts.setdefault(spec.account, _Account(cfg.max_live_sessions))
-            self._endpoints[spec.name] = _Endpoint(spec, account, cfg, self._outage_changed)
-        # What every account can hold at once: the slots a request takes before its gateway
-        # session is opened and its start waits for an endpoint.
-        total = sum(
-            min(a.bound, sum(e.max_live for e in self._endpoints.values() if e.account is a))
-            for a in accounts.values()
-        )
-        self._live_slots = OrderedSlots(total)
+        self._accounts = {
+            a: _Account((accounts or {}).get(a) or _published(a, config))
+            for a in dict.fromkeys(spec.account for spec in endpoints)
+        }
+        self._endpoints = {
+            spec.name: _Endpoint(spec, self._accounts[spec.account], cfg, self._outage_changed)
+            for spec in endpoints
+        }
+        self.max_live = self._held_at_once()
+        self._live_slots = OrderedSlots(self.max_live)
         self._waiters: list[_Waiter] = []  # heap: lowest step first, then arrival
         self._pinned: list[_Waiter] = []  # retries that must go where they were sent
         self._arrivals = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._all_down = asyncio.Event()
-        stops = cfg.stop_rate or max(sum(e.start_rate for e in endpoints), DEFAULT_STOP_RATE)
+        rates = sum(a.limits.start_rate for a in self._accounts.values())
+        stops = cfg.stop_rate or max(rates, DEFAULT_STOP_RATE)
         self._stops = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
         self._stopping: set[asyncio.Task[None]] = set()
         self.starting = Gauge()
@@ -257,16 +274,30 @@ class RequestDispatcher:
         self.invoke_errors: Counter[str] = Counter()
         self.stop_errors: Counter[str] = Counter()
 
+    def _held_at_once(self) -> int:
+        """What every account can hold at once: the slots a request takes before its gateway
+        session is opened and its start waits for an endpoint."""
+        return sum(
+            min(a.bound, sum(e.max_live for e in self._endpoints.values() if e.account is a))
+            for a in self._accounts.values()
+        )
+
     def stats(self) -> dict[str, Any]:
         """This dispatcher's share of `EngineStats`."""
-        endpoints = self._endpoints.values()
+        endpoints, accounts = self._endpoints.values(), self._accounts.values()
         return {
             "live_sessions": self.live.value,
             "starts_in_flight": self.starting.value,
             "peak_live_sessions": self.live.peak,
             "peak_starts_in_flight": self.starting.peak,
-            "start_rate": sum(e.starts.rate for e in endpoints),
-            "rate_cuts": sum(e.starts.cuts for e in endpoints),
+            "max_live_sessions": self.max_live,
+            "start_rate": sum(a.starts.rate for a in accounts),
+            "rate_cuts": sum(a.starts.cuts for a in accounts),
+            "account_limits": {
+                f"{name or 'runtime'}/{key}": value
+                for name, a in self._accounts.items()
+                for key, value in asdict(a.limits).items()
+            },
             "invokes": self.invokes,
             "stops": self.stops,
             "throttles": self.throttles,
@@ -432,7 +463,7 @@ class RequestDispatcher:
             self.starting.remove()
             self._wake()
         endpoint.outage.answered()
-        endpoint.starts.on_success()
+        endpoint.account.starts.on_success()
         endpoint.started += 1
         return Started(sent, deadline, endpoint.name)
 
@@ -487,7 +518,8 @@ class RequestDispatcher:
         )
 
     def _take(self, endpoint: _Endpoint, session: LiveSession) -> None:
-        endpoint.starts.bucket.take()
+        endpoint.account.starts.bucket.take()
+        endpoint.account.calls.take()
         endpoint.starting.add()
         self.starting.add()
         if session.endpoint != endpoint.name:
@@ -534,10 +566,10 @@ class RequestDispatcher:
         self._wake()
 
     def _wake_at_next_token(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Endpoints with room wait only for their token: wake when the first one is due (a
-        slot's release wakes the others)."""
+        """Endpoints with room wait only for their account's tokens: wake when the first are
+        due (a slot's release wakes the others)."""
         waits = [
-            e.starts.bucket.ready_in()
+            e.account.ready_in()
             for e in self._endpoints.values()
             if e.starting.value < e.max_starting and e.outage.due()
         ]
@@ -572,7 +604,7 @@ class RequestDispatcher:
             endpoint.outage.answered()
         if error.throttled:
             self.throttles += 1
-            endpoint.starts.on_throttle()
+            endpoint.account.starts.on_throttle()
 
     async def _stop(self, session_id: str, endpoint: _Endpoint) -> None:
         """Best effort, where the session started: a failed stop is counted and logged, never
@@ -580,6 +612,7 @@ class RequestDispatcher:
         attempt, not retries."""
         for attempt in range(self._cfg.max_retries + 1):
             await self._stops.acquire()
+            await endpoint.account.calls.acquire()
             self.stops += 1
             try:
                 await endpoint.runtime.stop(session_id)
@@ -622,6 +655,7 @@ class RequestDispatcher:
             )
             if not endpoint.outage.in_doubt() or not endpoint.live.value:
                 return  # decided, or no session there waits to learn it
+            await endpoint.account.calls.acquire()
             try:
                 await endpoint.runtime.stop(f"{PROBE_SESSION_PREFIX}{uuid.uuid4().hex}")
             except SessionCallError as e:
@@ -667,6 +701,13 @@ def retry_budget(config: DispatchConfig) -> float:
     return sum(
         min(config.backoff_max, config.backoff_base * 2**k) for k in range(config.max_retries)
     )
+
+
+def _published(account: str, config: EngineConfig) -> Limits:
+    """An account no quotas were read for (`<account id>:<region>`, or a bare runtime's):
+    `engine.dispatch`'s values, else the published quotas of its region (else the engine's)."""
+    region = account.partition(":")[2] or config.region
+    return Limits.of(published(region), config.dispatch)
 
 
 def _bucket(rate: float) -> TokenBucket:

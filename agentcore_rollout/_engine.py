@@ -28,6 +28,7 @@ from ._cost import rollout_cost
 from ._dispatcher import Endpoint, LiveSession, RequestDispatcher, SubmitFailed
 from ._gateway_admin import GatewayError, GatewaySession
 from ._gateway_replicas import GatewayReplicas
+from ._quotas import Limits, account_quotas, describe, published
 from ._redact import get_logger, redact
 from ._sandbox import SandboxRuntime
 from ._stats import EngineStats
@@ -109,6 +110,10 @@ class RolloutEngine:
         self._gateway: GatewayReplicas | None = None
         self._dispatcher: RequestDispatcher
         self._buffer: RolloutBuffer
+        self.quotas = ""
+        """Once started: the quotas in force in each account and region, and where each came
+        from (Service Quotas, the published defaults and why, or `engine.dispatch`), in one
+        line, as logged at start-up."""
 
     async def __aenter__(self) -> RolloutEngine:
         await self.start()
@@ -125,10 +130,11 @@ class RolloutEngine:
         try:
             await self._preflight()
             endpoints = await self._endpoints()
+            accounts = await self._accounts()
         except BaseException:
             await self._clients.__aexit__(None, None, None)
             raise
-        self._dispatcher = RequestDispatcher(endpoints, self.config)
+        self._dispatcher = RequestDispatcher(endpoints, self.config, accounts=accounts)
         self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
         self._buffer.advance(self._step)
         if self.config.gateway is not None:
@@ -141,23 +147,33 @@ class RolloutEngine:
 
     async def _endpoints(self) -> list[Endpoint]:
         """One per runtime endpoint (`engine.runtimes`, or `runtime_arn` + `qualifier`), each
-        with its own start rate and live bound; a runtime given to the engine is the one."""
+        with its own live bound and its account; a runtime given to the engine is the one."""
         cfg = self.config
         targets = cfg.all_runtimes
         if self._runtime is not None:
             if len(targets) > 1:
                 raise ConfigError("engine.runtimes: a runtime given to the engine is one endpoint")
-            name = targets[0].name if targets else "runtime"
-            return [Endpoint(name, self._runtime, cfg.dispatch.start_rate)]
+            return [Endpoint(targets[0].name if targets else "runtime", self._runtime)]
         endpoints = []
         for t in targets:
             client = await self._clients.agentcore_in(
                 t.region, t.endpoint_url or cfg.endpoints.agentcore
             )
             runtime = AgentCoreRuntime(client, t.arn, t.qualifier)
-            rate = t.start_rate or cfg.dispatch.start_rate
-            endpoints.append(Endpoint(t.name, runtime, rate, t.max_live_sessions, t.account))
+            endpoints.append(Endpoint(t.name, runtime, t.max_live_sessions, t.account))
         return endpoints
+
+    async def _accounts(self) -> dict[str, Limits]:
+        """Each account's limits: `engine.dispatch`'s values, else its quotas, read from Service
+        Quotas where it answers, else the published ones; said in one line at start-up."""
+        cfg = self.config
+        if self._runtime is not None:  # not necessarily AgentCore's: nobody to ask
+            quotas = {"": published(cfg.region, "a runtime given to the engine")}
+        else:
+            quotas = await account_quotas(self._clients, cfg)
+        self.quotas = describe(quotas, cfg.dispatch)
+        log.info("%s", self.quotas)
+        return {account: Limits.of(q, cfg.dispatch) for account, q in quotas.items()}
 
     async def aclose(self) -> None:
         """Cancel what runs (each ends `cancelled`), wait for the sessions' stops, close."""

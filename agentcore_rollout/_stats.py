@@ -2,7 +2,7 @@
 
 Counters count from the engine's start; `since(earlier)` turns two snapshots into what
 happened in between, which is how a `RolloutBatch` reports its own share. Gauges (sessions
-alive, starts in flight, peaks, the current start rate, requests tracked) are not differences:
+alive, starts in flight, peaks, bounds and rates, requests tracked) are not differences:
 `since` keeps the later value.
 """
 
@@ -19,7 +19,9 @@ _GAUGES = frozenset(
         "starts_in_flight",
         "peak_live_sessions",
         "peak_starts_in_flight",
+        "max_live_sessions",
         "start_rate",
+        "account_limits",
         "runtime_down",
         "endpoints_down",
         "tracked_requests",
@@ -27,7 +29,7 @@ _GAUGES = frozenset(
 )
 
 
-def _nonzero(counts: Mapping[str, int] | None = None) -> dict[str, int]:
+def _nonzero(counts: Mapping[str, float] | None = None) -> dict[str, float]:
     return {k: v for k, v in sorted((counts or {}).items()) if v}
 
 
@@ -41,8 +43,15 @@ class EngineStats:
     starts_in_flight: int = 0
     peak_live_sessions: int = 0
     peak_starts_in_flight: int = 0
+    max_live_sessions: int = 0
+    """Sessions the engine may hold alive at once: its accounts' live bounds together."""
     start_rate: float = 0.0
-    """The adaptive start rate now (sessions/s); below the configured rate after throttling."""
+    """The adaptive start rate now (sessions/s, all accounts); below the accounts' start rates
+    after throttling."""
+    account_limits: dict[str, float] = field(default_factory=dict)
+    """What each account and region is held to, by `<account id>:<region>/<name>`:
+    `start_rate`, `data_plane_tps`, `max_live_sessions` (`engine.dispatch`'s values, else the
+    account's quotas; the start-up log line says where each came from)."""
     rate_cuts: int = 0
     runtime_down: bool = False
     """Every endpoint failed with outage errors for longer than the retry budget: starts fail

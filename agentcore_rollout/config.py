@@ -7,7 +7,6 @@ config error is the first thing a new user meets.
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -28,9 +27,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ._agentcore import (
+    DATA_PLANE_TPS,
     GB_HOUR_USD,
     IDLE_TIMEOUT_S,
     MAX_LIFETIME_S,
+    NEW_SESSIONS_PER_SECOND,
     SESSION_GB,
     SESSION_VCPUS,
     VCPU_HOUR_USD,
@@ -114,6 +115,11 @@ class Endpoints(_Section):
     s3: str | None = Field(default=None, description="S3's endpoint URL")
     sqs: str | None = Field(default=None, description="SQS's endpoint URL")
     agentcore: str | None = Field(default=None, description="AgentCore's data-plane endpoint URL")
+    service_quotas: str | None = Field(
+        default=None,
+        description="Service Quotas' endpoint URL, where the engine reads AgentCore's quotas at "
+        "start-up; None: AWS's, asked only for runtimes at AWS's own data plane",
+    )
 
 
 class GatewayReplica(_Section):
@@ -182,19 +188,14 @@ class GatewayConfig(_Section):
 
 class RuntimeTarget(_Section):
     """One runtime endpoint sessions start on: an AgentCore runtime ARN and endpoint qualifier,
-    with its own start rate (AgentCore's new-session quota is per endpoint) and live bound."""
+    with its own live bound. Its account and region (the ARN's) hold the quotas it shares with
+    every other endpoint there: new sessions, data-plane calls, live sessions."""
 
     arn: _RuntimeArn = Field(
-        description="the runtime's ARN; its account and region name the active-session quota "
-        "it shares with the account's other runtimes"
+        description="the runtime's ARN; its account and region name the quotas it shares with "
+        "the account's other runtimes and endpoints there"
     )
     qualifier: str = Field(default="DEFAULT", min_length=1, description="the endpoint's name")
-    start_rate: float | None = Field(
-        default=None,
-        gt=0,
-        description="new sessions per second here; None: engine.dispatch.start_rate (AgentCore "
-        "allows 400/min = 6.67/s per endpoint)",
-    )
     max_live_sessions: int | None = Field(
         default=None,
         ge=1,
@@ -207,6 +208,17 @@ class RuntimeTarget(_Section):
         "else AWS's for the ARN's region",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_rate_of_its_own(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "start_rate" in data:
+            raise PydanticCustomError(
+                "per_account",
+                "start_rate: AgentCore's new-session quota is per account and region since "
+                "August 2026, not per endpoint: set engine.dispatch.start_rate",
+            )
+        return data
+
     @property
     def name(self) -> str:
         """`<arn>#<qualifier>`: how stats and the run journal name the endpoint."""
@@ -218,40 +230,43 @@ class RuntimeTarget(_Section):
 
     @property
     def account(self) -> str:
-        """`<account id>:<region>`: AgentCore counts active sessions per account and region."""
+        """`<account id>:<region>`: AgentCore's quotas are per account and region."""
         return f"{self.arn.split(':')[4]}:{self.region}"
 
 
 class DispatchConfig(_Section):
-    """How sessions are started and stopped, within AgentCore's quotas (InvokeAgentRuntime per
-    second, new sessions per minute per endpoint, active sessions per account)."""
+    """How sessions are started and stopped, within AgentCore's quotas, each per account and
+    region and shared by its endpoints: new sessions per second, data-plane calls per second
+    (invokes and stops), active sessions. None: the account's applied quota, read from Service
+    Quotas at start-up, else the published default."""
 
-    start_rate: float = Field(default=5.0, gt=0, description="new sessions per second")
+    start_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="new sessions per second in each account and region, over all its "
+        f"endpoints; None: the account's quota (published: {NEW_SESSIONS_PER_SECOND}/s)",
+    )
     session_start_time: float = Field(default=2.0, gt=0, description="seconds a start may take")
-    max_live_sessions: int = Field(
-        default=64,
+    max_live_sessions: int | None = Field(
+        default=None,
         ge=1,
-        description="sessions alive at once in each account and region (AgentCore's active-"
-        "session quota is per account): with one runtime, its bound",
+        description="sessions alive at once in each account and region: with one runtime, its "
+        "bound; None: the account's active-session quota (published: 5,000 in us-east-1 and "
+        "us-west-2, 2,500 elsewhere). Mind your inference capacity",
     )
     stop_rate: float | None = Field(
         default=None,
         gt=0,
         description="StopRuntimeSession calls per second, with a second of burst; None: the "
-        "larger of start_rate and 25 (AgentCore publishes no stop quota of its own; 25/s is its "
-        "lowest published per-endpoint invocation rate). Below start_rate, stopped sessions "
-        "would pile up in live slots",
+        "larger of the accounts' start rates summed and 25. Stops share each account's "
+        f"data-plane quota (published: {DATA_PLANE_TPS:,}/s) with invokes. Below the start "
+        "rate, stopped sessions would pile up in live slots",
     )
     max_retries: int = Field(default=8, ge=0, description="retries of 429, 402, 409 and 5xx")
     backoff_base: float = Field(
         default=0.2, gt=0, description="seconds; full-jitter exponential back-off"
     )
     backoff_max: float = Field(default=20.0, gt=0, description="seconds; the back-off's cap")
-
-    @property
-    def max_starting(self) -> int:
-        """Little's law: starts in flight = start rate x time a start takes."""
-        return max(1, math.ceil(self.start_rate * self.session_start_time))
 
 
 class LimitsConfig(_Section):
@@ -498,21 +513,26 @@ class LocalConfig(_Section):
     cold_start: float = Field(
         default=0.0, ge=0, description="simulated seconds before a new session's agent starts"
     )
-    invoke_tps: float | None = Field(
-        default=None, gt=0, description="emulator's invocations per second, all calls; None: none"
+    new_sessions_per_second: float | None = Field(
+        default=NEW_SESSIONS_PER_SECOND,
+        gt=0,
+        description="emulator's new sessions per second per account, all its endpoints "
+        "together (429 above it); None: none",
     )
-    new_sessions_per_minute: float | None = Field(
-        default=None, gt=0, description="emulator's new-session rate (429 above it); None: none"
+    data_plane_tps: float | None = Field(
+        default=DATA_PLANE_TPS,
+        gt=0,
+        description="emulator's data-plane calls per second per account, invokes and stops "
+        "together (429 above it); None: none",
     )
     max_sessions: int = Field(
-        default=1000, ge=1, description="emulator's live-session quota (402 above it)"
+        default=1000, ge=1, description="emulator's live sessions per account (402 above it)"
     )
     endpoints: int = Field(
         default=1,
         ge=1,
-        description="endpoints of the emulator's runtime (DEFAULT, endpoint_2, ...), each with "
-        "its own invoke_tps and new_sessions_per_minute; the engine starts sessions on all, each "
-        "at engine.dispatch.start_rate",
+        description="endpoints of the emulator's runtime (DEFAULT, endpoint_2, ...), sharing "
+        "its account's quotas; the engine starts sessions on all",
     )
     idle_timeout: float = Field(
         default=IDLE_TIMEOUT_S, gt=0, description="seconds after which an idle session is ended"
@@ -552,6 +572,19 @@ class LocalConfig(_Section):
     agent_log_dir: str | None = Field(
         default=None, description="write each agent process's output here"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """The emulator's rates as they were before AgentCore counted them per account."""
+        old = {"invoke_tps": "data_plane_tps", "new_sessions_per_minute": "new_sessions_per_second"}
+        for key in old.keys() & (data if isinstance(data, dict) else {}):
+            raise PydanticCustomError(
+                "renamed",
+                "{key} is now local.{new}, per account as AgentCore counts it since August 2026",
+                {"key": key, "new": old[key]},
+            )
+        return data
 
     @model_validator(mode="after")
     def _params_for_the_toy(self) -> LocalConfig:

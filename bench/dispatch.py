@@ -1,23 +1,25 @@
-"""Dispatch benchmark on the embedded stack: 256 rollouts of a trivial agent per start rate.
+"""Dispatch benchmark on the embedded stack, the emulator enforcing AgentCore's published
+quotas (per account and region: 25 new sessions/s, 1,000 data-plane calls/s) and telling them
+through Service Quotas, as the engine reads them at start-up.
 
-For each configured start rate (default 6.67/s, AgentCore's published 400 new sessions a
-minute, and 25/s) it prints, under `by_rate`: the achieved start rate as a fraction of the
-configured one (the emulator, a process of its own with in-process agents, does not throttle);
-the time from a result's S3 write to the buffer having it (`write_to_handoff_s`) and to the
-caller having the outcome (`write_to_caller_s`), p50/p99; and the S3 + SQS calls per rollout
-(GetObject, ReceiveMessage, DeleteMessageBatch, ...) with `calls_by_action`. Results arrive at
-about the start rate, so this is the "moderate traffic" case for the buffer's receive and
-delete batching.
+Under `by_rate`, 256 rollouts of a trivial agent per run: `quota` is the default run (no
+`engine.dispatch.start_rate`: the engine starts sessions at the account's quota, read from the
+emulator's Service Quotas), a number is that rate set in the config. For each: the achieved
+start rate (the spread of the accepted invocations' send times) as a fraction of the rate in
+force, the emulator's 429s (`throttled`, 0: never above the account's quota), the time from a
+result's S3 write to the buffer having it (`write_to_handoff_s`) and to the caller having the
+outcome (`write_to_caller_s`), p50/p99, and the S3 + SQS calls per rollout with
+`calls_by_action`. Results arrive at about the start rate, so this is the "moderate traffic"
+case for the buffer's receive and delete batching.
 
-Under `by_endpoints`, for 1, 2 and 4 endpoints of one runtime (`local.endpoints`), each with
-the emulator's per-endpoint quota (AgentCore's 400 new sessions a minute) and the engine's
-per-endpoint start rate matching it (6.67/s), `--per-endpoint` rollouts each: the achieved
-start rate (the spread of the accepted invocations' send times) as a fraction of the sum
-configured, and the starts by endpoint. On 2 busy cores the event loop, not the dispatcher, is
-what falls behind: compare runs made under the same load. Writes bench/results/dispatch.json
-and dispatch.png.
+Under `by_spread`, `--per-spread` rollouts each over: one endpoint; two endpoints of one runtime
+(one account: they share its 25/s); two runtimes in two accounts (each its own 25/s), on an
+emulator of its own serving both. The achieved start rate against each account's quota summed,
+and the starts by endpoint. On 2 busy cores the event loop, not the dispatcher, is what falls
+behind: compare runs made under the same load. Writes bench/results/dispatch.json and
+dispatch.png.
 
-    python bench/dispatch.py [--n 256] [--rates 6.67 25] [--endpoints 1 2 4] [--mode in_process]
+    python bench/dispatch.py [--n 256] [--rates quota 10] [--per-spread 200] [--mode in_process]
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import logging
 import math
 import sys
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,21 +41,43 @@ sys.path.insert(0, str(ROOT))
 from dataclasses import asdict  # noqa: E402
 
 from agentcore_rollout import RolloutBatch, RolloutEngine, RolloutRequest  # noqa: E402
-from agentcore_rollout._agentcore import NEW_SESSIONS_PER_MINUTE  # noqa: E402
+from agentcore_rollout._agentcore import NEW_SESSIONS_PER_SECOND  # noqa: E402
 from agentcore_rollout.config import LocalConfig  # noqa: E402
-from agentcore_rollout.local.stack import LocalStack  # noqa: E402
+from agentcore_rollout.local.stack import LOCAL_RUNTIME_ARN, LocalStack  # noqa: E402
+from agentcore_rollout.serving.process import ServiceProcess  # noqa: E402
+
+APP = "tests.agents.basic:app"
+OTHER_ACCOUNT_ARN = LOCAL_RUNTIME_ARN.replace("000000000000", "111111111111")
+SPREADS = {  # name: (runtime ARNs, endpoints of each)
+    "1 endpoint": ((LOCAL_RUNTIME_ARN,), ("DEFAULT",)),
+    "2 endpoints, 1 account": ((LOCAL_RUNTIME_ARN,), ("DEFAULT", "endpoint_2")),
+    "2 accounts": ((LOCAL_RUNTIME_ARN, OTHER_ACCOUNT_ARN), ("DEFAULT",)),
+}
 
 
-async def _batch(stack_cfg: LocalConfig, n: int, rate: float) -> tuple[RolloutBatch, float]:
-    """`n` rollouts of the toy agent on a local stack, the engine starting `rate` a second (per
-    endpoint); the batch and its wall time."""
-    async with LocalStack(stack_cfg) as stack:
-        cfg = stack.engine_config(
-            exp_id="bench",
-            dispatch={"start_rate": rate, "session_start_time": 1.0, "max_live_sessions": n},
-            limits={"rollout_timeout": 120},
-            results={"wait_time": 20},
-        )
+async def _batch(
+    mode: str, n: int, rate: float | None, spread: str = "1 endpoint"
+) -> tuple[RolloutBatch, float]:
+    """`n` rollouts of the toy agent on a local stack, the engine starting `rate` a second in
+    each account (None: the account's quota, read from the emulator), over `spread`'s runtimes
+    and endpoints; the batch and its wall time."""
+    arns, qualifiers = SPREADS[spread]
+    stack_cfg = LocalConfig(app=APP, mode=mode, bucket="bench", queue="bench")
+    async with AsyncExitStack() as stack:
+        local = await stack.enter_async_context(LocalStack(stack_cfg))
+        config: dict[str, Any] = {
+            "exp_id": "bench",
+            "dispatch": {"start_rate": rate, "session_start_time": 1.0, "max_live_sessions": n},
+            "limits": {"rollout_timeout": 120},
+            "results": {"wait_time": 20},
+        }
+        if spread != "1 endpoint":
+            url = await asyncio.to_thread(_emulator, local, arns, qualifiers, stack)
+            runtimes = [{"arn": arn, "qualifier": q} for arn in arns for q in qualifiers]
+            endpoints = {"s3": local.moto.url, "sqs": local.moto.url}
+            config |= {"runtime_arn": None, "runtimes": runtimes}
+            config["endpoints"] = endpoints | {"agentcore": url, "service_quotas": url}
+        cfg = local.engine_config(**config)
         requests = [RolloutRequest({"a": i, "b": 1}, input_id=f"q{i}") for i in range(n)]
         async with RolloutEngine(cfg) as engine:
             began = time.monotonic()
@@ -59,22 +85,47 @@ async def _batch(stack_cfg: LocalConfig, n: int, rate: float) -> tuple[RolloutBa
             return batch, time.monotonic() - began
 
 
-async def run(n: int, rate: float, mode: str) -> dict:
-    stack_cfg = LocalConfig(app="tests.agents.basic:app", mode=mode, bucket="bench", queue="bench")
-    batch, wall = await _batch(stack_cfg, n, rate)
+def _emulator(
+    local: LocalStack, arns: tuple[str, ...], qualifiers: tuple[str, ...], stack: AsyncExitStack
+) -> str:
+    """An emulator of its own, with the stack's agents' environment, serving `arns`, each with
+    `qualifiers`, at its default (the published) quotas."""
+    emulator = ServiceProcess(
+        "spread emulator",
+        "agentcore_rollout.local.runtime",
+        APP,
+        "--mode",
+        local.config.mode,
+        *(arg for arn in arns for arg in ("--runtime-arn", arn)),
+        *(arg for q in qualifiers for arg in ("--qualifier", q)),
+        env=local.agent_env(),
+    )
+    url = emulator.start()
+    stack.callback(emulator.stop)
+    return url
+
+
+def _achieved(batch: RolloutBatch) -> tuple[float, list[float]]:
     starts = sorted(o.started_at for o in batch.outcomes if o.started_at is not None)
+    span = starts[-1] - starts[0]
+    return (len(starts) - 1) / span if span > 0 else float("nan"), [s - starts[0] for s in starts]
+
+
+async def run(n: int, rate: float | None, mode: str) -> dict:
+    batch, wall = await _batch(mode, n, rate)
+    achieved, starts = _achieved(batch)
+    in_force = rate or batch.stats.account_limits["000000000000:us-east-1/start_rate"]
     ok = batch.ok
     handoff = [o.delivered_at - o.result.timings.finished for o in ok]
     to_caller = [o.finished_at - o.result.timings.finished for o in ok]
     s3_sqs = {k: v for k, v in batch.api_calls.items() if k.startswith(("s3:", "sqs:"))}
-    span = starts[-1] - starts[0]
-    achieved = (len(starts) - 1) / span if span > 0 else float("nan")
     figures = {
         "rollouts": n,
         "outcomes": batch.counts,
         "configured_start_rate": rate,
+        "start_rate_in_force": in_force,
         "achieved_start_rate": round(achieved, 3),
-        "start_rate_fraction": round(achieved / rate, 4),
+        "start_rate_fraction": round(achieved / in_force, 4),
         "throttled": batch.stats.throttles,
         "write_to_handoff_s": {k: round(v, 4) for k, v in _quantiles(handoff).items()},
         "write_to_caller_s": {k: round(v, 4) for k, v in _quantiles(to_caller).items()},
@@ -87,39 +138,32 @@ async def run(n: int, rate: float, mode: str) -> dict:
         "engine": asdict(batch.stats),
         "mode": mode,
     }
-    series = {"starts": [s - starts[0] for s in starts], "to_caller": to_caller}
-    return figures | {"_series": series}
+    return figures | {"_series": {"starts": starts, "to_caller": to_caller}}
 
 
-async def run_endpoints(k: int, per_endpoint: int, mode: str) -> dict:
-    """`k` endpoints at AgentCore's per-endpoint quota, the engine at the matching rate."""
-    rate = NEW_SESSIONS_PER_MINUTE / 60
-    stack_cfg = LocalConfig(
-        app="tests.agents.basic:app",
-        mode=mode,
-        bucket="bench",
-        queue="bench",
-        endpoints=k,
-        new_sessions_per_minute=NEW_SESSIONS_PER_MINUTE,
-    )
-    n = k * per_endpoint
-    batch, _ = await _batch(stack_cfg, n, rate)
-    starts = sorted(o.started_at for o in batch.outcomes if o.started_at is not None)
-    span = starts[-1] - starts[0]
-    achieved = (len(starts) - 1) / span if span > 0 else float("nan")
+async def run_spread(spread: str, n: int, mode: str) -> dict:
+    """`n` rollouts over `spread`, at the accounts' quotas (no rate configured)."""
+    batch, _ = await _batch(mode, n, None, spread)
+    achieved, starts = _achieved(batch)
+    accounts = {arn.split(":")[4] for arn in SPREADS[spread][0]}
+    quota = len(accounts) * NEW_SESSIONS_PER_SECOND
     return {
-        "endpoints": k,
         "rollouts": n,
         "outcomes": batch.counts,
-        "configured_start_rate": round(k * rate, 3),
+        "accounts": len(accounts),
+        "endpoints": len(batch.stats.starts_by_endpoint),
+        "quota_start_rate": quota,
+        "start_rate_in_force": batch.stats.start_rate,
         "achieved_start_rate": round(achieved, 3),
-        "start_rate_fraction": round(achieved / (k * rate), 4),
+        "start_rate_fraction": round(achieved / quota, 4),
         "throttled": batch.stats.throttles,
         "starts_by_endpoint": {
-            name.rsplit("#", 1)[-1]: count for name, count in batch.stats.starts_by_endpoint.items()
+            name.split(":")[4] + "#" + name.rsplit("#", 1)[-1]: count
+            for name, count in batch.stats.starts_by_endpoint.items()
         },
+        "account_limits": batch.stats.account_limits,
         "mode": mode,
-        "_series": {"starts": [s - starts[0] for s in starts]},
+        "_series": {"starts": starts},
     }
 
 
@@ -129,36 +173,31 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     return {f"p{q}": ordered[max(0, math.ceil(len(ordered) * q / 100) - 1)] for q in (50, 99)}
 
 
-def plot(by_rate: dict[str, dict], by_endpoints: dict[str, dict], path: Path) -> None:
+def plot(by_rate: dict[str, dict], by_spread: dict[str, dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4))
-    for k, figures in by_endpoints.items():
+    for name, figures in by_rate.items():
         starts = figures["_series"]["starts"]
-        (line,) = c.plot(starts, range(1, len(starts) + 1), label=f"{k} endpoint(s)")
-        configured = figures["configured_start_rate"]
-        c.plot([0, starts[-1]], [1, 1 + configured * starts[-1]], "--", color=line.get_color())
-    c.set(xlabel="seconds", ylabel="sessions", title="Starts with K endpoints (-- configured)")
-    c.legend()
-    for rate, figures in by_rate.items():
-        starts = figures["_series"]["starts"]
-        (line,) = a.plot(starts, range(1, len(starts) + 1), label=f"started, {rate}/s")
-        a.plot(
-            [0, starts[-1]],
-            [1, 1 + float(rate) * starts[-1]],
-            "--",
-            color=line.get_color(),
-            label=f"configured {rate}/s",
-        )
+        rate = figures["start_rate_in_force"]
+        (line,) = a.plot(starts, range(1, len(starts) + 1), label=f"started, {name}")
+        a.plot([0, starts[-1]], [1, 1 + rate * starts[-1]], "--", color=line.get_color())
         ms = sorted(h * 1000 for h in figures["_series"]["to_caller"])
-        b.plot(ms, [(i + 1) / len(ms) for i in range(len(ms))], label=f"{rate}/s")
-    a.set(xlabel="seconds", ylabel="sessions", title="Session starts vs configured rate")
+        b.plot(ms, [(i + 1) / len(ms) for i in range(len(ms))], label=name)
+    a.set(xlabel="seconds", ylabel="sessions", title="Session starts (-- the rate in force)")
     a.legend()
     b.set(xlabel="ms", ylabel="fraction of results", title="S3 write -> caller (CDF)")
     b.legend()
+    for name, figures in by_spread.items():
+        starts = figures["_series"]["starts"]
+        (line,) = c.plot(starts, range(1, len(starts) + 1), label=name)
+        quota = figures["quota_start_rate"]
+        c.plot([0, starts[-1]], [1, 1 + quota * starts[-1]], "--", color=line.get_color())
+    c.set(xlabel="seconds", ylabel="sessions", title="Starts by spread (-- accounts x 25/s)")
+    c.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -166,24 +205,30 @@ def plot(by_rate: dict[str, dict], by_endpoints: dict[str, dict], path: Path) ->
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=256)
-    parser.add_argument("--rates", type=float, nargs="*", default=[6.67, 25.0])
-    parser.add_argument("--endpoints", type=int, nargs="*", default=[1, 2, 4])
-    parser.add_argument("--per-endpoint", type=int, default=40, help="rollouts per endpoint")
+    parser.add_argument(
+        "--rates", nargs="*", default=["quota", "10"], help="`quota` (none set) or sessions/s"
+    )
+    parser.add_argument("--spreads", nargs="*", default=list(SPREADS), choices=list(SPREADS))
+    parser.add_argument("--per-spread", type=int, default=200, help="rollouts per spread")
     parser.add_argument("--mode", default="in_process", choices=["in_process", "process"])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    by_rate = {f"{rate:g}": asyncio.run(run(args.n, rate, args.mode)) for rate in args.rates}
-    by_endpoints = {
-        str(k): asyncio.run(run_endpoints(k, args.per_endpoint, args.mode)) for k in args.endpoints
+    logging.getLogger("agentcore_rollout.engine").setLevel(logging.INFO)  # the quotas in force
+    by_rate = {
+        name: asyncio.run(run(args.n, None if name == "quota" else float(name), args.mode))
+        for name in args.rates
+    }
+    by_spread = {
+        name: asyncio.run(run_spread(name, args.per_spread, args.mode)) for name in args.spreads
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    plot(by_rate, by_endpoints, args.out / "dispatch.png")
+    plot(by_rate, by_spread, args.out / "dispatch.png")
     public = {
         name: {
             key: {k: v for k, v in f.items() if not k.startswith("_")} for key, f in runs.items()
         }
-        for name, runs in (("by_rate", by_rate), ("by_endpoints", by_endpoints))
+        for name, runs in (("by_rate", by_rate), ("by_spread", by_spread))
     }
     (args.out / "dispatch.json").write_text(json.dumps(public, indent=2) + "\n")
     print(json.dumps(public, indent=2))

@@ -104,7 +104,7 @@ def engine_config(
         "queue_url": channel.queue_url,
         "runtime_arn": RUNTIME_ARN,
         "endpoints": {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url},
-        "start_rate": 50.0,
+        "start_rate": 25.0,  # the emulator's account quota (AgentCore's published)
         "session_start_time": 0.5,
         "max_live_sessions": 64,
         "rollout_timeout": 30.0,

@@ -54,7 +54,7 @@ def test_layers_in_order(cfg_file, tmp_path):
     assert cfg.endpoints.s3 == "http://127.0.0.1:1"
     assert cfg.region == "us-west-2"
     assert cfg.exp_id == "0002"  # overrides last; leading zeros kept
-    assert cfg.dispatch.max_starting == 21  # ceil(7 * 3)
+    assert cfg.dispatch.session_start_time == 3.0  # an override
 
 
 @pytest.mark.parametrize(

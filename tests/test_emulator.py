@@ -166,9 +166,10 @@ async def test_busy_in_the_background_counts_until_ping_says_idle_and_lifetime_c
 @pytest.mark.e2e  # waits out real idle timeouts and lifetimes (no injectable clock yet)
 async def test_rollouts_working_past_a_short_idle_timeout_end_ok(moto, channel, emulator):
     """Issue 19's case: 12 concurrent RL-Toolkit-style agents, each busy 5 s in the background
-    after acknowledging, under a 2 s idle timeout and 4 invocations/s: all `ok`, none expired."""
+    after acknowledging, under a 2 s idle timeout and 4 data-plane calls/s: all `ok`, none
+    expired."""
     emu = await emulator(
-        app="tests.agents.background:app", mode="process", idle_timeout=2.0, invoke_tps=4
+        app="tests.agents.background:app", mode="process", idle_timeout=2.0, data_plane_tps=4
     )
     reqs = [RolloutRequest({"work": 5.0, "reward": i / 10}, input_id=f"q{i}") for i in range(12)]
     cfg = engine_config(moto, channel, emu, rollout_timeout=90.0, max_retries=60)

@@ -541,27 +541,46 @@ async def test_time_caps_are_the_services_and_configurable(emulator, clients):
 
 def test_quota_defaults_are_the_published_ones():
     cfg = EmulatorConfig(app="m:app")
-    assert (cfg.invoke_tps, cfg.new_sessions_per_minute, cfg.max_sessions) == (200.0, 400.0, 5000)
+    assert (cfg.new_sessions_per_second, cfg.data_plane_tps, cfg.max_sessions) == (25, 1000, 5000)
 
 
-async def test_invoke_rate_counts_every_call_not_only_new_sessions(emulator, clients):
-    emu = await emulator(app="tests.agents.plain:app", invoke_tps=5, new_sessions_per_minute=None)
+def _still(emu: Any) -> Any:
+    """The emulator with its quotas' clock held still: every call falls in one second, so
+    what a rate admits is a count, whatever the machine's speed."""
+    emu.quotas.clock = lambda: 0.0
+    return emu
+
+
+async def test_the_data_plane_rate_counts_every_call_invokes_and_stops(emulator, clients):
+    emu = _still(
+        await emulator(app="tests.agents.plain:app", data_plane_tps=5, new_sessions_per_second=None)
+    )
     sid = _sid()
     async with clients(emu.url) as c:
         await _invoke(c, sid, {"n": 0})
         calls = [_invoke(c, sid, {"n": i}) for i in range(12)]
         results = await asyncio.gather(*calls, return_exceptions=True)
+        await _error(
+            c.stop_runtime_session(agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=sid),
+            "StopRuntimeSession",
+            "ThrottlingException",
+        )
     errors = [r for r in results if isinstance(r, BaseException)]
     for e in errors:
         assert isinstance(e, ClientError)
         check_error(e, "InvokeAgentRuntime", "ThrottlingException")
-    assert len(errors) >= 12 - 5 + 1  # the first call counts against the same second
-    assert emu.started == [sid]
+    assert len(errors) == 12 - 4  # the first call took one of the second's five
+    assert emu.started == [sid] and emu.stopped == []
 
 
 async def test_new_session_rate_and_active_sessions_are_separate_limits(emulator, clients):
-    emu = await emulator(
-        app="tests.agents.plain:app", invoke_tps=None, new_sessions_per_minute=3, max_sessions=1000
+    emu = _still(
+        await emulator(
+            app="tests.agents.plain:app",
+            data_plane_tps=None,
+            new_sessions_per_second=3,
+            max_sessions=1000,
+        )
     )
     sids = [_sid() for _ in range(4)]
     async with clients(emu.url) as c:
@@ -578,7 +597,10 @@ async def test_new_session_rate_and_active_sessions_are_separate_limits(emulator
             for sid in sids[:3]:
                 await _invoke(c, sid, {"n": 2})
     emu = await emulator(
-        app="tests.agents.plain:app", invoke_tps=None, new_sessions_per_minute=None, max_sessions=2
+        app="tests.agents.plain:app",
+        data_plane_tps=None,
+        new_sessions_per_second=None,
+        max_sessions=2,
     )
     async with clients(emu.url) as c:
         for sid in sids[:2]:
@@ -594,3 +616,87 @@ async def test_new_session_rate_and_active_sessions_are_separate_limits(emulator
         await c.stop_runtime_session(agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=sids[0])
         await _invoke(c, sids[2], {"n": 1})  # a stop frees the slot
     assert emu.live.peak == 2
+
+
+async def test_the_26th_new_session_in_a_second_is_refused_across_an_accounts_endpoints(
+    emulator, clients
+):
+    """AgentCore's published 25 new sessions a second are the account's, whatever endpoint or
+    runtime they open on; another account (or region) has its own."""
+    other_account = RUNTIME_ARN.replace(ACCOUNT, "210987654321")
+    emu = _still(
+        await emulator(
+            app="tests.agents.plain:app",
+            runtime_arns=(RUNTIME_ARN, OTHER_ARN, other_account),
+            qualifiers=("DEFAULT", "endpoint_2"),
+        )
+    )
+    opened = [(RUNTIME_ARN, "DEFAULT"), (RUNTIME_ARN, "endpoint_2"), (OTHER_ARN, "DEFAULT")]
+    async with clients(emu.url) as c:
+        calls = [
+            c.invoke_agent_runtime(
+                agentRuntimeArn=arn, qualifier=q, runtimeSessionId=_sid(), payload=b"{}"
+            )
+            for i in range(26)
+            for arn, q in [opened[i % 3]]
+        ]
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        refused = [a for a in answers if isinstance(a, ClientError)]
+        assert len(refused) == 1, answers
+        check_error(refused[0], "InvokeAgentRuntime", "ThrottlingException")
+        for answer in answers:
+            if not isinstance(answer, BaseException):
+                async with answer["response"] as body:
+                    await body.read()
+        for q in ("DEFAULT", "endpoint_2"):  # the other account's 25 are all there
+            await _invoke(c, _sid(), {"n": 1}, arn=other_account, qualifier=q)
+    assert len(emu.created) == 25 + 2
+    assert {(arn, q) for _, arn, q in emu.created[:25]} == set(opened)
+
+
+# ---------------------------------------------------------------------- Service Quotas
+
+QUOTAS_MODEL = botocore.session.get_session().get_service_model("service-quotas")
+
+
+def _service_quotas(url: str) -> Any:
+    return get_session().create_client(
+        "service-quotas", region_name=REGION, endpoint_url=url, config=NO_RETRIES
+    )
+
+
+async def test_service_quotas_lists_the_emulators_quotas_as_botocore_reads_them(emulator):
+    emu = await emulator(
+        app="tests.agents.plain:app", new_sessions_per_second=40, data_plane_tps=None
+    )
+    async with _service_quotas(emu.url) as sq:
+        pages = sq.get_paginator("list_service_quotas").paginate(
+            ServiceCode="bedrock-agentcore", PaginationConfig={"PageSize": 1}
+        )
+        quotas = [q async for page in pages for q in page["Quotas"]]
+        with pytest.raises(ClientError) as unknown:
+            await sq.list_service_quotas(ServiceCode="no-such-service")
+    assert {q["QuotaName"]: q["Value"] for q in quotas} == {  # a limit switched off: not listed
+        "Rate of new Runtime session creation": 40.0,
+        "Active Session Workloads per Account": 5000.0,
+    }
+    assert emu.counts["ListServiceQuotas"] == 3  # a page each, and the error
+    assert {q["QuotaArn"].split(":")[4] for q in quotas} == {ACCOUNT}  # the caller's account
+    assert quotas[0]["Period"] == {"PeriodValue": 1, "PeriodUnit": "SECOND"}
+    members = QUOTAS_MODEL.shape_for("ServiceQuota").members
+    for attr in ("new_sessions_per_second", "data_plane_tps", "max_sessions"):
+        setattr(emu.quotas, attr, 1)
+    assert all(set(q) <= set(members) for q in emu.quotas.listed(ACCOUNT, REGION))
+    assert unknown.value.response["Error"]["Code"] == "NoSuchResourceException"
+    assert unknown.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+
+
+async def test_service_quotas_refuses_a_caller_without_the_permission(emulator):
+    emu = await emulator(app="tests.agents.plain:app", service_quotas=False)
+    async with _service_quotas(emu.url) as sq:
+        with pytest.raises(ClientError) as denied:
+            await sq.list_service_quotas(ServiceCode="bedrock-agentcore")
+    assert denied.value.response["Error"]["Code"] == "AccessDeniedException"
+    assert "servicequotas:ListServiceQuotas" in denied.value.response["Error"]["Message"]
+    names = {s.name for s in QUOTAS_MODEL.operation_model("ListServiceQuotas").error_shapes}
+    assert "AccessDeniedException" in names

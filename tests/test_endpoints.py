@@ -1,7 +1,8 @@
 """Several runtime endpoints through the real wire: aiobotocore -> emulator(s) -> RolloutApp.
 
-Starts spread over the endpoints at the sum of their rates, each within its own quota; one
-endpoint killed mid-run leaves the others to carry every request that can start there."""
+The endpoints of one account share its quotas (new sessions, data-plane calls), read from
+Service Quotas at start-up; another account or region brings its own. One endpoint killed
+mid-run leaves the others to carry every request that can start there."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from .test_limits import FakeRuntime
 pytestmark = pytest.mark.component
 
 ARNS = [RUNTIME_ARN.replace("abc123", suffix) for suffix in ("aaa111", "bbb222", "ccc333")]
+OTHER_ACCOUNT = ARNS[0].replace("123456789012", "210987654321")
 
 
 def _requests(n: int, **payload: object) -> list[RolloutRequest]:
@@ -46,34 +48,83 @@ def _runtimes_config(moto, channel, emu, runtimes: list[dict[str, object]], **ov
     )
 
 
-async def test_three_endpoints_reach_the_sum_of_their_start_rates(moto, channel, emulator):
-    # 330/min = 5.5/s per endpoint: above each engine rate, so nothing is throttled
-    emu = await emulator(runtime_arns=tuple(ARNS), new_sessions_per_minute=330)
-    rates = [3.0, 4.0, 5.0]
-    runtimes = [{"arn": arn, "start_rate": rate} for arn, rate in zip(ARNS, rates, strict=True)]
+def _per_second(created: list[float]) -> tuple[int, float]:
+    """The most sessions created in any one second, and the rate over the whole span (by the
+    emulator's own clock)."""
+    created = sorted(created)
+    most = max(sum(1 for u in created[i:] if u - t < 1.0) for i, t in enumerate(created))
+    return most, (len(created) - 1) / (created[-1] - created[0])
+
+
+async def _spread(moto, channel, emu, arns: list[str], n: int, **overrides):
+    """`n` rollouts over the endpoints DEFAULT and endpoint_2 of each of `arns`, the engine's
+    quotas read from the emulator's Service Quotas."""
+    runtimes = [{"arn": arn, "qualifier": q} for arn in arns for q in ("DEFAULT", "endpoint_2")]
     cfg = _runtimes_config(
-        moto, channel, emu, runtimes, max_live_sessions=200, session_start_time=2.0
+        moto,
+        channel,
+        emu,
+        runtimes,
+        endpoints={
+            "s3": moto.url,
+            "sqs": moto.url,
+            "agentcore": emu.url,
+            "service_quotas": emu.url,
+        },
+        **({"start_rate": None} | overrides),
     )
     async with RolloutEngine(cfg) as engine:
-        batch = await engine.rollout(_requests(60))
-    assert batch.counts["ok"] == 60, [o.error for o in batch.outcomes if o.outcome != Outcome.OK]
-    created = sorted(t for t, _, _ in emu.created)
-    achieved = (len(created) - 1) / (created[-1] - created[0])  # the emulator's own clock
-    assert achieved >= 0.95 * sum(rates), achieved
-    by_arn = {arn: sum(1 for _, a, _ in emu.created if a == arn) for arn in ARNS}
-    assert by_arn[ARNS[0]] < by_arn[ARNS[2]], by_arn  # each at its own rate, not round robin
-    assert emu.counts["ThrottlingException"] == 0
-    starts = batch.stats.starts_by_endpoint
-    assert {name.split("#")[0]: n for name, n in starts.items()} == by_arn
+        batch = await engine.rollout(_requests(n))
+    assert batch.counts["ok"] == n, [o.error for o in batch.outcomes if o.outcome != Outcome.OK]
+    assert emu.counts["ThrottlingException"] == 0  # never above an account's quota
     assert sorted(emu.stopped) == sorted(emu.started)  # each stopped where it started
+    return batch
+
+
+async def test_an_accounts_endpoints_share_its_start_rate_another_account_doubles_it(
+    moto, channel, emulator
+):
+    # 10 new sessions a second per account (kept low, so a busy machine keeps up with two)
+    emu = await emulator(
+        runtime_arns=(ARNS[0], OTHER_ACCOUNT),
+        qualifiers=("DEFAULT", "endpoint_2"),
+        new_sessions_per_second=10,
+    )
+    one = await _spread(moto, channel, emu, [ARNS[0]], 40)
+    most, one_rate = _per_second([t for t, _, _ in emu.created])
+    assert most <= 10 + 1  # the account's second, and the engine's one token of burst
+    assert one_rate <= 10 * 1.05, one_rate
+    assert one.stats.account_limits == {
+        "123456789012:us-east-1/start_rate": 10.0,
+        "123456789012:us-east-1/data_plane_tps": 1000.0,
+        "123456789012:us-east-1/max_live_sessions": 64.0,
+    }
+    assert sum(one.stats.starts_by_endpoint.values()) == 40
+    emu.created.clear()
+    # Credentials are one account's: Service Quotas says nothing of the other (the published
+    # 25/s there), so the rate is set, and holds in each account.
+    two = await _spread(
+        moto, channel, emu, [ARNS[0], OTHER_ACCOUNT], 40, exp_id="two", start_rate=10.0
+    )
+    _, two_rate = _per_second([t for t, _, _ in emu.created])
+    assert two.stats.start_rate == 20.0
+    assert two_rate >= 1.5 * one_rate, (one_rate, two_rate)
+    assert {a.split(":")[4] for _, a, _ in emu.created} == {"123456789012", "210987654321"}
+
+
+async def test_stops_share_the_data_plane_rate_with_invokes(moto, channel, emulator):
+    # 10 data-plane calls a second per account: starts and their stops fit in it together
+    emu = await emulator(
+        runtime_arns=(ARNS[0],), qualifiers=("DEFAULT", "endpoint_2"), data_plane_tps=10
+    )
+    batch = await _spread(moto, channel, emu, [ARNS[0]], 30)
+    assert batch.stats.account_limits["123456789012:us-east-1/data_plane_tps"] == 10.0
+    assert emu.counts["invoke"] == emu.counts["stop"] == 30
 
 
 async def test_a_killed_endpoint_leaves_its_requests_to_the_others(moto, channel, emulator):
     emus = [await emulator(runtime_arns=(arn,)) for arn in ARNS]
-    runtimes = [
-        {"arn": arn, "start_rate": 5.0, "endpoint_url": e.url}
-        for arn, e in zip(ARNS, emus, strict=True)
-    ]
+    runtimes = [{"arn": arn, "endpoint_url": e.url} for arn, e in zip(ARNS, emus, strict=True)]
     cfg = _runtimes_config(  # a deadline far beyond the retry budget: nothing waits it out
         moto, channel, emus[0], runtimes, max_live_sessions=200, rollout_timeout=300.0
     )
@@ -110,8 +161,8 @@ async def test_a_killed_endpoint_leaves_its_requests_to_the_others(moto, channel
 
 async def test_resume_stops_each_session_on_the_endpoint_it_started_on(moto, channel, emulator):
     emu = await emulator(runtime_arns=tuple(ARNS[:2]))
-    runtimes = [{"arn": ARNS[0], "start_rate": 2.0}, {"arn": ARNS[1], "start_rate": 2.0}]
-    cfg = _runtimes_config(moto, channel, emu, runtimes, run_secret="s" * 32)
+    runtimes = [{"arn": ARNS[0]}, {"arn": ARNS[1]}]
+    cfg = _runtimes_config(moto, channel, emu, runtimes, run_secret="s" * 32, start_rate=4.0)
     requests = _requests(4, sleep=4.0)
     journaled: list[RolloutStart] = []
     first = RolloutEngine(cfg)
@@ -147,7 +198,7 @@ def test_one_runtime_is_the_one_element_case_of_runtimes():
     assert one.all_runtimes == listed.all_runtimes
     (target,) = one.all_runtimes
     assert target.name == f"{RUNTIME_ARN}#prod" and target.account == "123456789012:us-east-1"
-    assert target.start_rate is None and target.max_live_sessions is None  # dispatch's
+    assert target.max_live_sessions is None  # only its account's
 
 
 def test_runtimes_errors_are_one_line_naming_the_key():
@@ -161,7 +212,10 @@ def test_runtimes_errors_are_one_line_naming_the_key():
     assert "runtime_arn" in both and "not both" in both
     assert "listed twice" in error(runtimes=[{"arn": ARNS[0]}, {"arn": ARNS[0]}])
     assert "engine.runtimes.0.arn" in error(runtimes=[{"arn": "arn:nope"}])
-    assert "engine.runtimes.0.start_rate" in error(runtimes=[{"arn": ARNS[0], "start_rate": 0}])
+    per_account = error(runtimes=[{"arn": ARNS[0], "start_rate": 5}])  # a rate of its own: gone
+    assert per_account.startswith("config: engine.runtimes.0: start_rate: ")
+    assert "per account and region since August 2026" in per_account
+    assert "set engine.dispatch.start_rate" in per_account
     with pytest.raises(ConfigError, match=r"engine.runtime_arn or engine.runtimes is not set"):
         flat_config(bucket="b-bucket", queue_url="http://q").require_targets()
 
@@ -176,10 +230,10 @@ async def _started_on(d: RequestDispatcher, sid: str) -> tuple[str, LiveSession]
 
 
 def _dispatcher(*runtimes: FakeRuntime, accounts: tuple[str, ...] = (), **cfg) -> RequestDispatcher:
-    base = {"bucket": "bkt", "queue_url": "q", "runtime_arn": RUNTIME_ARN}
+    base = {"bucket": "bkt", "queue_url": "q", "runtime_arn": RUNTIME_ARN, "start_rate": 1000.0}
     config = flat_config(**(base | {"backoff_base": 0.01, "backoff_max": 0.05} | cfg))
     endpoints = [
-        Endpoint(f"e{i}", r, 1000.0, account=accounts[i] if accounts else "")
+        Endpoint(f"e{i}", r, account=accounts[i] if accounts else "")
         for i, r in enumerate(runtimes)
     ]
     return RequestDispatcher(endpoints, config)

@@ -104,8 +104,8 @@ async def test_throttling_a_third_of_invocations_is_retried_and_slows_the_rate(
     assert metrics["rollout/engine/retries/ThrottlingException"] == throttled
 
 
-async def test_emulator_tps_limit_slows_the_dispatcher_down(moto, channel, emulator):
-    emu = await emulator(invoke_tps=8.0)
+async def test_emulator_data_plane_limit_slows_the_dispatcher_down(moto, channel, emulator):
+    emu = await emulator(data_plane_tps=8.0)
     # Five times the emulator's rate: the point is the rate adapting, not retries running out.
     cfg = engine_config(moto, channel, emu, start_rate=40.0, max_retries=30)
     async with RolloutEngine(cfg) as engine:

@@ -152,9 +152,15 @@ def test_the_engine_reads_in_short_functions() -> None:
 # reasoning honoured) added about 200; `train --resume`/`--overwrite` and one line for a dead
 # worker (issue 35) about 90, and a child's output drained about 10; `train` ending in one
 # line when any child of the stack dies (LocalStack.dead, the trainer's watch) about 30, and
-# interrupted requests run again by --resume about 40. Raise it only with a reason in the
-# same commit.
-MAX_LINES = 19_010
+# interrupted requests run again by --resume about 40. Every AWS call through aiobotocore's
+# clients (issue 36, item 1) removed about 270 (`_sigv4.py`, `_sqs.py`, `SignedClient`) and
+# added 45 to mask credentials in URLs (`_redact.py`); AgentCore's quotas as the account has
+# them (issue 36, item 3) added about 420: `_quotas.py` (215: Service Quotas read at start-up,
+# the values in force said in one line), the dispatcher's budgets per account and region (40),
+# the config's per-account rates and their one-line errors (35), the emulator's per-account
+# buckets and its ListServiceQuotas (90), constants and engine wiring (40). Raise it only with
+# a reason in the same commit.
+MAX_LINES = 19_210
 
 
 def test_the_package_did_not_grow() -> None:

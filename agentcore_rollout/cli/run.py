@@ -224,6 +224,7 @@ async def roll_out(
                 local = await stack.enter_async_context(LocalStack(config.local))
             engine_config = local.engine_config(engine_config)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
+        console.print(engine.quotas, style="dim", markup=False, soft_wrap=True)
         jobs = begin.commit()
         began, before = time.monotonic(), engine.stats()
         run.figures = lambda: (engine.stats().since(before), time.monotonic() - began)
@@ -246,7 +247,7 @@ async def roll_out(
                 **started,
             )
 
-        feed = Feed(jobs, submit, window=2 * engine_config.dispatch.max_live_sessions)
+        feed = Feed(jobs, submit, window=2 * engine.stats().max_live_sessions)
         await _collect(engine, feed, begin.total, run, journal, interrupted)
         summary = run.summary(interrupted=interrupted.is_set())
     return summary

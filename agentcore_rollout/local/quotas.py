@@ -1,77 +1,81 @@
-"""The emulator's quotas, counted as AgentCore counts them.
+"""The emulator's quotas, counted as AgentCore counts them, and told as Service Quotas tells
+them.
 
-Three separate limits, each with its own error, so a client that only handles one of them
-fails here as it would on AWS:
-- InvokeAgentRuntime calls per second per agent endpoint, every call counted, whether it
-  opens a session or reuses one (429 ThrottlingException);
-- new sessions per minute per endpoint (429 ThrottlingException);
-- active sessions per account (402 ServiceQuotaExceededException).
-Each endpoint (runtime ARN + qualifier) has its own invocation and new-session windows, and
-the runtimes of one account (the ARN's account and region) share its active sessions, so one
-emulator serving several runtimes and endpoints counts as the service would. The emulator's
+Three separate limits, each per account and region (the runtime ARN's: one emulator serving
+several runtimes and endpoints counts as the service would), shared by every endpoint and
+runtime there, each with its own error, so a client that only handles one of them fails here
+as it would on AWS:
+- new sessions per second (429 ThrottlingException);
+- data-plane calls per second, InvokeAgentRuntime and StopRuntimeSession together, whether an
+  invocation opens a session or reuses one (429 ThrottlingException);
+- active sessions (402 ServiceQuotaExceededException).
+A rate of N per second is a token bucket holding one second's worth: N at once from rest, N a
+second after (how AWS's API rate limits are commonly enforced; AgentCore does not say). The
 defaults are the published quotas (`_agentcore`); each can be changed or switched off (None)
-for tests.
+for tests. `listed` answers Service Quotas' ListServiceQuotas with them, as the engine reads
+them at start-up.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from .wire import ApiError
+from aiohttp import web
 
+from .._agentcore import SERVICE_QUOTAS_CODE
+from .._limits import TokenBucket
+from .wire import REQUEST_ID_HEADER, ApiError
 
-class WindowLimit:
-    """At most `limit` events in any `period` seconds (a sliding window: "N per minute" read
-    literally, with no burst beyond N)."""
+# Service Quotas' wire (botocore/data/service-quotas/*/service-2.json): JSON 1.1, `POST /`, the
+# operation in X-Amz-Target, signed for `servicequotas`; errors 400 with their code in `__type`.
+SERVICE_QUOTAS_SIGNING_NAME = "servicequotas"
+SERVICE_QUOTAS_TARGET = "ServiceQuotasV20190624"
+JSON_11 = "application/x-amz-json-1.1"
 
-    def __init__(
-        self, limit: float, period: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        if limit <= 0 or period <= 0:
-            raise ValueError("WindowLimit needs limit > 0 and period > 0")
-        # A fractional limit below one is one event per longer period (0.5/s: one per 2 s).
-        self.limit = int(limit) if limit >= 1 else 1
-        self.period = period if limit >= 1 else period / limit
-        self._clock = clock
-        self._times: deque[float] = deque()
-
-    def try_take(self) -> bool:
-        now = self._clock()
-        while self._times and now - self._times[0] >= self.period:
-            self._times.popleft()
-        if len(self._times) >= self.limit:
-            return False
-        self._times.append(now)
-        return True
+# Names as AgentCore's quotas are listed (quota codes are not published: these are the
+# emulator's own), and what the emulator's each is.
+QUOTA_NAMES = {
+    "new_sessions_per_second": ("Rate of new Runtime session creation", "L-EMU00001"),
+    "data_plane_tps": ("Rate of Runtime data plane APIs", "L-EMU00002"),
+    "max_sessions": ("Active Session Workloads per Account", "L-EMU00003"),
+}
 
 
 @dataclass
 class Quotas:
-    """The limits of one emulator: per endpoint (`invoke_tps`, `new_sessions_per_minute`) and
-    per account (`max_sessions`). Endpoints are `(runtime ARN, qualifier)` pairs."""
+    """The limits of one emulator, per account (`account id:region`). Endpoints are
+    `(runtime ARN, qualifier)` pairs."""
 
-    invoke_tps: float | None
-    new_sessions_per_minute: float | None
+    new_sessions_per_second: float | None
+    data_plane_tps: float | None
     max_sessions: int
     throttle_every: int = 0
-    _tps: dict[tuple[str, str], WindowLimit] = field(default_factory=dict, init=False)
-    _new: dict[tuple[str, str], WindowLimit] = field(default_factory=dict, init=False)
+    clock: Callable[[], float] = time.monotonic
+    """The rate buckets' clock (a test may hold it still: a second that never ends)."""
+    _calls: dict[str, TokenBucket] = field(default_factory=dict, init=False)
+    _new: dict[str, TokenBucket] = field(default_factory=dict, init=False)
     active: Counter[str] = field(default_factory=Counter, init=False)
     """Sessions open, by account (`account id:region`)."""
 
     def __post_init__(self) -> None:
         self._invokes = 0
 
+    def admit_call(self, endpoint: tuple[str, str]) -> None:
+        """Every data-plane call (invoke or stop), before it reaches a session."""
+        if not self._take(self._calls, account_of(endpoint[0]), self.data_plane_tps):
+            raise ApiError("ThrottlingException", "Rate exceeded")
+
     def admit_invoke(self, endpoint: tuple[str, str]) -> None:
         """Every InvokeAgentRuntime call, before it reaches a session."""
         self._invokes += 1
         if self.throttle_every and self._invokes % self.throttle_every == 0:
             raise ApiError("ThrottlingException", "Rate exceeded (injected)")
-        if self.invoke_tps and not _window(self._tps, endpoint, self.invoke_tps, 1.0).try_take():
-            raise ApiError("ThrottlingException", "Rate exceeded")
+        self.admit_call(endpoint)
 
     def admit_session(self, endpoint: tuple[str, str]) -> None:
         """A call that would open a new session on `endpoint`; counted open if admitted
@@ -82,24 +86,57 @@ class Quotas:
                 "ServiceQuotaExceededException",
                 f"active sessions quota ({self.max_sessions}) reached",
             )
-        per_minute = self.new_sessions_per_minute
-        if per_minute and not _window(self._new, endpoint, per_minute, 60.0).try_take():
+        if not self._take(self._new, account, self.new_sessions_per_second):
             raise ApiError("ThrottlingException", "Rate exceeded for new sessions")
         self.active[account] += 1
 
     def closed(self, endpoint: tuple[str, str]) -> None:
         self.active[account_of(endpoint[0])] -= 1
 
+    def listed(self, account_id: str, region: str) -> list[dict[str, Any]]:
+        """ListServiceQuotas' `Quotas` for the account: each limit that is on."""
+        quotas = []
+        for attr, (name, code) in QUOTA_NAMES.items():
+            value = getattr(self, attr)
+            if value is None:
+                continue
+            quota = {
+                "ServiceCode": SERVICE_QUOTAS_CODE,
+                "ServiceName": "Amazon Bedrock AgentCore",
+                "QuotaArn": f"arn:aws:servicequotas:{region}:{account_id}:"
+                f"{SERVICE_QUOTAS_CODE}/{code}",
+                "QuotaCode": code,
+                "QuotaName": name,
+                "Value": float(value),
+                "Unit": "None",
+                "Adjustable": True,
+                "GlobalQuota": False,
+                "QuotaAppliedAtLevel": "ACCOUNT",
+            }
+            if attr != "max_sessions":
+                quota["Period"] = {"PeriodValue": 1, "PeriodUnit": "SECOND"}
+            quotas.append(quota)
+        return quotas
+
+    def _take(self, buckets: dict[str, TokenBucket], account: str, rate: float | None) -> bool:
+        if not rate:
+            return True
+        if account not in buckets:
+            buckets[account] = TokenBucket(rate, burst=max(1.0, rate), clock=self.clock)
+        return buckets[account].try_acquire()
+
+
+def json11_error(error: ApiError, request_id: str) -> web.Response:
+    """An error as a JSON 1.1 service answers it."""
+    return web.Response(
+        body=json.dumps({"__type": error.code, "message": error.message}).encode(),
+        status=400,
+        content_type=JSON_11,
+        headers={REQUEST_ID_HEADER: request_id},
+    )
+
 
 def account_of(arn: str) -> str:
-    """`account id:region`: whose active-session quota a runtime's sessions count against."""
+    """`account id:region`: whose quotas a runtime's sessions and calls count against."""
     parts = arn.split(":")
     return f"{parts[4]}:{parts[3]}"
-
-
-def _window(
-    windows: dict[tuple[str, str], WindowLimit], key: tuple[str, str], limit: float, period: float
-) -> WindowLimit:
-    if key not in windows:
-        windows[key] = WindowLimit(limit, period)
-    return windows[key]

@@ -11,16 +11,19 @@ Each new session gets its own agent (`agents.py`), which receives the headers th
 forwards; replies are passed through as the agent produces them (streams stay streams), within
 the service's time caps.
 
-Simulated: cold start, the three quotas as the service counts them (`quotas.py`: per endpoint
-and per account, for every runtime and endpoint it serves), the idle
-timeout and max lifetime as the service judges them (`_watch`), and injected throttling.
-Counters and peaks let tests check a client's bounds.
+Simulated: cold start, the three quotas as the service counts them (`quotas.py`: per account
+and region, shared by every runtime and endpoint it serves there), the idle timeout and max
+lifetime as the service judges them (`_watch`), and injected throttling. It also answers
+Service Quotas' ListServiceQuotas (`POST /`, JSON 1.1, as botocore's service model describes
+it) with its quotas, for the account of its runtime in the signing region, so a client reads
+them as it would on AWS. Counters and peaks let tests check a client's bounds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -33,13 +36,14 @@ import aiohttp
 from aiohttp import web
 
 from .._agentcore import (
-    ACTIVE_SESSIONS,
+    DATA_PLANE_TPS,
     IDLE_TIMEOUT_S,
-    INVOKE_TPS,
     MAX_LIFETIME_S,
     MAX_PAYLOAD_BYTES,
-    NEW_SESSIONS_PER_MINUTE,
+    NEW_SESSIONS_PER_SECOND,
+    SERVICE_QUOTAS_CODE,
     SYNC_TIMEOUT_S,
+    active_sessions,
 )
 from .._limits import Gauge
 from ..serving.http import Handler
@@ -54,7 +58,13 @@ from .agents import (
 )
 from .containers import ENGINES, ContainerEngine, container_engine, loopback_ports
 from .host import AppLoadError
-from .quotas import Quotas
+from .quotas import (
+    JSON_11,
+    SERVICE_QUOTAS_SIGNING_NAME,
+    SERVICE_QUOTAS_TARGET,
+    Quotas,
+    json11_error,
+)
 from .relay import LoopbackRelay
 from .wire import (
     CONTAINER_REQUEST_ID_HEADER,
@@ -119,10 +129,15 @@ class EmulatorConfig:
     command: tuple[str, ...] = ()
     """Instead of `app`: a command that serves the contract on `$PORT` (process mode)."""
     cold_start: float = 0.0
-    invoke_tps: float | None = INVOKE_TPS
-    """InvokeAgentRuntime calls per second, all counted (None: no limit)."""
-    new_sessions_per_minute: float | None = NEW_SESSIONS_PER_MINUTE
-    max_sessions: int = ACTIVE_SESSIONS
+    new_sessions_per_second: float | None = NEW_SESSIONS_PER_SECOND
+    """New sessions per second per account, its endpoints together (None: no limit)."""
+    data_plane_tps: float | None = DATA_PLANE_TPS
+    """Invokes and stops per second per account, all counted (None: no limit)."""
+    max_sessions: int = active_sessions("us-east-1")
+    """Active sessions per account."""
+    service_quotas: bool = True
+    """Answer ListServiceQuotas (False: AccessDeniedException, as for a caller without
+    servicequotas:ListServiceQuotas)."""
     idle_timeout: float = IDLE_TIMEOUT_S
     max_lifetime: float = MAX_LIFETIME_S
     sync_timeout: float = SYNC_TIMEOUT_S
@@ -192,8 +207,8 @@ class RuntimeEmulator(Server):
         self.expired: list[str] = []
         self.counts: Counter[str] = Counter()
         self.quotas = Quotas(
-            invoke_tps=config.invoke_tps,
-            new_sessions_per_minute=config.new_sessions_per_minute,
+            new_sessions_per_second=config.new_sessions_per_second,
+            data_plane_tps=config.data_plane_tps,
             max_sessions=config.max_sessions,
             throttle_every=config.throttle_every,
         )
@@ -216,6 +231,7 @@ class RuntimeEmulator(Server):
         app = web.Application(client_max_size=2**62, middlewares=[self._as_the_service_answers])
         app.router.add_post(r"/runtimes/{arn:.+}/invocations", self._invoke)
         app.router.add_post(r"/runtimes/{arn:.+}/stopruntimesession", self._stop_session)
+        app.router.add_post("/", self._service_quotas)
         app.on_startup.append(self._startup)
         app.on_shutdown.append(self._shutdown)
         return app
@@ -336,12 +352,49 @@ class RuntimeEmulator(Server):
         self.counts["stop"] += 1
         key, sid = self._identify(request, invoke=False)
         await request.read()  # clientToken: idempotency is moot for a stop of one session
+        self.quotas.admit_call(key[:2])
         session = self._sessions.get(key)
         if session is None:
             raise ApiError("ResourceNotFoundException", f"Session {sid} not found")
         await self._end(session, "stopped", self.stopped)
         headers = {SESSION_HEADER: sid, REQUEST_ID_HEADER: request[_REQUEST_ID]}
         return web.json_response({}, headers=headers)
+
+    async def _service_quotas(self, request: web.Request) -> web.StreamResponse:
+        """Service Quotas, its one operation the engine calls, answered in its own protocol."""
+        target = request.headers.get("X-Amz-Target", "")
+        self.counts[target.rpartition(".")[2] or "service-quotas"] += 1
+        try:
+            return await self._list_service_quotas(request, target)
+        except ApiError as e:
+            self.counts[e.code] += 1
+            return json11_error(e, request[_REQUEST_ID])
+
+    async def _list_service_quotas(self, request: web.Request, target: str) -> web.Response:
+        """ListServiceQuotas for `bedrock-agentcore`: the emulator's quotas, as the account of
+        its first runtime in the signing region (else its first) has them."""
+        region = check_signed(request, SERVICE_QUOTAS_SIGNING_NAME)
+        if target != f"{SERVICE_QUOTAS_TARGET}.ListServiceQuotas":
+            raise ApiError("UnknownOperationException", f"{target or 'no X-Amz-Target'}")
+        if not self.config.service_quotas:
+            raise ApiError(
+                "AccessDeniedException",
+                "not authorized to perform: servicequotas:ListServiceQuotas",
+            )
+        asked = json.loads(await request.read() or b"{}")
+        if asked.get("ServiceCode") != SERVICE_QUOTAS_CODE:
+            raise ApiError("NoSuchResourceException", f"No service {asked.get('ServiceCode')!r}")
+        arns = sorted(
+            self.config.runtime_arns or (DEFAULT_RUNTIME_ARN,),
+            key=lambda arn: arn.split(":")[3] != region,
+        )
+        listed = self.quotas.listed(arns[0].split(":")[4], region)
+        start = int(asked.get("NextToken") or 0)
+        end = start + int(asked.get("MaxResults") or 100)
+        page: dict[str, object] = {"Quotas": listed[start:end]}
+        if end < len(listed):
+            page["NextToken"] = str(end)
+        return web.json_response(page, content_type=JSON_11)
 
     def _open(self, key: tuple[str, str, str]) -> _Session:
         session = _Session(key[2], key, created=time.monotonic())

@@ -166,8 +166,8 @@ class LocalStack:
             *("--cold-start", str(cfg.cold_start), "--max-sessions", str(cfg.max_sessions)),
             *("--idle-timeout", str(cfg.idle_timeout), "--max-lifetime", str(cfg.max_lifetime)),
             # The stack's own limits (None: off), not the emulator's defaults (the service's).
-            *("--invoke-tps", str(cfg.invoke_tps)),
-            *("--new-sessions-per-minute", str(cfg.new_sessions_per_minute)),
+            *("--new-sessions-per-second", str(cfg.new_sessions_per_second)),
+            *("--data-plane-tps", str(cfg.data_plane_tps)),
             *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
             *(containers if self._containers else []),
             env=self.agent_env(),  # agents inherit the emulator's environment
@@ -263,6 +263,7 @@ class LocalStack:
                 "s3": self.moto.url,
                 "sqs": self.moto.url,
                 "agentcore": self.emulator.url,
+                "service_quotas": self.emulator.url,  # its quotas, as Service Quotas tells them
             },
         }
         if self.gateways and base.gateway is None:
@@ -303,6 +304,7 @@ class LocalStack:
             f"AGENTCORE_ROLLOUT_ENDPOINTS__S3={self.moto.url}",
             f"AGENTCORE_ROLLOUT_ENDPOINTS__SQS={self.moto.url}",
             f"AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE={cfg.endpoints.agentcore}",
+            f"AGENTCORE_ROLLOUT_ENDPOINTS__SERVICE_QUOTAS={cfg.endpoints.service_quotas}",
         ]
         if cfg.llm:
             lines.append(f"AGENTCORE_ROLLOUT_LLM__BASE_URL={cfg.llm.base_url}")

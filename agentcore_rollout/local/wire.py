@@ -114,10 +114,11 @@ def new_trace_id() -> str:
     return f"Root=1-{int(time.time()):08x}-{os.urandom(12).hex()}"
 
 
-def check_signed(request: web.Request) -> str:
+def check_signed(request: web.Request, service: str = SIGNING_NAME) -> str:
     """The SigV4 signing region of `request`; AccessDeniedException if it is unsigned or signed
-    for another service. Signatures are not verified: locally every caller signs with dummy
-    credentials, and the point is that a client that would not sign fails here as on AWS."""
+    for another service than `service`. Signatures are not verified: locally every caller signs
+    with dummy credentials, and the point is that a client that would not sign fails here as on
+    AWS."""
     auth = request.headers.get("Authorization", "")
     if not auth.startswith("AWS4-HMAC-SHA256 ") or not (
         request.headers.get("X-Amz-Date") or request.headers.get("Date")
@@ -126,10 +127,10 @@ def check_signed(request: web.Request) -> str:
     m = _CREDENTIAL.search(auth)
     if m is None:
         raise ApiError("AccessDeniedException", "Authorization header is malformed")
-    if m["service"] != SIGNING_NAME:
+    if m["service"] != service:
         raise ApiError(
             "AccessDeniedException",
-            f"Credential should be scoped to correct service: '{SIGNING_NAME}'.",
+            f"Credential should be scoped to correct service: '{service}'.",
         )
     return m["region"]
 

@@ -19,8 +19,9 @@ from agentcore_rollout._agentcore import (
 
 RUNTIME_NAME_PATTERN = "^[a-zA-Z][a-zA-Z0-9_]{0,47}$"
 RESULT_PREFIX_PATTERN = "^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$"
-# Endpoints of the runtime beside DEFAULT: each has AgentCore's new-session quota of its own
-# (400/min), so 1 + 7 endpoints start 53 sessions/s, an account's 5,000 in about 94 s.
+# Endpoints of the runtime beside DEFAULT. Since August 2026 AgentCore's new-session and
+# data-plane quotas are the account's, shared by every endpoint: more endpoints start no more
+# sessions a second (more accounts or regions do); the engine still spreads over them.
 MAX_RUNTIME_ENDPOINTS = 7
 REPOSITORY_NAME_PATTERN = "^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$"
 
@@ -144,8 +145,8 @@ class Parameters:
         )
         self.runtime_endpoints = param(
             "RuntimeEndpoints",
-            "Endpoints of the runtime beside DEFAULT (rollout_1 ... rollout_N), each with its "
-            "own new-session quota; list them in engine.runtimes.",
+            "Endpoints of the runtime beside DEFAULT (rollout_1 ... rollout_N), sharing the "
+            "account's quotas; list them in engine.runtimes.",
             type="Number",
             default=props.runtime_endpoints,
             min_value=0,

@@ -383,7 +383,7 @@ class AgentCoreRolloutStack(cdk.Stack):
                 f"RuntimeEndpoint{k}",
                 agent_runtime_id=self.runtime.attr_agent_runtime_id,
                 name=f"rollout_{k}",
-                description=f"agentcore-rollout endpoint {k}: a new-session quota of its own",
+                description=f"agentcore-rollout endpoint {k}",
             )
             endpoint.cfn_options.condition = condition
             endpoints.append(endpoint)
@@ -434,6 +434,13 @@ class AgentCoreRolloutStack(cdk.Stack):
                 actions=["s3:ListBucket"],
                 resources=[self.bucket_arn],
                 conditions={"StringLike": {"s3:prefix": [f"{prefix}/", f"{prefix}/*"]}},
+            ),
+            # AgentCore's quotas as the account has them, read once at start-up (the published
+            # defaults without it). Service Quotas' List* actions take no resource but "*".
+            iam.PolicyStatement(
+                sid="ReadAgentCoreQuotas",
+                actions=["servicequotas:ListServiceQuotas"],
+                resources=["*"],
             ),
         ]
         policy = iam.ManagedPolicy(

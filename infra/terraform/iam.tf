@@ -120,6 +120,14 @@ data "aws_iam_policy_document" "trainer" {
       values   = [local.result_key_prefix, "${var.result_prefix}/*"]
     }
   }
+
+  # AgentCore's quotas as the account has them, read once at start-up (the published defaults
+  # without it). Service Quotas' List* actions take no resource but "*".
+  statement {
+    sid       = "ReadAgentCoreQuotas"
+    actions   = ["servicequotas:ListServiceQuotas"]
+    resources = ["*"]
+  }
 }
 
 resource "aws_iam_policy" "trainer" {

@@ -45,12 +45,12 @@ resource "aws_bedrockagentcore_agent_runtime" "this" {
   depends_on = [aws_iam_role_policy.runtime]
 }
 
-# Endpoints beside DEFAULT: AgentCore's new-session quota is per endpoint (400/min), so each one
-# adds its own start rate; the engine lists them in engine.runtimes (qualifier rollout_k).
+# Endpoints beside DEFAULT, listed in engine.runtimes (qualifier rollout_k). Since August 2026
+# AgentCore's quotas are the account's, shared by every endpoint: they add no start rate.
 resource "aws_bedrockagentcore_agent_runtime_endpoint" "rollout" {
   count = var.deploy_runtime ? var.runtime_endpoints : 0
 
   agent_runtime_id = aws_bedrockagentcore_agent_runtime.this[0].agent_runtime_id
   name             = "rollout_${count.index + 1}"
-  description      = "agentcore-rollout endpoint ${count.index + 1}: a new-session quota of its own"
+  description      = "agentcore-rollout endpoint ${count.index + 1}"
 }

@@ -135,7 +135,7 @@ variable "gateway_url" {
 }
 
 variable "runtime_endpoints" {
-  description = "Endpoints of the runtime beside DEFAULT (rollout_1 ... rollout_N), each with its own new-session quota; list them in engine.runtimes."
+  description = "Endpoints of the runtime beside DEFAULT (rollout_1 ... rollout_N), sharing the account's quotas; list them in engine.runtimes."
   type        = number
   default     = 0
 

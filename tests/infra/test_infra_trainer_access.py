@@ -154,6 +154,10 @@ REQUIRED = (
         "bedrock-agentcore:StopRuntimeSession",
         "{runtime_arn}/runtime-endpoint/DEFAULT",
     ),
+    # AgentCore's quotas as the account has them, read once at start-up (`_quotas`).
+    Call(
+        'ListServiceQuotas(ServiceCode="bedrock-agentcore")', "servicequotas:ListServiceQuotas", "*"
+    ),
 )
 
 IMPLICIT, EXPLICIT = Decision.IMPLICIT_DENY, Decision.EXPLICIT_DENY
