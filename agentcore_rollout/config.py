@@ -526,7 +526,10 @@ class LocalConfig(_Section):
         "together (429 above it); None: none",
     )
     max_sessions: int = Field(
-        default=1000, ge=1, description="emulator's live sessions per account (402 above it)"
+        default=64,
+        ge=1,
+        description="emulator's live sessions per account (402 above it), which the engine reads "
+        "as the account's quota: as many agents as this machine runs at once (AgentCore: 5,000)",
     )
     endpoints: int = Field(
         default=1,
