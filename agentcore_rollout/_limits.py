@@ -55,10 +55,6 @@ class TokenBucket:
         self._refill()
         self._tokens -= 1
 
-    def take_if_free(self) -> bool:
-        """Take a token now if one is there and nobody is queued for it (FIFO holds)."""
-        return not self._lock.locked() and self.try_acquire()
-
     async def acquire(self) -> None:
         async with self._lock:
             while True:

@@ -3,7 +3,8 @@
 1. Statically, by folder: every import of every module (inside functions too) is parsed and
    resolved. The modules at the package root are the core (the engine and the wire); it
    imports none of the folders, no server framework and no heavy library. Each folder imports
-   the core and the folders `LAYERS` names for it, nothing else, and the folders form no cycle.
+   the core and the folders `LAYERS` names for it, nothing else; the folders form no cycle,
+   and neither do the modules, under `TYPE_CHECKING` or lazily imported.
 2. In a subprocess of the full environment: importing the package and the gateway package's
    names loads none of the servers, the local stack or a heavy library.
 3. In a bare virtualenv holding only the core distributions (the closure of pyproject.toml's
@@ -220,6 +221,31 @@ def test_the_folders_import_each_other_one_way() -> None:
         )
 
     assert [layer for layer in edges if reaches(layer, layer)] == [], edges
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import cycle at module granularity, core modules included: every import, lazy ones
+    and those under `TYPE_CHECKING` too, of every module of the package."""
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    edges = {
+        name: {imported for _, imported in imports(path) if imported in modules} - {name}
+        for name, path in modules.items()
+    }
+    done: set[str] = set()
+
+    def cycle_from(name: str, path: list[str]) -> list[str] | None:
+        if name in path:
+            return [*path[path.index(name) :], name]
+        if name in done:
+            return None
+        for nxt in sorted(edges[name]):
+            if found := cycle_from(nxt, [*path, name]):
+                return found
+        done.add(name)
+        return None
+
+    cycles = [c for name in sorted(modules) if (c := cycle_from(name, []))]
+    assert cycles == [], " -> ".join(cycles[0])
 
 
 def test_the_import_parser_resolves_relative_lazy_and_dynamic_imports() -> None:

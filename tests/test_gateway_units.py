@@ -208,7 +208,7 @@ def test_sampling_defaults_requests_and_sglang_names() -> None:
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
-def test_fastjson_is_compact_bytes_and_value_errors_with_or_without_orjson(
+def test_fastjson_is_the_same_with_or_without_orjson(
     fast: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agentcore_rollout.gateway import _fastjson
@@ -221,6 +221,12 @@ def test_fastjson_is_compact_bytes_and_value_errors_with_or_without_orjson(
     assert _fastjson.loads(raw) == data == _fastjson.loads(raw.decode())
     with pytest.raises(ValueError):
         _fastjson.loads(b"{not json")
+    # The same with or without orjson: floats JSON cannot hold are written null, never read.
+    nan = {"logprobs": [float("nan"), -1.5, float("inf")], "k": (float("-inf"),)}
+    assert _fastjson.dumps(nan) == b'{"logprobs":[null,-1.5,null],"k":[null]}'
+    for literal in (b"[NaN]", b'{"a": Infinity}', b"-Infinity"):
+        with pytest.raises(ValueError):
+            _fastjson.loads(literal)
 
 
 def test_a_session_is_found_by_its_request_id_the_newest_while_it_lives() -> None:
