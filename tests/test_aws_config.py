@@ -324,6 +324,24 @@ async def test_the_users_retry_mode_and_attempts_stand(
     assert len(received) == 2  # the profile's max_attempts, on the wire
 
 
+async def test_the_users_app_id_is_in_every_calls_user_agent(
+    aws_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_SDK_UA_APP_ID", "rl-team-7")
+
+    def empty(_: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({})
+
+    async with (
+        recording_server(empty) as (url, received, _),
+        AwsClients(engine_at(sqs=url, queue_url=f"{url}/q")) as clients,
+    ):
+        await clients.sqs.receive_message(QueueUrl=f"{url}/q")
+    assert " app/rl-team-7" in received[0].headers["User-Agent"]
+
+
 async def test_endpoint_urls_come_from_the_environment(
     moto, channel, emulator, aws_config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
