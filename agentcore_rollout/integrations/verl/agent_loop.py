@@ -27,7 +27,7 @@ call; `renderer`, a tokenizer directory or `module:attr`, default the model's pa
 through the agent loop's server manager (`backend.VerlServerBackend`), and the engine opens
 each rollout's session on it. Without it, the engine config's own `gateway` is used. With
 `replicas: N` (N >= 2; default 1, in the service's process) it starts N gateway replicas as Ray
-actors that take no CPU from veRL's plan (`replicas.GatewayReplicas`; a fixed `port` P puts
+actors that take no CPU from veRL's plan (`replicas.HostedGateways`; a fixed `port` P puts
 replica i on P + i, and `public_url` is then a list, one URL per replica), and the engine spreads
 the sessions over them.
 
@@ -72,7 +72,7 @@ from ...config import GatewayConfig, LimitsConfig
 from ...contract import new_run_secret
 from ...training import Group, GroupPolicy
 from .convert import OnFailure, agent_loop_outputs
-from .replicas import GatewayReplicas, check_replicas
+from .replicas import HostedGateways, check_replicas
 
 SERVICE_NAME = "agentcore_rollout_engine"
 _WHERE = "actor_rollout_ref.rollout.custom.agentcore"
@@ -246,7 +246,7 @@ class EngineService:
 
     async def _host(self, hosted: HostedGateway) -> GatewayConfig:
         if hosted.replicas > 1:
-            replicas = await GatewayReplicas.start(
+            replicas = await HostedGateways.start(
                 hosted.replicas,
                 hosted.server_manager,
                 hosted.renderer,

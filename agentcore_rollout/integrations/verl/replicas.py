@@ -1,4 +1,4 @@
-"""`GatewayReplicas`: the hosted gateway as N Ray actors, when one process is not enough.
+"""`HostedGateways`: the hosted gateway as N Ray actors, when one process is not enough.
 
 One gateway process saturates one core (`bench/gateway.py`); in process, it also shares the
 engine actor's. With `custom.agentcore.gateway.replicas: N` (N >= 2), the engine service starts
@@ -73,7 +73,7 @@ class GatewayActor:
             await gateway.stop()
 
 
-class GatewayReplicas:
+class HostedGateways:
     """N started `GatewayActor`s and the `GatewayConfig` that reaches them."""
 
     def __init__(self, actors: list[Any], config: GatewayConfig) -> None:
@@ -90,7 +90,7 @@ class GatewayReplicas:
         host: str = "127.0.0.1",
         port: int = 0,
         public_urls: Sequence[str] = (),
-    ) -> GatewayReplicas:
+    ) -> HostedGateways:
         """Start `count` replicas (Ray must be initialized) and wait until each listens."""
         check_replicas(count, port, public_urls)
         if not ray.is_initialized():
