@@ -34,6 +34,7 @@ from agentcore_rollout._aws import AwsClients
 from agentcore_rollout._sandbox import SessionCallError
 from agentcore_rollout.config import ConfigError, Endpoints
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
+from agentcore_rollout.local.relay import _pipe
 
 from .conftest import REGION, RUNTIME_ARN, engine_config
 from .wire_support import engine_at, recording_server
@@ -100,15 +101,17 @@ def test_no_module_of_the_package_signs_aws_requests() -> None:
 # ---------------------------------------------------------------- a CA bundle in ~/.aws/config
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while data := await src.read(65536):
-            dst.write(data)
-            await dst.drain()
-    except (ConnectionError, ssl.SSLError):
-        pass
-    finally:
-        dst.close()
+async def _relay(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+) -> None:
+    """Both ways until both end, with the emulator's own pipe (`local.relay`)."""
+    ends = (writer, up_writer)
+    await asyncio.gather(_pipe(reader, up_writer, ends), _pipe(up_reader, writer, ends))
+    for end in ends:
+        end.close()
 
 
 @asynccontextmanager
@@ -126,7 +129,7 @@ async def _tls_relay(upstream: str, ca: trustme.CA) -> AsyncIterator[str]:
             writer.close()
             return
 
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await _relay(reader, writer, up_reader, up_writer)
 
     server = await asyncio.start_server(relay, "127.0.0.1", 0, ssl=context)
     try:
@@ -186,7 +189,7 @@ async def _proxy() -> AsyncIterator[int]:
             path = origin.path + (f"?{origin.query}" if origin.query else "")
             kept = [line for line in lines if not line.startswith("Proxy-")]
             up_writer.write(f"{method} {path} {version}\r\n".encode() + "\r\n".join(kept).encode())
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await _relay(reader, writer, up_reader, up_writer)
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     try:
