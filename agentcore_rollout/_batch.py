@@ -27,23 +27,24 @@ class RolloutRequest:
 
 @dataclass(frozen=True)
 class RolloutStart:
-    """A request whose session started: what `RolloutEngine.resume` needs after a restart."""
+    """A request whose session started: what `RolloutEngine.resume` takes after a restart."""
 
     request: RolloutRequest
     step: int
     session_id: str
-    started_at: float
-    """When the invocation that started the session was sent (unix seconds)."""
+    started_at: float | None
+    """When the invocation that started the session was sent (unix seconds); None: unknown (a
+    session `reclaim` took over without a journal)."""
     deadline: float
-    """The rollout's deadline given to its agent: `started_at + timeout`, capped by the
-    request's cutoff."""
+    """The rollout's deadline given to its agent: `started_at + timeout`, no later than the
+    deadline `submit` was given."""
     gateway_session_id: str | None
     """The gateway session the agent calls the policy through (none without a gateway)."""
-    gateway_url: str | None = None
+    gateway_url: str | None
     """The gateway replica holding that session (its admin URL): where its trace is."""
-    endpoint: str | None = None
+    endpoint: str
     """The runtime endpoint the session started on (`RuntimeTarget.name`: `<arn>#<qualifier>`),
-    where `resume` stops it; None: the first of `engine.runtimes`."""
+    where `resume` stops it."""
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,8 @@
-"""RolloutBuffer: turns SQS notifications and S3 objects into deliveries for waiting requests.
+"""RolloutBuffer: turns the results its inbox announces and S3's objects into deliveries
+for waiting requests.
 
-S3 is the source of truth; SQS only says where to look. Notifications can be duplicated,
-late, lost, foreign or malformed, so the buffer:
-- long-polls, parses both notification forms, and deletes a message only after hand-off
-  (in batches: a handled message waits up to `delete_window` for others to share a call),
-- after a receive that brought a partial batch, waits `receive_gather` before the next,
-  so at moderate traffic one call brings several messages,
-- leaves messages that are not its own on the queue, hidden longer each time they come back
-  (`_hidden_for`): a polluted queue costs a few receives per message, no S3 call,
+S3 is the source of truth; SQS only says where to look (the queue's side is `_inbox`). A
+result can be announced twice, late, or never, so the buffer:
 - verifies every object (size, schema, signature, key) before a request sees it, and a
   result the agent's own message carries exactly as it would the object: one that passes
   needs no GetObject (the bucket's notification of it, which still comes, is a duplicate);
@@ -22,43 +17,30 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import aiohttp
-from botocore.exceptions import BotoCoreError, ClientError
-
 from ._batch import StaleResult
+from ._inbox import Handled, Inbox, Transient
 from ._limits import backoff_delay
+from ._objects import ResultObjects
 from ._redact import get_logger
+from ._verify import checked_inline
 from .config import EngineConfig
 from .contract import (
     INLINE_RESULT_MAX_BYTES,
     ContractError,
     ObjectRef,
-    Outcome,
     ResultKey,
     RolloutResult,
-    decode_result,
     normal_prefix,
-    parse_notification,
     parse_result_key,
     result_key,
-    verify_result,
 )
 
 log = get_logger("agentcore_rollout.buffer")
 
-# keep: back after the visibility timeout; the others: see `_hidden_for`
-_MessageFate = Literal[
-    "delete", "release", "other_exp", "foreign", "malformed", "keep", "held", "forged"
-]
-_Handled = Literal["delete", "release", "held", "forged"]  # one result's fate
-_MAX_BATCHES = 4  # received batches being downloaded at once, per poller
 _CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
-_SQS_MAX_VISIBILITY = 12 * 3600  # counted from the receive
-_SET_ASIDE_GROWTH = 4  # each return of a message nobody takes hides it this much longer
 _INLINE_WAIT = 2.0
 """Seconds the bucket's notification of a result small enough to come inline is held, the
 first time it is received before the agent's own message: that message usually follows
@@ -69,11 +51,13 @@ to come back at once, and the object is read."""
 
 @dataclass(frozen=True)
 class Delivery:
-    """What the buffer hands to a waiting request: exactly one per request."""
+    """What the buffer saw of one request, handed over exactly once: a verified `result`, an
+    object at its key that failed verification (`invalid`: why), or no result (`missing`: why
+    the buffer stopped waiting). Facts only: the engine's `_decide` makes them an outcome."""
 
-    outcome: Outcome
     result: RolloutResult | None = None
-    error: str | None = None
+    invalid: str | None = None
+    missing: str | None = None
     handed_off_at: float = field(default_factory=time.time)
     via: Literal["notification", "lookup", "deadline"] = "notification"
 
@@ -90,10 +74,6 @@ class _Waiter:
     held_timer: asyncio.TimerHandle | None = None
 
 
-class _Transient(Exception):
-    """S3 could not be read right now; keep the message, it will come back."""
-
-
 class RolloutBuffer:
     """Collects results for the requests registered with `expect`, and only those.
 
@@ -104,8 +84,8 @@ class RolloutBuffer:
     """
 
     def __init__(self, s3: Any, sqs: Any, config: EngineConfig) -> None:
-        self._s3 = s3
-        self._sqs = sqs
+        self._objects = ResultObjects(s3, config)
+        self._inbox = Inbox(sqs, config, self._ingest)
         self._cfg = config
         self._prefix = normal_prefix(config.prefix)
         self._waiters: dict[str, _Waiter] = {}
@@ -115,14 +95,6 @@ class RolloutBuffer:
         self._stale: dict[int, list[StaleResult]] = {}
         self._step = 0
         self._window = max(config.results.retain_steps, config.limits.max_staleness + 1)
-        self._downloads = asyncio.Semaphore(config.results.download_concurrency)
-        self._pollers: list[asyncio.Task[None]] = []
-        self._deletes = _Batched(
-            sqs.delete_message_batch, config.queue_url, config.results.delete_window
-        )
-        self._releases = _Batched(
-            sqs.change_message_visibility_batch, config.queue_url, config.results.delete_window
-        )
         self._counts: Counter[str] = Counter()
         self._invalid: Counter[str] = Counter()
         self._rejected_inline: Counter[str] = Counter()
@@ -130,46 +102,28 @@ class RolloutBuffer:
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        self._pollers = [
-            asyncio.create_task(self._poll(), name=f"rollout-buffer-poller-{i}")
-            for i in range(self._cfg.results.pollers)
-        ]
+        await self._inbox.start()
 
     async def close(self) -> None:
         for w in self._waiters.values():  # held notifications come back for the next engine
             self._settle_held(w, False)
-        for task in self._pollers:
-            task.cancel()
-        for task, ended in zip(
-            self._pollers,
-            await asyncio.gather(*self._pollers, return_exceptions=True),
-            strict=True,
-        ):
-            if not isinstance(ended, asyncio.CancelledError | None):
-                log.error("%s ended with %r", task.get_name(), ended)
-        self._pollers = []
-        await asyncio.gather(self._deletes.close(), self._releases.close())
+        await self._inbox.close()
 
     def stats(self) -> dict[str, Any]:
         """This buffer's share of `EngineStats`."""
         c = self._counts
         return {
+            **self._inbox.stats(),
             "step": self._step,
-            "messages": c["messages"],
-            "downloads": c["downloads"],
+            "downloads": self._objects.downloads,
             "inline_results": c["inline_results"],
             "rejected_inline": self._rejected_inline,
             "duplicates": c["duplicates"],
             "unmatched": c["unmatched"],
             "late_results": c["late_results"],
-            "foreign_messages": c["foreign_messages"],
-            "malformed_messages": c["malformed_messages"],
-            "test_events": c["test_events"],
-            "unsettled_messages": self._deletes.failed + self._releases.failed,
             "s3_lookups": c["lookups"],
             "recovered_by_lookup": c["recovered_by_lookup"],
             "invalid_results": self._invalid,
-            "handler_errors": c["handler_errors"],
             "tracked_requests": len(self._waiters) + sum(map(len, self._ended.values())),
         }
 
@@ -205,39 +159,31 @@ class RolloutBuffer:
     async def stored(self, request_id: str, step: int) -> bool:
         """Whether S3 holds an object at the request's key (unchecked: `look_up` reads and
         verifies it). A transient error counts as not stored: the caller runs it anew."""
-        key = result_key(self._prefix, self._cfg.exp_id, step, request_id)
         self._counts["lookups"] += 1
-        try:
-            await self._s3.head_object(Bucket=self._cfg.bucket, Key=key)
-        except (ClientError, BotoCoreError, OSError) as e:
-            if not isinstance(e, ClientError) or e.response.get("Error", {}).get("Code") not in (
-                "NoSuchKey",
-                "404",
-            ):
-                log.warning("lookup of request_id=%s failed: %s", request_id, e)
-            return False
-        return True
+        return await self._objects.exists(
+            result_key(self._prefix, self._cfg.exp_id, step, request_id)
+        )
 
     async def wait(
         self, request_id: str, deadline: float, lost: asyncio.Event | None = None
     ) -> Delivery:
-        """Wait for the request's result. Near `deadline`, look in S3 directly; past the
-        deadline plus grace, deliver a `timeout`. Once `lost` is set (the session's endpoint
-        was declared down), the deadline is now: look in S3, wait the grace, give up."""
+        """Wait for the request's result. `reconcile_before` the deadline, look in S3
+        directly, and again after `result_grace` past it; then deliver that none came. Once
+        `lost` is set (the session's endpoint was declared down), the deadline is now."""
         w = self._waiters[request_id]
         limits = self._cfg.limits
         why = "no result by the deadline"
         try:
-            lookup_at = deadline - limits.reconcile_before
-            if lost is not None and await self._lost_first(w.future, lost, lookup_at):
-                lookup_at, deadline = time.time(), time.time()
+            early = deadline - limits.reconcile_before
+            if lost is not None and await _lost_first(w.future, lost, early):
+                early = deadline = time.time()
                 why = "its runtime endpoint was declared down, and no result came"
-            for until in (lookup_at, deadline + limits.result_grace):
-                if not await self._wait_until(w.future, until):
+            for until in (early, deadline + limits.result_grace):
+                if not await _wait_until(w.future, until):
                     await self._lookup(w)
                 if w.future.done():
                     return w.future.result()
-            return self._resolve(w, Delivery(Outcome.TIMEOUT, error=why, via="deadline"))
+            return self._resolve(w, Delivery(missing=why, via="deadline"))
         finally:
             self._retire(w)
 
@@ -248,7 +194,7 @@ class RolloutBuffer:
         for attempt in range(3):
             try:
                 delivery = await self._verified(w.key, w.request_id, w.step, w.sig_key, "lookup")
-            except _Transient as e:
+            except Transient as e:
                 log.warning(
                     "lookup of request_id=%s failed (%s), attempt %d", request_id, e, attempt
                 )
@@ -261,7 +207,7 @@ class RolloutBuffer:
     def cancel(self, request_id: str, reason: str = "cancelled") -> None:
         w = self._waiters.get(request_id)
         if w is not None:
-            self._resolve(w, Delivery(Outcome.CANCELLED, error=reason, via="deadline"))
+            self._resolve(w, Delivery(missing=reason, via="deadline"))
             self._retire(w)
 
     def _retire(self, w: _Waiter) -> None:
@@ -275,179 +221,21 @@ class RolloutBuffer:
         self._ended.setdefault(w.step, {})[w.request_id] = late_key
 
     @staticmethod
-    async def _lost_first(
-        future: asyncio.Future[Delivery], lost: asyncio.Event, when: float
-    ) -> bool:
-        """Wait for the result, `lost` or `when`; whether `lost` came first."""
-        lost_wait = asyncio.ensure_future(lost.wait())
-        try:
-            await asyncio.wait(
-                {asyncio.shield(future), lost_wait},
-                timeout=max(0.0, when - time.time()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            lost_wait.cancel()
-        return lost.is_set() and not future.done()
-
-    @staticmethod
-    async def _wait_until(future: asyncio.Future[Delivery], when: float) -> bool:
-        try:
-            await asyncio.wait_for(asyncio.shield(future), timeout=max(0.0, when - time.time()))
-            return True
-        except TimeoutError:
-            return future.done()
-
-    @staticmethod
     def _resolve(w: _Waiter, delivery: Delivery) -> Delivery:
         if not w.future.done():
             w.future.set_result(delivery)
         return w.future.result()
-
-    # ----------------------------------------------------------------- polling
-
-    async def _poll(self) -> None:
-        """Receive, hand each batch to a task, receive again: receiving overlaps with
-        downloading, and at most `_MAX_BATCHES` batches are in hand at once. The task group
-        owns those tasks: cancelling the poller cancels and awaits them."""
-        failures = 0
-        batches = asyncio.Semaphore(_MAX_BATCHES)
-        async with asyncio.TaskGroup() as in_hand:
-            while True:
-                await batches.acquire()
-                try:
-                    resp = await self._sqs.receive_message(
-                        QueueUrl=self._cfg.queue_url,
-                        MaxNumberOfMessages=10,
-                        WaitTimeSeconds=self._cfg.results.wait_time,
-                        VisibilityTimeout=self._cfg.results.visibility_timeout,
-                        MessageSystemAttributeNames=["ApproximateReceiveCount"],
-                    )
-                    failures = 0
-                except Exception as e:  # the poller must outlive any one bad call
-                    batches.release()
-                    log.warning("receive_message failed (%r); retrying", e)
-                    await asyncio.sleep(backoff_delay(failures, 0.2, 10.0))
-                    failures += 1
-                    continue
-                messages = resp.get("Messages", [])
-                self._counts["messages"] += len(messages)
-                in_hand.create_task(self._process(messages, batches.release))
-                if 0 < len(messages) < 10 and self._cfg.results.receive_gather:
-                    # More are coming but not enough to fill a batch: let them gather, so
-                    # the next call brings several (an empty long poll has waited already).
-                    await asyncio.sleep(self._cfg.results.receive_gather)
-
-    async def _process(self, messages: list[dict[str, Any]], done: Callable[[], None]) -> None:
-        """Handle one received batch, settling each message as soon as it is handled (so a
-        message whose result was handed over is deleted even if the batch is cut short).
-        Results carried inline go first: the bucket's notification of the same object, in
-        the same batch, then finds it delivered and needs no GetObject."""
-        try:
-            parsed = [(m, _parsed(m)) for m in messages]
-            parsed.sort(key=lambda mp: not _carries_result(mp[1]))
-            await asyncio.gather(*(self._handle_and_settle(m, refs) for m, refs in parsed))
-        finally:
-            done()
-
-    async def _handle_and_settle(
-        self, message: dict[str, Any], parsed: list[ObjectRef] | Exception
-    ) -> None:
-        """Never raises (a bug must not stop the poller): a message whose handling failed is
-        kept, and comes back."""
-        try:
-            fate = await self._handle(message, parsed)
-        except Exception as e:
-            log.error("handling message %s failed: %r", message.get("MessageId"), e)
-            self._counts["handler_errors"] += 1
-            return
-        entry = {"ReceiptHandle": message["ReceiptHandle"]}
-        if fate == "delete":
-            self._deletes.add(entry)
-        elif fate not in ("keep", "held"):
-            self._releases.add(entry | {"VisibilityTimeout": self._hidden_for(fate, message)})
-
-    def _hidden_for(self, fate: _MessageFate, message: dict[str, Any]) -> int:
-        """Seconds a released message stays hidden, by whose it may be.
-
-        Ours, not expected here (`release`): `foreign_visibility`, for another engine of this
-        experiment. Another experiment's result (`other_exp`): that too the first two times, as
-        its engine may share this queue and takes it within a receive or two; then 4x longer
-        each time it comes back, as nobody is listening. No engine's (another bucket, outside
-        the prefix, malformed): a visibility timeout, then 4x longer each time. A backlog
-        nobody takes thus stops taking receives from results, yet is never deleted: a later
-        owner, or a redrive policy, still gets it. A message whose carried result fails
-        verification (`forged`) is set aside the same way. Capped at SQS's 12 h."""
-        cfg = self._cfg.results
-        if fate == "release":
-            return cfg.foreign_visibility
-        returns = _receive_count(message) - 1
-        if fate == "other_exp":
-            first, returns = cfg.foreign_visibility, max(0, returns - 1)
-        else:
-            first = cfg.visibility_timeout
-        longest = _SQS_MAX_VISIBILITY - cfg.visibility_timeout  # handled within the timeout
-        return min(longest, first * _SET_ASIDE_GROWTH ** min(returns, 8))  # 4**8 s > 12 h
-
-    async def _handle(
-        self, message: dict[str, Any], parsed: list[ObjectRef] | Exception
-    ) -> _MessageFate:
-        if isinstance(parsed, ContractError):
-            # Not ours to destroy: another consumer of this queue may read it.
-            self._counts["malformed_messages"] += 1
-            log.warning("malformed message %s: %s", message.get("MessageId"), parsed)
-            return "malformed"
-        if isinstance(parsed, Exception):
-            raise parsed
-        if not parsed:
-            self._counts["test_events"] += 1
-            return "delete"
-        keys = [(self._result_key(ref), ref) for ref in parsed]
-        own = [(k, ref) for k, ref in keys if k is not None and k.exp_id == self._cfg.exp_id]
-        if not own:  # no S3 call for what is not ours
-            self._counts["foreign_messages"] += 1
-            return "other_exp" if any(k for k, _ in keys) else "foreign"
-        # a first receipt of a notification of one object may be held for its inline copy
-        holdable = message["ReceiptHandle"] if len(own) == len(parsed) == 1 else None
-        if _receive_count(message) > 1:
-            holdable = None
-        size = len(message["Body"])
-        try:
-            fates = [
-                await self._ingest(key, "notification", ref, size, holdable) for key, ref in own
-            ]
-        except _Transient:
-            return "keep"
-        for fate in ("forged", "held"):
-            if fate in fates:
-                return fate
-        if len(own) < len(parsed):  # partly ours: the rest's owner needs it soon
-            self._counts["foreign_messages"] += 1
-            return "release"
-        # Ours, but nobody here expects it: another engine of this experiment on the same
-        # queue, or one resuming after a restart, may. Let it come back for them.
-        return "delete" if all(f == "delete" for f in fates) else "release"
-
-    def _result_key(self, ref: ObjectRef) -> ResultKey | None:
-        """The result key `ref` names in our bucket and prefix, of any experiment."""
-        if ref.bucket != self._cfg.bucket:
-            return None
-        try:
-            key = parse_result_key(ref.key)
-        except ContractError:
-            return None
-        return key if key.prefix == self._prefix else None
 
     # ----------------------------------------------------------------- results
 
     async def _ingest(
         self,
         key: ResultKey,
-        via: Literal["notification", "lookup"],
         ref: ObjectRef | None = None,
         size: int = 0,
         holdable: str | None = None,
-    ) -> _Handled:
+        via: Literal["notification", "lookup"] = "notification",
+    ) -> Handled:
         """Route one announced result (`ref`: what the notification said of it, the result
         itself if it came inline, `size` bytes of message; `holdable`: the receipt of a
         notification that may be held for the inline copy). `release` if no request here,
@@ -462,7 +250,7 @@ class RolloutBuffer:
             result = self._inline_checked(key, ref.result, size, w.sig_key)
             if result is None:
                 return "forged"
-            self._resolve(w, Delivery(Outcome(result.status), result=result, via=via))
+            self._resolve(w, Delivery(result, via=via))
             return "delete"
         if holdable and w.held is None and ref is not None and self._may_come_inline(ref):
             w.held = holdable
@@ -489,11 +277,8 @@ class RolloutBuffer:
             w.held_timer = None
         if receipt is None:
             return
-        if delivered:
-            self._counts["duplicates"] += 1
-            self._deletes.add({"ReceiptHandle": receipt})
-        else:
-            self._releases.add({"ReceiptHandle": receipt, "VisibilityTimeout": 0})
+        self._counts["duplicates"] += delivered
+        self._inbox.settle(receipt, delete=delivered)
 
     def _may_come_inline(self, ref: ObjectRef) -> bool:
         """Whether the agent was told to send this object in its own message too."""
@@ -507,10 +292,7 @@ class RolloutBuffer:
         the request it answers, signature); None, counted by reason, if it fails."""
         limit = self._cfg.results.max_result_bytes
         try:
-            if size > limit:
-                raise ContractError(f"message is {size} bytes, over the {limit} limit", "too_large")
-            _check_identity(result, key.key, self._cfg.exp_id, key.step, key.request_id)
-            verify_result(result, sig_key)
+            checked_inline(result, key, size, self._cfg.exp_id, sig_key, limit)
         except ContractError as e:
             self._rejected_inline[e.reason] += 1
             log.warning("inline result request_id=%s set aside: %s", key.request_id, e)
@@ -518,7 +300,7 @@ class RolloutBuffer:
         self._counts["inline_results"] += 1
         return result
 
-    async def _ingest_unclaimed(self, key: ResultKey, ref: ObjectRef | None, size: int) -> _Handled:
+    async def _ingest_unclaimed(self, key: ResultKey, ref: ObjectRef | None, size: int) -> Handled:
         """A result nobody waits for: a duplicate, a late one (kept apart), or unknown."""
         ended = self._ended.get(key.step, {})
         if key.request_id not in ended:
@@ -562,49 +344,12 @@ class RolloutBuffer:
     ) -> Delivery | None:
         """Download and check one object. None if it does not exist (yet)."""
         try:
-            body = await self._download(key)
-            if body is None:
-                return None
-            check = (
-                key,
-                body,
-                self._cfg.exp_id,
-                step,
-                request_id,
-                sig_key,
-                self._cfg.results.max_result_bytes,
-            )
-            if len(body) > _CHECK_IN_THREAD_BYTES:  # ~10 ms a MB: keep the loop handing off
-                result = await asyncio.to_thread(_checked_result, *check)
-            else:
-                result = _checked_result(*check)
+            result = await self._objects.read(key, step, request_id, sig_key)
         except ContractError as e:
             self._invalid[e.reason] += 1
             log.warning("invalid result request_id=%s: %s", request_id, e)
-            return Delivery(Outcome.INVALID_RESULT, error=str(e), via=via)
-        return Delivery(Outcome(result.status), result=result, via=via)
-
-    async def _download(self, key: str) -> bytes | None:
-        async with self._downloads:
-            self._counts["downloads"] += 1
-            try:
-                resp = await self._s3.get_object(Bucket=self._cfg.bucket, Key=key)
-            except ClientError as e:
-                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                    return None
-                raise _Transient(str(e)) from None
-            except (BotoCoreError, OSError) as e:
-                raise _Transient(str(e)) from None
-            size, limit = resp.get("ContentLength") or 0, self._cfg.results.max_result_bytes
-            async with resp["Body"] as stream:
-                if size > limit:  # refuse before reading it into memory
-                    raise ContractError(
-                        f"result object is {size} bytes, over the {limit} limit", "too_large"
-                    )
-                try:
-                    return await stream.read()
-                except (BotoCoreError, OSError, aiohttp.ClientError) as e:
-                    raise _Transient(str(e)) from None
+            return Delivery(invalid=str(e), via=via)
+        return None if result is None else Delivery(result, via=via)
 
     async def _lookup(self, w: _Waiter) -> None:
         """Read the request's key straight from S3, for when the notification is late or lost."""
@@ -613,91 +358,29 @@ class RolloutBuffer:
         self._counts["lookups"] += 1
         try:
             await self._ingest(parse_result_key(w.key), via="lookup")
-        except _Transient as e:
+        except Transient as e:
             log.warning("lookup of request_id=%s failed: %s", w.request_id, e)
         if w.future.done():
             self._counts["recovered_by_lookup"] += 1
 
 
-def _checked_result(
-    key: str, body: bytes, exp_id: str, step: int, request_id: str, sig_key: str, max_bytes: int
-) -> RolloutResult:
-    """Parse, validate and verify one object (pure CPU: may run in a worker thread)."""
-    result = decode_result(body, max_bytes)
-    _check_identity(result, key, exp_id, step, request_id)
-    verify_result(result, sig_key)
-    return result
-
-
-def _check_identity(
-    result: RolloutResult, key: str, exp_id: str, step: int, request_id: str
-) -> None:
-    if (result.exp_id, result.step, result.request_id) != (exp_id, step, request_id):
-        raise ContractError(
-            f"object at {key} is for {result.exp_id}/{result.step}/{result.request_id}",
-            "wrong_object",
-        )
-
-
-def _parsed(message: dict[str, Any]) -> list[ObjectRef] | Exception:
-    """What a message announces, or why it cannot be read (handled with the message)."""
+async def _lost_first(future: asyncio.Future[Delivery], lost: asyncio.Event, when: float) -> bool:
+    """Wait for the result, `lost` or `when`; whether `lost` came first."""
+    lost_wait = asyncio.ensure_future(lost.wait())
     try:
-        return parse_notification(message["Body"])
-    except Exception as e:
-        return e
+        await asyncio.wait(
+            {asyncio.shield(future), lost_wait},
+            timeout=max(0.0, when - time.time()),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+    finally:
+        lost_wait.cancel()
+    return lost.is_set() and not future.done()
 
 
-def _carries_result(parsed: list[ObjectRef] | Exception) -> bool:
-    return not isinstance(parsed, Exception) and any(ref.result is not None for ref in parsed)
-
-
-def _receive_count(message: dict[str, Any]) -> int:
-    return int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1))
-
-
-class _Batched:
-    """Sends SQS entries ten to a call (DeleteMessageBatch, ChangeMessageVisibilityBatch). An
-    entry waits at most `window` seconds for others to share its call (the message's
-    visibility timeout covers the wait); ten waiting go at once. A failed entry is counted and
-    logged: its message comes back after the visibility timeout, and is then recognized."""
-
-    def __init__(self, call: Callable[..., Awaitable[Any]], queue_url: str | None, window: float):
-        self._call = call
-        self._queue_url = queue_url
-        self._window = window
-        self._waiting: list[dict[str, Any]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._calls: set[asyncio.Task[None]] = set()
-        self.failed = 0
-
-    def add(self, entry: dict[str, Any]) -> None:
-        self._waiting.append(entry)
-        if len(self._waiting) >= 10:
-            self._send()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._window, self._send)
-
-    def _send(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        while self._waiting:
-            chunk, self._waiting = self._waiting[:10], self._waiting[10:]
-            task = asyncio.create_task(self._post(chunk))
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
-
-    async def _post(self, chunk: list[dict[str, Any]]) -> None:
-        entries = [{"Id": str(i), **entry} for i, entry in enumerate(chunk)]
-        try:
-            resp = await self._call(QueueUrl=self._queue_url, Entries=entries)
-            failed = len((resp or {}).get("Failed") or [])
-        except Exception as e:  # a task of our own: whatever it is, report it here
-            log.warning("%s of %d messages failed: %r", self._call.__name__, len(chunk), e)
-            failed = len(chunk)
-        self.failed += failed
-
-    async def close(self) -> None:
-        """Send what waits and wait for every call under way."""
-        self._send()
-        await asyncio.gather(*self._calls, return_exceptions=True)
+async def _wait_until(future: asyncio.Future[Delivery], when: float) -> bool:
+    try:
+        await asyncio.wait_for(asyncio.shield(future), timeout=max(0.0, when - time.time()))
+        return True
+    except TimeoutError:
+        return future.done()

@@ -63,6 +63,9 @@ class Outcome(StrEnum):
     STALE = "stale"
     """Still running when the engine's step moved more than `max_staleness` past its own: its
     session is stopped, and a result it writes anyway is kept apart (`take_stale`)."""
+    ENGINE_ERROR = "engine_error"
+    """A bug in the engine itself ended it (logged with its traceback): neither the agent's
+    failure nor the platform's."""
 
 
 AgentStatus = Literal["ok", "agent_error", "timeout", "cancelled"]

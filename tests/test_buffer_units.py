@@ -12,8 +12,9 @@ import time
 import pytest
 
 from agentcore_rollout import _buffer
-from agentcore_rollout._buffer import RolloutBuffer, _Batched
-from agentcore_rollout.contract import Outcome, result_key
+from agentcore_rollout._buffer import RolloutBuffer
+from agentcore_rollout._inbox import _Batched
+from agentcore_rollout.contract import result_key
 
 from .factories import SIG_KEY as KEY
 from .factories import flat_config, make_result, signed_body
@@ -105,7 +106,7 @@ async def test_a_bug_on_one_message_and_a_failed_receive_do_not_stop_the_loop():
     await buffer.start()
     delivery = await buffer.wait("good", deadline=now + 3)
     await buffer.close()
-    assert delivery.outcome is Outcome.OK and delivery.result.rewards == 1.0
+    assert delivery.result.status == "ok" and delivery.result.rewards == 1.0
     assert buffer.stats()["handler_errors"] == 1
     assert sqs.deleted == ["h-good"]  # the failed one stays on the queue
 
@@ -144,7 +145,7 @@ async def test_a_failed_delete_is_counted_and_no_task_error_goes_unretrieved():
     await buffer.close()
     gc.collect()  # an unretrieved task exception is reported when the task is collected
     await asyncio.sleep(0)
-    assert [d.outcome for d in deliveries] == [Outcome.OK, Outcome.OK]
+    assert [d.result.status for d in deliveries] == ["ok", "ok"]
     assert buffer.stats()["unsettled_messages"] == 1
     assert sqs.deleted == ["failed once", "h-second"]
     assert unhandled == []
@@ -173,13 +174,13 @@ async def test_large_objects_are_checked_off_the_event_loop_and_still_refused_wh
     monkeypatch,
 ):
     threads: list[str] = []
-    check = _buffer._checked_result
+    check = _buffer.checked_object
 
     def recorded(*args: object) -> object:
         threads.append(threading.current_thread().name)
         return check(*args)
 
-    monkeypatch.setattr(_buffer, "_checked_result", recorded)
+    monkeypatch.setattr(_buffer, "checked_object", recorded)
     cfg = flat_config(
         bucket="bkt",
         queue_url="q",
@@ -203,8 +204,8 @@ async def test_large_objects_are_checked_off_the_event_loop_and_still_refused_wh
     await buffer.start()
     big_delivery, forged = [await buffer.wait(rid, deadline=time.time() + 5) for rid in keys]
     await buffer.close()
-    assert big_delivery.outcome is Outcome.OK and big_delivery.result.trajectory == big
-    assert forged.outcome is Outcome.INVALID_RESULT and "signature" in (forged.error or "")
+    assert big_delivery.result.status == "ok" and big_delivery.result.trajectory == big
+    assert forged.result is None and "signature" in (forged.invalid or "")
     assert buffer.stats()["invalid_results"] == {"signature": 1}
     assert len(threads) == 2 and threading.main_thread().name not in threads
 

@@ -180,10 +180,7 @@ async def test_resume_stops_each_session_on_the_endpoint_it_started_on(moto, cha
     assert {s.endpoint for s in journaled} == {f"{a}#DEFAULT" for a in ARNS[:2]}
     assert not emu.stopped and len(emu.sessions) == 4
     async with RolloutEngine(cfg) as second:
-        handles = [
-            second.resume(s.request, step=0, deadline=s.deadline, endpoint=s.endpoint)
-            for s in journaled
-        ]
+        handles = [second.resume(s) for s in journaled]
         outcomes = [await h for h in handles]
     assert [o.outcome for o in outcomes] == [Outcome.OK] * 4
     assert emu.counts["invoke"] == 4  # none ran twice

@@ -19,6 +19,7 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -44,9 +45,8 @@ import asyncio, json, sys
 from agentcore_rollout import EngineConfig, RolloutEngine, RolloutRequest
 
 def journal(start):
-    print(json.dumps({"request_id": start.request.request_id, "deadline": start.deadline,
-                      "gateway_session_id": start.gateway_session_id,
-                      "gateway_url": start.gateway_url}), flush=True)
+    fields = {k: v for k, v in vars(start).items() if k not in ("request", "step")}
+    print(json.dumps({"request_id": start.request.request_id, **fields}), flush=True)
 
 async def main():
     config = EngineConfig.model_validate_json(open(sys.argv[1]).read())
@@ -56,6 +56,10 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+def _without_id(line: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in line.items() if k != "request_id"}
 
 
 def _local(name: str, **fields: object) -> LocalConfig:
@@ -184,13 +188,7 @@ async def test_a_resumed_request_is_finished_on_the_replica_its_start_journaled(
         async with RolloutEngine(config) as second:
             outcomes = await asyncio.gather(
                 *(
-                    second.resume(
-                        r,
-                        step=0,
-                        deadline=journaled[r.request_id]["deadline"],
-                        gateway_session_id=journaled[r.request_id]["gateway_session_id"],
-                        gateway_url=journaled[r.request_id]["gateway_url"],
-                    )
+                    second.resume(RolloutStart(r, 0, **_without_id(journaled[r.request_id])))
                     for r in requests
                 )
             )
@@ -200,7 +198,8 @@ async def test_a_resumed_request_is_finished_on_the_replica_its_start_journaled(
     assert [o.outcome for o in outcomes] == ["ok"] * 4, [o.error for o in outcomes]
     for outcome in outcomes:
         start = journaled[outcome.request.request_id]
-        assert outcome.started_at is None  # collected or waited for, not run again
+        # collected, or waited for from its journaled start: not run again
+        assert outcome.started_at in (None, start["started_at"])
         assert outcome.gateway_url == start["gateway_url"]
         assert outcome.trace is not None and outcome.trace["num_turns"] == 1
         assert outcome.trace["session_id"] == start["gateway_session_id"]
@@ -260,20 +259,10 @@ def test_replicas_from_the_environment_are_admin_urls_separated_by_commas(tmp_pa
 def test_the_journal_keeps_each_session_s_replica_for_resume(tmp_path) -> None:
     lines = Lines(tmp_path / JOURNAL, lambda path, error: pytest.fail(str(error)))
     journal = Journal(lines)
-    requests = [_request("on-b"), _request("before-replicas")]
+    requests = [_request("on-b"), _request("never-started")]
     journal.submitted(requests, step=0)
-    journal.started(RolloutStart(requests[0], 0, "s" * 33, 1.0, 2.0, "gs-1", "http://b:2"))
-    lines.write(  # a `started` line written before there were replicas: no gateway_url
-        {
-            "kind": "started",
-            "request_id": "req-before-replicas",
-            "deadline": 2.0,
-            "gateway_session_id": "gs-2",
-        }
-    )
+    start = RolloutStart(requests[0], 0, "s" * 33, 1.0, 2.0, "gs-1", "http://b:2", "arn#DEFAULT")
+    journal.started(start)
     lines.close()
     left = left_open(tmp_path).jobs
-    assert [(j.gateway_session_id, j.gateway_url) for j in left] == [
-        ("gs-1", "http://b:2"),
-        ("gs-2", None),  # resumed on the first replica, where every session was then
-    ]
+    assert [j.start for j in left] == [start, None]

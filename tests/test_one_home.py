@@ -1,7 +1,7 @@
 """Each fact has one home: AgentCore's published defaults in `_agentcore`, the wire (signing
 keys, the run secret, the result prefix) in `contract`, and a rollout's deadline under one
-name. And the engine's core stays small enough to read: no function of `_engine.py` or
-`_dispatcher.py` over 40 lines.
+name; one function decides every outcome. And the core stays small enough to read: no
+function over 40 lines, no class over 300.
 
 Read as text, so a second definition anywhere in the package fails here, with where it is."""
 
@@ -62,20 +62,65 @@ def test_one_definition(what: str, pattern: str, home: str) -> None:
 
 
 def test_one_name_for_the_deadline() -> None:
-    """The instant a rollout must end by is `deadline` from the contract to the journal to
-    `resume`; the cap a caller sets is `cutoff`."""
+    """The instant a rollout must end by is `deadline`, from `submit` to the contract to the
+    journal to `resume`; the one its session must start by is `start_deadline`; a duration is
+    a `timeout`. The names it had before fail here."""
     tests = sorted((ROOT / "tests").rglob("*.py"))
-    stale_names = r"running_until|StartAttempts|\bcap=|attempts\.deadline"
-    assert _hits(stale_names, allowed={"tests/test_one_home.py"}, paths=SOURCES + tests) == []
+    docs = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+    stale_names = (
+        r"running_until|StartAttempts|\bcap=|attempts\.deadline|\bcutoff|\bstart_by\b"
+        r"|\blookup_at\b|\bgive_up_at\b"
+    )
+    assert (
+        _hits(stale_names, allowed={"tests/test_one_home.py"}, paths=SOURCES + tests + docs) == []
+    )
 
 
-def test_the_engine_reads_in_short_functions() -> None:
-    long = []
-    for name in ("_engine.py", "_dispatcher.py"):
-        tree = ast.parse((PACKAGE / name).read_text())
+def _core_trees() -> dict[str, ast.Module]:
+    return {p.name: ast.parse(p.read_text()) for p in sorted(PACKAGE.glob("*.py"))}
+
+
+def test_one_function_decides_every_outcome() -> None:
+    """In the core, an `Outcome` member is chosen only in `_request._decide`: anywhere else it
+    is only compared with."""
+    chosen = []
+    for name, tree in _core_trees().items():
+        compared = {
+            id(n)
+            for c in ast.walk(tree)
+            if isinstance(c, ast.Compare)
+            for operand in (c.left, *c.comparators)
+            for n in ast.walk(operand)
+        }
+        deciding = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef) and f.name == "_decide" and name == "_request.py"
+            for n in ast.walk(f)
+        }
         for node in ast.walk(tree):
+            named = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            if named and node.value.id == "Outcome" and node.attr.isupper():
+                if id(node) not in compared | deciding:
+                    chosen.append(f"{name}:{node.lineno} Outcome.{node.attr}")
+            call = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            if call and node.func.id == "Outcome" and id(node) not in deciding:
+                chosen.append(f"{name}:{node.lineno} Outcome(...)")
+    assert chosen == []
+
+
+def test_the_core_reads_in_short_functions_and_classes() -> None:
+    """No function of the core over 40 lines (its docstring apart), no class over 300: a
+    newcomer reads a concept in one sitting."""
+    long = []
+    for name, tree in _core_trees().items():
+        for node in ast.walk(tree):
+            lines = node.end_lineno - node.lineno + 1 if hasattr(node, "end_lineno") else 0
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                doc = node.body[0] if ast.get_docstring(node) else None
+                lines -= doc.end_lineno - doc.lineno + 1 if doc is not None else 0
                 if lines > 40:
                     long.append(f"{name}:{node.lineno} {node.name} is {lines} lines")
+            if isinstance(node, ast.ClassDef) and lines > 300:
+                long.append(f"{name}:{node.lineno} class {node.name} is {lines} lines")
     assert long == []

@@ -135,7 +135,7 @@ async def test_resume_collects_a_result_already_in_s3_without_invoking(moto, cha
     assert done.outcome == "ok" and [s.request for s in journaled] == [request]
     assert journaled[0].deadline == done.deadline and journaled[0].started_at == done.started_at
     async with RolloutEngine(cfg) as second:  # same exp_id and run_secret
-        again = await second.resume(request, step=0, deadline=journaled[0].deadline)
+        again = await second.resume(journaled[0])
     assert again.outcome == "ok" and again.reward == expected_reward(request.payload)
     assert again.started_at is None  # collected, not run
     assert emu.counts["invoke"] == 1

@@ -33,11 +33,7 @@ class Journaled:
 
     request: RolloutRequest
     step: int
-    deadline: float | None = None  # the one given to its agent (epoch s); None: not started
-    started_at: float | None = None  # when its session's invocation was sent (epoch s)
-    gateway_session_id: str | None = None
-    gateway_url: str | None = None  # the replica holding that session
-    endpoint: str | None = None  # where its session started; None (older lines): the first
+    start: RolloutStart | None = None  # its session's start; None: not recorded
 
 
 class Lines:
@@ -81,6 +77,7 @@ class Journal:
             {
                 "kind": "started",
                 "request_id": start.request.request_id,
+                "session_id": start.session_id,
                 "deadline": start.deadline,
                 "started_at": start.started_at,
                 "gateway_session_id": start.gateway_session_id,
@@ -140,11 +137,9 @@ def _read_journal(out: Path) -> list[Journaled]:
         if event["kind"] == "request":
             entries[rid] = _journaled(event)
         elif rid in entries:
-            entries[rid].deadline = event["deadline"]
-            entries[rid].started_at = event.get("started_at")  # absent: an older journal
-            entries[rid].gateway_session_id = event["gateway_session_id"]
-            entries[rid].gateway_url = event.get("gateway_url")  # absent: written by one gateway
-            entries[rid].endpoint = event.get("endpoint")
+            entry = entries[rid]
+            fields = {k: v for k, v in event.items() if k not in ("kind", "request_id")}
+            entry.start = RolloutStart(entry.request, entry.step, **fields)
     if not entries:
         raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())

@@ -236,16 +236,9 @@ async def roll_out(
             started: dict[str, Any] = {"timeout": config.run.timeout, "on_start": journal.started}
             if not begin.resumed:
                 return engine.submit(j.request, **started)
-            return engine.resume(
-                j.request,
-                step=j.step,
-                deadline=j.deadline,
-                started_at=j.started_at,
-                gateway_session_id=j.gateway_session_id,
-                gateway_url=j.gateway_url,
-                endpoint=j.endpoint,
-                **started,
-            )
+            if j.start is None:  # its session's start was never recorded
+                return engine.resume(j.request, step=j.step, **started)
+            return engine.resume(j.start, **started)
 
         feed = Feed(jobs, submit, window=2 * engine.stats().max_live_sessions)
         await _collect(engine, feed, begin.total, run, journal, interrupted)

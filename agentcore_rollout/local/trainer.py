@@ -71,7 +71,13 @@ class StackFailed(RuntimeError):
     """A part of the local stack the trainer needs stopped working (its message names it)."""
 
 
-_FAILED = (Outcome.AGENT_ERROR, Outcome.TIMEOUT, Outcome.SUBMIT_FAILED, Outcome.INVALID_RESULT)
+_FAILED = (
+    Outcome.AGENT_ERROR,
+    Outcome.TIMEOUT,
+    Outcome.SUBMIT_FAILED,
+    Outcome.INVALID_RESULT,
+    Outcome.ENGINE_ERROR,
+)
 
 
 class Learner(Protocol):

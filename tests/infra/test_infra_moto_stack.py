@@ -30,7 +30,7 @@ from moto.server import ThreadedMotoServer
 
 from agentcore_rollout._aws import AwsClients
 from agentcore_rollout._buffer import RolloutBuffer
-from agentcore_rollout.contract import Outcome, result_key
+from agentcore_rollout.contract import result_key
 from infra.cdk import app
 from tests.factories import SIG_KEY, flat_config, make_result, signed_body
 
@@ -395,7 +395,7 @@ async def test_the_engines_buffer_gets_results_under_the_prefix_only(applied: De
         s3.put_object(Bucket=bucket, Key=result_key(PREFIX, "exp1", 3, "req-9"), Body=body)
         delivery = await buffer.wait("req-9", deadline=time.time() + 20)
         await buffer.close()
-    assert delivery.outcome is Outcome.OK and delivery.via == "notification"
-    assert delivery.result is not None and delivery.result.rewards == 0.5
+    assert delivery.result is not None and delivery.result.status == "ok"
+    assert delivery.via == "notification" and delivery.result.rewards == 0.5
     stats = buffer.stats()
     assert stats["messages"] == 1 and stats["s3_lookups"] == 0

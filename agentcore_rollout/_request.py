@@ -1,0 +1,406 @@
+"""One request's life, read top to bottom: `RequestRunner.run`.
+
+register with the buffer (at submit: `Job`) -> take a live-session slot -> open its gateway
+session -> start its sandbox session -> wait for the buffer's delivery -> fetch the trace its
+result needs -> `_decide` its outcome -> build it, once. Its session's stop runs behind the
+hand-off (the dispatcher's `live_session`).
+
+What happened is gathered as facts: the buffer's `Delivery` (a result, an invalid object, or no
+result and why), the dispatcher's `SubmitFailed`, a cancel (and whether `set_step` made it), a
+bug's exception, and what the gateway kept of the trace. One pure function, `_decide`, turns
+them into the `Outcome`; nothing else chooses one. No outcome is invented: a failure carries no
+rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._batch import RolloutOutcome, RolloutRequest, RolloutStart
+from ._buffer import Delivery, RolloutBuffer
+from ._cost import rollout_cost
+from ._dispatcher import LiveSession, RequestDispatcher, SubmitFailed
+from ._gateway_admin import GatewayError, GatewaySession
+from ._gateway_replicas import GatewayReplicas
+from ._redact import get_logger, redact
+from .config import CostConfig, EngineConfig
+from .contract import (
+    CONTROL_KEY,
+    INLINE_RESULT_MAX_BYTES,
+    LLMSettings,
+    Outcome,
+    ResultTarget,
+    RolloutControl,
+    RolloutResult,
+)
+
+log = get_logger("agentcore_rollout.engine")
+
+_T = TypeVar("_T")
+_USAGE_WAIT = 2.0
+"""Seconds an outcome without a result waits for its dropped gateway session's tokens."""
+
+
+@dataclass
+class Job:
+    """One request: what was asked, fixed at submit, and what `run` learns on the way (when its
+    session started, its deadline, its gateway session), from which its outcome is built once."""
+
+    request: RolloutRequest
+    step: int
+    session_id: str
+    sig_key: str
+    result_key: str
+    timeout: float
+    deadline: float
+    """Unix seconds. Until its session starts: the latest it may end (inf: none); once
+    started, `min(start + timeout, that)`, as written into the invocation."""
+    start_deadline: float  # its session must have started by then (queue_timeout, deadline)
+    submitted_at: float
+    on_start: Callable[[RolloutStart], None] | None
+    prices: CostConfig
+    resuming: bool = False  # an earlier engine submitted it: its result may be in S3
+    earlier: RolloutStart | None = None  # that engine's start of its session, if known
+    session: LiveSession | None = None  # its live-session slot, once it has one
+    started_at: float | None = None
+    running: bool = False  # its session started, here or (taken over) by the earlier engine
+    gateway_session_id: str | None = None
+    gateway_url: str | None = None  # the replica its gateway session is on
+    stale: str | None = None  # why `set_step` ended it, if it did
+
+    def took_over(
+        self, session_id: str | None, url: str | None, gateway: GatewayReplicas | None
+    ) -> None:
+        """Its gateway session is the earlier engine's, on the replica that engine recorded."""
+        self.gateway_session_id = session_id
+        if gateway is not None and url is not None and session_id is not None:
+            self.gateway_url = url.rstrip("/")
+            gateway.adopt(self.gateway_url, session_id)
+
+    def outcome(
+        self,
+        outcome: Outcome,
+        *,
+        trace: dict[str, Any] | None = None,
+        usage: dict[str, int] | None = None,
+        **ended: Any,
+    ) -> RolloutOutcome:
+        """Its outcome, with its cost: tokens from its trace, else from the usage its dropped
+        gateway session reported."""
+        finished = time.time()
+        if ended.get("error"):  # the one door every error takes into an outcome
+            ended["error"] = redact(ended["error"])
+        return RolloutOutcome(
+            self.request,
+            self.step,
+            outcome,
+            self.session_id,
+            submitted_at=self.submitted_at,
+            started_at=self.started_at,
+            deadline=self.deadline if self.running else None,
+            gateway_session_id=self.gateway_session_id,
+            gateway_url=self.gateway_url,
+            finished_at=finished,
+            trace=trace,
+            cost=rollout_cost(
+                self.prices,
+                self.sandbox_since(),
+                finished,
+                trace if trace is not None or usage is None else {"usage": usage},
+            ),
+            **ended,
+        )
+
+    def sandbox_since(self) -> float | None:
+        """When its sandbox session may have begun to cost: the first invocation that may have
+        created it (even if none was accepted), or for one taken over still running, its
+        journaled start (else the takeover); None if none may have."""
+        session = self.session
+        first = session.sent_at if session is not None and session.maybe_started else None
+        known = [t for t in (first, self.started_at) if t is not None]
+        return min(known) if known else None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What the gateway kept of a delivered result's turns."""
+
+    turns: dict[str, Any] | None = None
+    lost: str | None = None
+    """Why a gateway that should hold them does not (None: held, or no gateway)."""
+    replica_lost: bool = False
+    """The replica itself died: no tokens, whatever the agent made of it."""
+
+
+def _decide(
+    delivery: Delivery | None,
+    *,
+    failure: BaseException | None = None,
+    stale: str | None = None,
+    trace: Trace = Trace(),
+) -> tuple[Outcome, RolloutResult | None, str | None]:
+    """The outcome, the result it keeps and the error it reports, from what happened: no
+    delivery because of `failure` (a `SubmitFailed`, a cancel, `stale` if `set_step` made it,
+    or a bug), else the buffer's delivery and what the gateway kept of its turns."""
+    if delivery is None:
+        if isinstance(failure, SubmitFailed):
+            return Outcome.SUBMIT_FAILED, None, str(failure)
+        if isinstance(failure, asyncio.CancelledError):
+            if stale is not None:
+                return Outcome.STALE, None, stale
+            return Outcome.CANCELLED, None, "cancelled"
+        return Outcome.ENGINE_ERROR, None, f"engine error: {failure!r}"
+    if delivery.missing is not None:
+        return Outcome.TIMEOUT, None, delivery.missing
+    result = delivery.result
+    if result is None:
+        return Outcome.INVALID_RESULT, None, delivery.invalid
+    outcome = Outcome(result.status)
+    error = f"{result.error.type}: {result.error.message}" if result.error is not None else None
+    if trace.lost is not None and trace.replica_lost:
+        said = f" (the agent's result: {outcome.value}: {error})" if error else ""
+        return Outcome.INVALID_RESULT, None, f"{trace.lost}{said}"
+    if trace.lost is not None and outcome is Outcome.OK:  # a reward without its tokens
+        return Outcome.INVALID_RESULT, None, trace.lost
+    return outcome, result, error
+
+
+class RequestRunner:
+    """Runs requests' lives against the engine's dispatcher, buffer and gateway replicas."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        dispatcher: RequestDispatcher,
+        buffer: RolloutBuffer,
+        gateway: GatewayReplicas | None,
+    ) -> None:
+        self._cfg = config
+        self._dispatcher = dispatcher
+        self._buffer = buffer
+        self._gateway = gateway
+        self._cleanups: set[asyncio.Task[Any]] = set()  # gateway sessions being dropped
+
+    async def run(self, job: Job) -> RolloutOutcome:
+        """One request's life, start to outcome (see the module's docstring)."""
+        try:
+            delivery = await self._deliver(job)
+        except SubmitFailed as e:
+            log.warning("submit_failed request_id=%s: %s", job.request.request_id, e)
+            ending = self.unresolved(job, e)
+        except asyncio.CancelledError as e:
+            ending = self.unresolved(job, e)
+        except Exception as e:  # a bug must end its request, not leave it hanging
+            log.exception("request_id=%s failed inside the engine", job.request.request_id)
+            ending = self.unresolved(job, e)
+        else:
+            ending = self._delivered(job, delivery)
+        # Decided: a cancel from here on changes nothing; the outcome waits for its tokens.
+        return await _despite_cancel(ending)
+
+    async def _deliver(self, job: Job) -> Delivery:
+        """The buffer's delivery, once the request's session ran; resuming, what the earlier
+        engine's session wrote, or waits to write."""
+        rid, earlier = job.request.request_id, job.earlier
+        if job.resuming and (found := await self._buffer.look_up(rid)) is not None:
+            job.took_over(*await self._its_gateway_session(job), self._gateway)
+            return found
+        async with self._dispatcher.live_session(
+            job.session_id, job.start_deadline, priority=job.step
+        ) as session:
+            job.session = session
+            if earlier is not None and earlier.deadline > time.time():
+                self._dispatcher.adopt(session, earlier.endpoint)  # still running: wait
+                job.started_at = earlier.started_at
+                session.sent_at = earlier.started_at or time.time()  # where its cost begins
+                job.deadline, job.running = earlier.deadline, True
+                job.took_over(earlier.gateway_session_id, earlier.gateway_url, self._gateway)
+            else:
+                await self._start(job, session)
+            return await self._buffer.wait(rid, job.deadline, self._dispatcher.lost(session))
+
+    async def _its_gateway_session(self, job: Job) -> tuple[str | None, str | None]:
+        """The gateway session (id, replica) holding the turns of a result an earlier engine's
+        session wrote: as that engine recorded it, or, when it never recorded the start (it
+        died while the invocation was in flight), found by request id. Not found, the result
+        ends `invalid_result` (`_decide`)."""
+        earlier = job.earlier
+        if earlier is not None and earlier.gateway_session_id is not None:
+            return earlier.gateway_session_id, earlier.gateway_url
+        if self._gateway is None:
+            return None, None
+        found = await self._gateway.session_of(job.request.request_id)
+        return (None, None) if found is None else (found[1].session_id, found[0])
+
+    async def _start(self, job: Job, session: LiveSession) -> None:
+        """Open the rollout's gateway session, then start its sandbox session."""
+        gateway_session = await self._open_gateway_session(job)
+        started = await self._dispatcher.start(
+            session,
+            lambda deadline: self._payload(job, deadline, gateway_session),
+            timeout=job.timeout,
+            cutoff=job.deadline,
+        )
+        job.started_at, job.deadline, job.running = started.sent_at, started.deadline, True
+        if job.on_start is not None:
+            job.on_start(
+                RolloutStart(
+                    job.request,
+                    job.step,
+                    job.session_id,
+                    started.sent_at,
+                    started.deadline,
+                    job.gateway_session_id,
+                    job.gateway_url,
+                    started.endpoint,
+                )
+            )
+
+    async def _delivered(self, job: Job, delivery: Delivery) -> RolloutOutcome:
+        """The outcome of a delivered request: a result's trace is fetched first (a reward
+        without its tokens is not a training sample); without a result, its gateway session
+        is dropped for its tokens so far."""
+        trace, usage = Trace(), None
+        if delivery.result is None:
+            usage = await self._dropped_usage(job)
+        else:
+            trace = await self._trace(job)
+        outcome, result, error = _decide(delivery, trace=trace)
+        return job.outcome(
+            outcome,
+            result=result,
+            error=error,
+            trace=trace.turns,
+            usage=usage,
+            delivered_at=delivery.handed_off_at,
+        )
+
+    async def unresolved(self, job: Job, failure: BaseException) -> RolloutOutcome:
+        """The outcome of a request that got no delivery: the buffer stops waiting for it."""
+        outcome, _, error = _decide(None, failure=failure, stale=job.stale)
+        self._buffer.cancel(job.request.request_id, error or str(outcome))
+        usage = await self._dropped_usage(job)
+        return job.outcome(outcome, error=error, usage=usage)
+
+    async def _trace(self, job: Job) -> Trace:
+        """The request's turns, from the replica holding its gateway session."""
+        if self._gateway is None:
+            return Trace()
+        if job.gateway_session_id is None or job.gateway_url is None:
+            return Trace(lost="trace lost: no gateway session holds this request's turns")
+        try:
+            return Trace(await self._gateway.finish(job.gateway_url, job.gateway_session_id))
+        except GatewayError as e:
+            log.warning("gateway session of request_id=%s: %s", job.request.request_id, e)
+            if e.status == 0:  # the replica died
+                return Trace(
+                    lost=f"gateway replica {job.gateway_url} lost its trace: {e}", replica_lost=True
+                )
+            return Trace(lost=f"trace lost: {e}")
+
+    async def _dropped_usage(self, job: Job) -> dict[str, int] | None:
+        """Drop the request's gateway session, if it has one: its tokens so far, if the gateway
+        answers within `_USAGE_WAIT` s. The drop itself goes on regardless (awaited at close),
+        so a gateway that hangs delays an outcome by that much at most, its tokens unknown.
+        A request of this engine that never opened one spent none."""
+        session_id, url = job.gateway_session_id, job.gateway_url
+        if self._gateway is None:
+            return None
+        if session_id is None or url is None:
+            return None if job.resuming else {}  # a usage of no tokens
+        task = self.drop_gateway_session(job.request.request_id, url, session_id)
+        done, _ = await asyncio.wait({task}, timeout=_USAGE_WAIT)
+        return task.result() if done else None
+
+    def drop_gateway_session(
+        self, request_id: str, url: str, session_id: str
+    ) -> asyncio.Task[dict[str, int] | None]:
+        """Drop a gateway session in a task `aclose` awaits: its usage, None if unknown."""
+        task = asyncio.create_task(self._gateway_dropped(request_id, url, session_id))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        return task
+
+    async def _gateway_dropped(
+        self, request_id: str, url: str, session_id: str
+    ) -> dict[str, int] | None:
+        assert self._gateway is not None
+        try:
+            return await self._gateway.drop(url, session_id)
+        except GatewayError as e:
+            log.warning("gateway session of request_id=%s: %s", request_id, e)
+        except Exception:  # a cleanup's bug must not fail the request's outcome
+            log.exception("dropping the gateway session of request_id=%s", request_id)
+        return None
+
+    async def aclose(self) -> None:
+        """Wait for the gateway sessions being dropped (never cancelled)."""
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    async def _open_gateway_session(self, job: Job) -> GatewaySession | None:
+        """Open the rollout's session on the least-loaded replica that answers."""
+        if self._gateway is None:
+            return None
+        gw, llm = self._cfg.gateway, self._cfg.llm
+        assert gw is not None
+        try:
+            job.gateway_url, session = await self._gateway.open(
+                job.request.request_id,
+                sampling=llm.sampling if llm else None,
+                max_context=gw.max_context,
+                max_turns=gw.max_turns,
+            )
+        except GatewayError as e:
+            raise SubmitFailed(f"gateway: {e}") from None
+        job.gateway_session_id = session.session_id
+        return session
+
+    def _payload(self, job: Job, deadline: float, gateway_session: GatewaySession | None) -> bytes:
+        cfg, llm, request = self._cfg, self._cfg.llm, job.request
+        if gateway_session is not None:  # agents call their session's replica with its key
+            assert self._gateway is not None and job.gateway_url is not None
+            llm = LLMSettings(
+                base_url=f"{self._gateway.agent_url(job.gateway_url).rstrip('/')}/v1",
+                model=llm.model if llm else (gateway_session.model or "policy"),
+                api_key=gateway_session.api_key,
+                sampling=llm.sampling if llm else {},
+            )
+        control = RolloutControl(
+            exp_id=cfg.exp_id,
+            step=job.step,
+            request_id=request.request_id,
+            input_id=request.input_id,
+            sample_index=request.sample_index,
+            session_id=job.session_id,
+            result=ResultTarget(
+                bucket=cfg.bucket,
+                key=job.result_key,
+                queue_url=cfg.queue_url if cfg.results.notify_directly else None,
+                inline_max_bytes=INLINE_RESULT_MAX_BYTES if cfg.results.notify_directly else 0,
+            ),
+            llm=llm,
+            deadline=deadline,
+            sig_key=job.sig_key,
+            max_result_bytes=cfg.results.max_result_bytes,
+        )
+        return json.dumps(
+            {**request.payload, CONTROL_KEY: control.model_dump(mode="json")}
+        ).encode()
+
+
+async def _despite_cancel(work: Coroutine[Any, Any, _T]) -> _T:
+    """Finish `work` even if this task is cancelled meanwhile: what it decides stands."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+    return task.result()
