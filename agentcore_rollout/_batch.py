@@ -36,7 +36,7 @@ class RolloutStart:
     """When the invocation that started the session was sent (unix seconds)."""
     deadline: float
     """The rollout's deadline given to its agent: `started_at + timeout`, capped by the
-    request's cutoff."""
+    deadline the request was submitted with, if any."""
     gateway_session_id: str | None
     """The gateway session the agent calls the policy through (none without a gateway)."""
     gateway_url: str | None = None

@@ -25,7 +25,7 @@ from ._aws import AwsClients
 from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
 from ._buffer import Delivery, RolloutBuffer
 from ._cost import rollout_cost
-from ._dispatcher import Endpoint, LiveSession, RequestDispatcher, SubmitFailed
+from ._dispatcher import LiveSession, RequestDispatcher, RuntimeEndpoint, SubmitFailed
 from ._gateway_admin import GatewayError, GatewaySession
 from ._gateway_replicas import GatewayReplicas
 from ._quotas import Limits, account_quotas, describe, published
@@ -145,7 +145,7 @@ class RolloutEngine:
             )
         await self._buffer.start()
 
-    async def _endpoints(self) -> list[Endpoint]:
+    async def _endpoints(self) -> list[RuntimeEndpoint]:
         """One per runtime endpoint (`engine.runtimes`, or `runtime_arn` + `qualifier`), each
         with its own live bound and its account; a runtime given to the engine is the one."""
         cfg = self.config
@@ -153,14 +153,14 @@ class RolloutEngine:
         if self._runtime is not None:
             if len(targets) > 1:
                 raise ConfigError("engine.runtimes: a runtime given to the engine is one endpoint")
-            return [Endpoint(targets[0].name if targets else "runtime", self._runtime)]
+            return [RuntimeEndpoint(targets[0].name if targets else "runtime", self._runtime)]
         endpoints = []
         for t in targets:
             client = await self._clients.agentcore_in(
                 t.region, t.endpoint_url or cfg.endpoints.agentcore
             )
             runtime = AgentCoreRuntime(client, t.arn, t.qualifier)
-            endpoints.append(Endpoint(t.name, runtime, t.max_live_sessions, t.account))
+            endpoints.append(RuntimeEndpoint(t.name, runtime, t.max_live_sessions, t.account))
         return endpoints
 
     async def _accounts(self) -> dict[str, Limits]:
@@ -501,7 +501,7 @@ class RolloutEngine:
             session,
             lambda deadline: self._payload(job, deadline, gateway_session),
             timeout=job.timeout,
-            cutoff=job.cutoff,
+            deadline=job.cutoff,
         )
         job.started_at, job.deadline = started.sent_at, started.deadline
         if job.on_start is not None:
