@@ -244,7 +244,7 @@ class RequestRunner:
             session,
             lambda deadline: self._payload(job, deadline, gateway_session),
             timeout=job.timeout,
-            cutoff=job.deadline,
+            deadline=job.deadline,
         )
         job.started_at, job.deadline, job.running = started.sent_at, started.deadline, True
         if job.on_start is not None:

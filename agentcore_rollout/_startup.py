@@ -7,7 +7,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ._agentcore import AgentCoreRuntime
 from ._aws import AwsClients
-from ._dispatcher import Endpoint
+from ._dispatcher import RuntimeEndpoint
 from ._quotas import Limits, account_quotas, describe, published
 from ._redact import redact
 from ._sandbox import SandboxRuntime
@@ -49,19 +49,19 @@ async def preflight(clients: AwsClients, cfg: EngineConfig) -> None:
 
 async def runtime_endpoints(
     clients: AwsClients, cfg: EngineConfig, runtime: SandboxRuntime | None
-) -> list[Endpoint]:
+) -> list[RuntimeEndpoint]:
     """One per runtime endpoint (`engine.runtimes`, or `runtime_arn` + `qualifier`), each
     with its own live bound and its account; a runtime given to the engine is the one."""
     targets = cfg.all_runtimes
     if runtime is not None:
         if len(targets) > 1:
             raise ConfigError("engine.runtimes: a runtime given to the engine is one endpoint")
-        return [Endpoint(targets[0].name if targets else "runtime", runtime)]
+        return [RuntimeEndpoint(targets[0].name if targets else "runtime", runtime)]
     endpoints = []
     for t in targets:
         client = await clients.agentcore_in(t.region, t.endpoint_url or cfg.endpoints.agentcore)
         runtime = AgentCoreRuntime(client, t.arn, t.qualifier)
-        endpoints.append(Endpoint(t.name, runtime, t.max_live_sessions, t.account))
+        endpoints.append(RuntimeEndpoint(t.name, runtime, t.max_live_sessions, t.account))
     return endpoints
 
 

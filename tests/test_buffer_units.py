@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agentcore_rollout import _buffer
+from agentcore_rollout import _objects
 from agentcore_rollout._buffer import RolloutBuffer
 from agentcore_rollout._inbox import _Batched
 from agentcore_rollout.contract import result_key
@@ -174,13 +174,13 @@ async def test_large_objects_are_checked_off_the_event_loop_and_still_refused_wh
     monkeypatch,
 ):
     threads: list[str] = []
-    check = _buffer.checked_object
+    check = _objects.checked_object
 
     def recorded(*args: object) -> object:
         threads.append(threading.current_thread().name)
         return check(*args)
 
-    monkeypatch.setattr(_buffer, "checked_object", recorded)
+    monkeypatch.setattr(_objects, "checked_object", recorded)
     cfg = flat_config(
         bucket="bkt",
         queue_url="q",

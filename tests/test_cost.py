@@ -237,13 +237,13 @@ async def test_a_session_costs_from_the_first_invocation_that_may_have_created_i
     d = RequestDispatcher(_Failing(refused, cut), config)
     began = time.time()
     async with d.live_session("s" * 40, math.inf) as session:
-        started = await d.start(session, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+        started = await d.start(session, lambda _: b"{}", timeout=10.0, deadline=math.inf)
     assert session.maybe_started and session.sent_at is not None
     assert began < session.sent_at < started.sent_at  # the cut attempt, not the refused one
     fatal = SessionCallError("ReadTimeoutError", "x", retryable=False, maybe_started=True)
     d = RequestDispatcher(_Failing(fatal), config)
     with pytest.raises(SubmitFailed):
         async with d.live_session("t" * 40, math.inf) as never_accepted:
-            await d.start(never_accepted, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+            await d.start(never_accepted, lambda _: b"{}", timeout=10.0, deadline=math.inf)
     assert never_accepted.maybe_started and never_accepted.sent_at is not None
     await d.aclose()

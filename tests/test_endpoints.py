@@ -15,12 +15,12 @@ import pytest
 
 from agentcore_rollout import ConfigError, Outcome, RolloutEngine, RolloutRequest, RolloutStart
 from agentcore_rollout._dispatcher import (
-    Endpoint,
     LiveSession,
     RequestDispatcher,
+    RuntimeEndpoint,
     SubmitFailed,
-    retry_budget,
 )
+from agentcore_rollout._runtime_endpoints import retry_budget
 from agentcore_rollout._sandbox import SessionCallError
 from agentcore_rollout.config import load_config
 
@@ -222,7 +222,7 @@ def test_runtimes_errors_are_one_line_naming_the_key():
 
 async def _started_on(d: RequestDispatcher, sid: str) -> tuple[str, LiveSession]:
     async with d.live_session(sid, math.inf) as session:
-        started = await d.start(session, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+        started = await d.start(session, lambda _: b"{}", timeout=10.0, deadline=math.inf)
     return started.endpoint, session
 
 
@@ -230,7 +230,7 @@ def _dispatcher(*runtimes: FakeRuntime, accounts: tuple[str, ...] = (), **cfg) -
     base = {"bucket": "bkt", "queue_url": "q", "runtime_arn": RUNTIME_ARN, "start_rate": 1000.0}
     config = flat_config(**(base | {"backoff_base": 0.01, "backoff_max": 0.05} | cfg))
     endpoints = [
-        Endpoint(f"e{i}", r, account=accounts[i] if accounts else "")
+        RuntimeEndpoint(f"e{i}", r, account=accounts[i] if accounts else "")
         for i, r in enumerate(runtimes)
     ]
     return RequestDispatcher(endpoints, config)
@@ -259,7 +259,7 @@ async def test_live_bound_per_account_and_per_endpoint():
     held = [d.live_session(f"{i:040d}", math.inf) for i in range(6)]
     sessions = [await h.__aenter__() for h in held[:4]]  # 2 per account: 4 at most
     for s in sessions:
-        await d.start(s, lambda _: b"{}", timeout=10.0, cutoff=math.inf)
+        await d.start(s, lambda _: b"{}", timeout=10.0, deadline=math.inf)
     by_account = Counter("1" if s.endpoint in ("e0", "e1") else "2" for s in sessions)
     assert by_account == {"1": 2, "2": 2}
     with pytest.raises(SubmitFailed, match="live-session slot"):

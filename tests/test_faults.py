@@ -27,7 +27,8 @@ from agentcore_rollout import (
 )
 from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
-from agentcore_rollout._dispatcher import PROBE_SESSION_PREFIX, retry_budget
+from agentcore_rollout._dispatcher import PROBE_SESSION_PREFIX
+from agentcore_rollout._runtime_endpoints import retry_budget
 from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.local.moto import MotoServer, provision_results_channel
 from agentcore_rollout.local.stack import LocalStack

@@ -17,9 +17,9 @@ from agentcore_rollout._dispatcher import (
     RequestDispatcher,
     Started,
     SubmitFailed,
-    retry_budget,
 )
 from agentcore_rollout._limits import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
+from agentcore_rollout._runtime_endpoints import retry_budget
 from agentcore_rollout.config import EngineConfig
 
 from .factories import flat_config
@@ -64,13 +64,13 @@ async def _start(
     sessions: list[LiveSession] | None = None,
     *,
     timeout: float = 10.0,
-    start_by: float = math.inf,
+    start_deadline: float = math.inf,
 ) -> Started:
     """Start one session in its own live slot; `sessions` gets the slot's LiveSession."""
-    async with d.live_session(sid, start_by) as session:
+    async with d.live_session(sid, start_deadline) as session:
         if sessions is not None:
             sessions.append(session)
-        return await d.start(session, lambda _: b"{}", timeout=timeout, cutoff=math.inf)
+        return await d.start(session, lambda _: b"{}", timeout=timeout, deadline=math.inf)
 
 
 def _outage(code: str = "EndpointConnectionError") -> SessionCallError:
@@ -168,7 +168,7 @@ async def test_retries_exhausted_and_not_started_in_time():
         await _start(d)
     d = RequestDispatcher(FakeRuntime(start_time=0.2), _cfg(start_rate=1000.0, max_live_sessions=1))
     async with d.live_session("s" * 40, math.inf) as held:  # the only slot is taken
-        d.adopt(held, None)  # a session running on the (only) endpoint
+        d.adopt(held, "runtime")  # a session running on the (only) endpoint
         with pytest.raises(SubmitFailed, match=r"not started in time: .* live-session slot"):
             async with d.live_session("t" * 40, time.time() + 0.05):
                 pass
@@ -290,7 +290,7 @@ async def test_a_timer_that_fires_early_still_wakes_the_waiters(monkeypatch):
     call_at = loop.call_at
 
     def early_for_the_dispatcher(when, callback, *args, **kw):
-        if getattr(callback, "__self__", None) is d:
+        if getattr(callback, "__self__", None) is d._queue:  # its start queue's timer
             return _EarlyTimer(call_at, when, callback, *args)
         return call_at(when, callback, *args, **kw)
 

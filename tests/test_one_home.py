@@ -66,7 +66,7 @@ def test_one_name_for_the_deadline() -> None:
     journal to `resume`; the one its session must start by is `start_deadline`; a duration is
     a `timeout`. The names it had before fail here."""
     tests = sorted((ROOT / "tests").rglob("*.py"))
-    docs = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+    docs = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
     stale_names = (
         r"running_until|StartAttempts|\bcap=|attempts\.deadline|\bcutoff|\bstart_by\b"
         r"|\blookup_at\b|\bgive_up_at\b"
@@ -100,9 +100,9 @@ def test_one_function_decides_every_outcome() -> None:
         }
         for node in ast.walk(tree):
             named = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-            if named and node.value.id == "Outcome" and node.attr.isupper():
-                if id(node) not in compared | deciding:
-                    chosen.append(f"{name}:{node.lineno} Outcome.{node.attr}")
+            member = named and node.value.id == "Outcome" and node.attr.isupper()
+            if member and id(node) not in compared | deciding:
+                chosen.append(f"{name}:{node.lineno} Outcome.{node.attr}")
             call = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
             if call and node.func.id == "Outcome" and id(node) not in deciding:
                 chosen.append(f"{name}:{node.lineno} Outcome(...)")

@@ -1,0 +1,185 @@
+"""The places rollouts' sessions start (`RuntimeEndpoint`) and what the dispatcher keeps of
+each: its account's budgets, its starts in flight and live sessions, and whether it is down.
+
+Why a module of its own: these are the facts both halves of the dispatcher read, the start
+queue choosing where an attempt goes (`_start_queue`) and the dispatcher spending invokes,
+stops and probes (`_dispatcher`), so each half reads without the other's machinery.
+
+AgentCore's quotas are per account and region (`RuntimeEndpoint.account`), shared by every
+endpoint and runtime there, so each account has (`Account`, from `_quotas.Limits`: the
+configured values, else the account's quotas):
+- a start rate (token bucket, adapted down on throttling and back up on success),
+- a data-plane rate that every invoke and every stop takes from,
+- at most `max_live_sessions` sessions alive; a slot frees only once the session is stopped,
+  which runs behind the outcome's hand-off (`RequestDispatcher.live_session`), never before.
+More endpoints in one account add no start rate; more accounts or regions do. Each endpoint
+(`EndpointState`; on AgentCore, one runtime ARN + qualifier) has its own outage state
+(`Outage`), its own optional live bound, and at most `ceil(start_rate * session_start_time)`
+starts in flight (Little's law, at its account's rate), so a cold-start wave cannot pile up
+connections on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._limits import AdaptiveRate, Gauge, TokenBucket
+from ._quotas import Limits
+from ._redact import get_logger
+from ._sandbox import SandboxRuntime, SessionCallError
+from .config import DispatchConfig
+
+log = get_logger("agentcore_rollout.dispatcher")
+
+EARLY = 0.002  # seconds: a token due this soon counts as there (timers fire a hair early)
+
+
+class SubmitFailed(Exception):
+    """The rollout could not be started: non-retryable error, retries spent, every endpoint
+    down, or it waited too long to start. The message says which, with the last cause."""
+
+
+@dataclass(frozen=True)
+class RuntimeEndpoint:
+    """One place sessions start: a runtime, its own live bound, its account."""
+
+    name: str
+    """Where a session started, as journaled (AgentCore: `RuntimeTarget.name`)."""
+    runtime: SandboxRuntime
+    max_live_sessions: int | None = None
+    """None: only its account's bound."""
+    account: str = ""
+    """`<account id>:<region>` (`RuntimeTarget.account`): endpoints of one account share its
+    start rate, data-plane rate and live bound."""
+
+
+class Outage:
+    """Tracks whether one endpoint is down: outage errors with no answer in between, for longer
+    than the retry budget."""
+
+    def __init__(
+        self, name: str, budget: float, probe_every: float, on_change: Callable[[], None]
+    ) -> None:
+        self._name = name
+        self._budget = budget
+        self._probe_every = probe_every
+        self._on_change = on_change
+        self._since: float | None = None
+        self._next_probe = 0.0
+        self.cause: SessionCallError | None = None
+        self.declared = asyncio.Event()
+
+    def failed(self, error: SessionCallError) -> None:
+        now = time.monotonic()
+        self._since = now if self._since is None else self._since
+        self.cause = error
+        if now - self._since >= self._budget and not self.declared.is_set():
+            log.error("%s down for %.1fs: %s", self._name, self.down_for(), error)
+            self.declared.set()
+            self._next_probe = now + self._probe_every
+            self._on_change()
+
+    def answered(self) -> None:
+        self._since, self.cause = None, None
+        if self.declared.is_set():
+            log.warning("%s answers again", self._name)
+            self.declared.clear()
+            self._on_change()
+
+    def down_for(self) -> float:
+        return time.monotonic() - self._since if self._since is not None else 0.0
+
+    def in_doubt(self) -> bool:
+        """Outage errors seen, with no answer since, but not yet for the whole budget."""
+        return self._since is not None and not self.declared.is_set()
+
+    def due(self) -> bool:
+        """Up, or down and due for one probe (taking nothing)."""
+        return not self.declared.is_set() or time.monotonic() >= self._next_probe
+
+    def may_try(self) -> bool:
+        """Up, or down and due for one probe, which this takes."""
+        if not self.due():
+            return False
+        if self.declared.is_set():
+            self._next_probe = time.monotonic() + self._probe_every
+        return True
+
+    def refusal(self) -> SubmitFailed:
+        return SubmitFailed(f"{self._name} down for {self.down_for():.1f}s: {self.cause}")
+
+
+class Account:
+    """One account and region's budgets, shared by its endpoints: new sessions (adapted down on
+    throttling), data-plane calls (invokes and stops), live sessions."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.bound = limits.max_live_sessions
+        self.starts = AdaptiveRate(_bucket(limits.start_rate))
+        self.calls = _bucket(limits.data_plane_tps)
+        self.live = Gauge()
+
+    def ready_in(self) -> float:
+        """Seconds until a start may take both its tokens."""
+        return max(self.starts.bucket.ready_in(), self.calls.ready_in())
+
+
+class EndpointState:
+    """One endpoint's state: starts in flight, live sessions and outage; its account's budgets."""
+
+    def __init__(
+        self,
+        spec: RuntimeEndpoint,
+        account: Account,
+        cfg: DispatchConfig,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.name = spec.name
+        self.runtime = spec.runtime
+        self.account = account
+        rate = account.limits.start_rate
+        self.max_starting = max(1, math.ceil(rate * cfg.session_start_time))
+        self.max_live = min(spec.max_live_sessions or account.bound, account.bound)
+        self.starting = Gauge()
+        self.live = Gauge()
+        self.started = 0
+        self.outage = Outage(spec.name, retry_budget(cfg), cfg.backoff_max, on_change)
+        self.probe: asyncio.Task[None] | None = None
+
+    def can_start(self, holding: bool) -> bool:
+        """A start slot and the account's tokens are free, and a live slot here and in the
+        account (unless the session holds one here already)."""
+        if self.starting.value >= self.max_starting or self.account.ready_in() > EARLY:
+            return False
+        return holding or (
+            self.live.value < self.max_live and self.account.live.value < self.account.bound
+        )
+
+    def load(self) -> float:
+        return self.live.value / self.max_live
+
+    def take_live(self) -> None:
+        self.live.add()
+        self.account.live.add()
+
+    def release_live(self) -> None:
+        self.live.remove()
+        self.account.live.remove()
+
+
+def retry_budget(config: DispatchConfig) -> float:
+    """The longest back-off one request can spend retrying: the sum of the capped delays."""
+    return sum(
+        min(config.backoff_max, config.backoff_base * 2**k) for k in range(config.max_retries)
+    )
+
+
+def _bucket(rate: float) -> TokenBucket:
+    """A tenth of a second of burst lets the bucket make up for a late wake-up of the event
+    loop (otherwise a busy loop loses rate it never gets back) without bunching starts."""
+    return TokenBucket(rate, burst=max(1.0, rate / 10))

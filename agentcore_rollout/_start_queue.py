@@ -1,0 +1,264 @@
+"""StartQueue: the line of start attempts waiting for an endpoint, and the choice of where
+each goes.
+
+Why a module of its own: which attempt goes next and to which endpoint is one decision, made
+each time a slot or a token frees, apart from a session's life (its live slot, retries, stop:
+`_dispatcher`), which only asks it for an endpoint (`claim`) and gives back what it took.
+
+Each attempt to start takes an endpoint where a start slot, a live slot and its account's
+start and data-plane tokens are free (`_runtime_endpoints`), the least loaded of those
+(`_pick`); waiters are served lowest step first, and woken when the first token they wait for
+is due. A retry after a clear refusal may go to another endpoint; once an attempt may have
+created the session (sent, no clear answer), every retry goes where it was sent. An endpoint
+declared down sends its waiters to the others, and only when every endpoint is down does every
+waiting request end at once with the cause; while down, one attempt per `backoff_max` seconds
+probes whether it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Awaitable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from ._limits import Gauge
+from ._runtime_endpoints import EARLY, Account, EndpointState, RuntimeEndpoint, SubmitFailed
+from ._sandbox import SessionCallError
+from .config import DispatchConfig
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class LiveSession:
+    """One live-session slot and the session it holds (see `RequestDispatcher.live_session`)."""
+
+    session_id: str
+    start_deadline: float  # unix seconds: started by then, or SubmitFailed
+    priority: int = 0  # slots go to the lowest first: the request's step (oldest first)
+    maybe_started: bool = False
+    """Some attempt may have created the session (sent, and not clearly refused), or it is an
+    earlier engine's, still running: leaving the slot stops it."""
+    sent_at: float | None = None
+    """When the first attempt that may have created the session was sent (unix seconds): from
+    then on it may cost, even if no attempt was accepted."""
+    endpoint: str | None = None
+    """The endpoint whose live slot it holds: where it may have started, and is stopped."""
+    refused_on: set[str] = field(default_factory=set)
+    """Endpoints that clearly refused an attempt (unreachable, throttled, full): its retries
+    wait for the others while any of those is up, so it spends no retries on a dead one."""
+
+
+@dataclass(order=True)
+class _Waiter:
+    priority: int
+    arrival: int
+    granted: asyncio.Future[EndpointState] = field(compare=False)
+    session: LiveSession = field(compare=False)
+    pinned: EndpointState | None = field(compare=False)
+
+
+class StartQueue:
+    """Hands each start attempt an endpoint with its start slot, live slot and tokens taken,
+    lowest step first, over `endpoints` grouped into `accounts`."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[RuntimeEndpoint],
+        accounts: Mapping[str, Account],
+        cfg: DispatchConfig,
+    ) -> None:
+        self.endpoints = {
+            spec.name: EndpointState(spec, accounts[spec.account], cfg, self._outage_changed)
+            for spec in endpoints
+        }
+        self.starting = Gauge()
+        self.all_down = asyncio.Event()
+        self._waiters: list[_Waiter] = []  # heap: lowest step first, then arrival
+        self._pinned: list[_Waiter] = []  # retries that must go where they were sent
+        self._arrivals = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def pinned_to(self, session: LiveSession) -> EndpointState | None:
+        """Where a session that may have started must be retried (None: anywhere)."""
+        return self.endpoints.get(session.endpoint or "") if session.maybe_started else None
+
+    async def claim(self, session: LiveSession, error: SessionCallError | None) -> EndpointState:
+        """An endpoint to invoke now, its start slot, a start token and (unless the session
+        holds one there) its live slot taken; waiting in line, lowest step first."""
+        pinned = self.pinned_to(session)
+        if pinned is not None and not pinned.outage.due():
+            raise pinned.outage.refusal()
+        if pinned is None and not any(e.outage.due() for e in self.endpoints.values()):
+            raise self._refusal()
+        waiting = self._pinned if pinned is not None else self._waiters
+        if not waiting and (endpoint := self._pick(pinned, session.refused_on)) is not None:
+            self._take(endpoint, session)
+            return endpoint
+        granted: asyncio.Future[EndpointState] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(session.priority, next(self._arrivals), granted, session, pinned)
+        heapq.heappush(waiting, waiter)
+        self._wake()
+        try:
+            what = "a start on its endpoint" if pinned is not None else "a free endpoint"
+            return await self.until(granted, session.start_deadline, what, error, pinned)
+        except BaseException:
+            if granted.done() and not granted.cancelled():  # granted as it gave up: undo
+                self._untake(granted.result(), session)
+            raise
+
+    def attempted(self, endpoint: EndpointState) -> None:
+        """An attempt `claim` gave `endpoint` ended, accepted or not: its start slot frees."""
+        endpoint.starting.remove()
+        self.starting.remove()
+        self._wake()
+
+    def release_live(self, endpoint: EndpointState) -> None:
+        """A session left its live slot on `endpoint`: a waiter may take it."""
+        endpoint.release_live()
+        self._wake()
+
+    async def until(
+        self,
+        work: Awaitable[_T],
+        start_deadline: float,
+        what: str,
+        cause: SessionCallError | None = None,
+        pinned: EndpointState | None = None,
+    ) -> _T:
+        """Await `work` unless `start_deadline` passes or, first, the endpoint it is pinned to
+        or (unpinned) every endpoint is declared down."""
+        down_event = pinned.outage.declared if pinned is not None else self.all_down
+        task = asyncio.ensure_future(work)
+        down = asyncio.ensure_future(down_event.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {task, down},
+                timeout=(
+                    max(0.0, start_deadline - time.time()) if start_deadline < math.inf else None
+                ),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for pending in (task, down):
+                if not pending.done():
+                    pending.cancel()
+            await asyncio.gather(task, down, return_exceptions=True)
+        if task in done:  # it won (even if the other finished too): what it got is ours
+            return task.result()
+        if down in done:
+            raise pinned.outage.refusal() if pinned is not None else self._refusal()
+        last = f" (last error: {cause})" if cause is not None else ""
+        raise SubmitFailed(f"not started in time: still waiting for {what}{last}")
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _pick(
+        self, pinned: EndpointState | None, refused_on: Collection[str] = ()
+    ) -> EndpointState | None:
+        """Where to start now: the pinned endpoint if it can; else the least loaded endpoint
+        that is up and can start, of those that have not refused this session while any such
+        is up; else one down and due for its probe; None: wait."""
+        if pinned is not None:
+            return pinned if pinned.can_start(holding=True) and pinned.outage.may_try() else None
+        up = [e for e in self.endpoints.values() if not e.outage.declared.is_set()]
+        untried = [e for e in up if e.name not in refused_on]
+        free = [e for e in untried or up if e.can_start(holding=False)]
+        if free:
+            return min(free, key=EndpointState.load)
+        if up:
+            return None  # an endpoint that is up frees a slot or a token soon
+        return next(
+            (
+                e
+                for e in self.endpoints.values()
+                if e.can_start(holding=False) and e.outage.may_try()
+            ),
+            None,
+        )
+
+    def _take(self, endpoint: EndpointState, session: LiveSession) -> None:
+        endpoint.account.starts.bucket.take()
+        endpoint.account.calls.take()
+        endpoint.starting.add()
+        self.starting.add()
+        if session.endpoint != endpoint.name:
+            endpoint.take_live()
+            session.endpoint = endpoint.name
+
+    def _untake(self, endpoint: EndpointState, session: LiveSession) -> None:
+        """A grant the waiter did not live to use (its token is spent)."""
+        endpoint.starting.remove()
+        self.starting.remove()
+        if not session.maybe_started:
+            endpoint.release_live()
+            session.endpoint = None
+        self._wake()
+
+    def _wake(self) -> None:
+        """Grant waiters, lowest step first, as long as an endpoint can start one; then wake
+        again when the next start token is due."""
+        for line in (self._pinned, self._waiters):
+            held: list[_Waiter] = []
+            while line:
+                waiter = line[0]
+                if waiter.granted.done():  # gave up waiting
+                    heapq.heappop(line)
+                    continue
+                endpoint = self._pick(waiter.pinned, waiter.session.refused_on)
+                if endpoint is None:
+                    if waiter.pinned is None and not waiter.session.refused_on:
+                        break  # no endpoint can start anyone
+                    held.append(heapq.heappop(line))
+                    continue
+                heapq.heappop(line)
+                self._take(endpoint, waiter.session)
+                waiter.granted.set_result(endpoint)
+            for waiter in held:
+                heapq.heappush(line, waiter)
+        if self._waiters or self._pinned:
+            self._wake_at_next_token(asyncio.get_running_loop())
+
+    def _on_timer(self) -> None:
+        # Not `when() <= loop.time()`: uvloop fires a timer up to a millisecond before its
+        # when() by its own clock, and a fired timer taken for a pending one is never renewed.
+        self._timer = None
+        self._wake()
+
+    def _wake_at_next_token(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Endpoints with room wait only for their account's tokens: wake when the first are
+        due (a slot's release wakes the others)."""
+        waits = [
+            e.account.ready_in()
+            for e in self.endpoints.values()
+            if e.starting.value < e.max_starting and e.outage.due()
+        ]
+        if not waits:
+            return
+        when = loop.time() + max(EARLY / 2, min(waits))
+        if self._timer is None or when < self._timer.when():
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(when, self._on_timer)
+
+    def _outage_changed(self) -> None:
+        """An endpoint was declared down or answers again: all down, waiters fail; back, they
+        may go there."""
+        if all(e.outage.declared.is_set() for e in self.endpoints.values()):
+            self.all_down.set()
+        else:
+            self.all_down.clear()
+            self._wake()
+
+    def _refusal(self) -> SubmitFailed:
+        refusals = [str(e.outage.refusal()) for e in self.endpoints.values()]
+        if len(refusals) == 1:
+            return SubmitFailed(refusals[0])
+        return SubmitFailed(f"every endpoint down: {'; '.join(refusals)}")

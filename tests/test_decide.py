@@ -1,0 +1,71 @@
+"""`_decide`, the one function that chooses an outcome, on every kind of fact (pure logic)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentcore_rollout._buffer import Delivery
+from agentcore_rollout._dispatcher import SubmitFailed
+from agentcore_rollout._request import Trace, _decide
+from agentcore_rollout.contract import ErrorInfo, Outcome
+
+from .factories import make_result
+
+pytestmark = pytest.mark.unit
+
+OK = make_result()
+FAILED = make_result(
+    status="agent_error", rewards=None, error=ErrorInfo(type="ValueError", message="bad")
+)
+
+
+@pytest.mark.parametrize(
+    ("delivery", "facts", "expected"),
+    [
+        (None, {"failure": SubmitFailed("throttled")}, (Outcome.SUBMIT_FAILED, "throttled")),
+        (None, {"failure": asyncio.CancelledError()}, (Outcome.CANCELLED, "cancelled")),
+        (
+            None,
+            {"failure": asyncio.CancelledError(), "stale": "step 0 is 2 behind"},
+            (Outcome.STALE, "step 0 is 2 behind"),
+        ),
+        (
+            None,
+            {"failure": KeyError("bug")},
+            (Outcome.ENGINE_ERROR, "engine error: KeyError('bug')"),
+        ),
+        (
+            Delivery(missing="no result by the deadline"),
+            {},
+            (Outcome.TIMEOUT, "no result by the deadline"),
+        ),
+        (Delivery(invalid="bad signature"), {}, (Outcome.INVALID_RESULT, "bad signature")),
+        (Delivery(OK), {}, (Outcome.OK, None)),
+        (Delivery(FAILED), {}, (Outcome.AGENT_ERROR, "ValueError: bad")),
+        (
+            Delivery(OK),
+            {"trace": Trace(lost="trace lost: gone")},
+            (Outcome.INVALID_RESULT, "trace lost: gone"),
+        ),
+        # a failure keeps its own outcome when only its trace is lost: it trains nothing anyway
+        (
+            Delivery(FAILED),
+            {"trace": Trace(lost="trace lost: gone")},
+            (Outcome.AGENT_ERROR, "ValueError: bad"),
+        ),
+        (
+            Delivery(FAILED),
+            {"trace": Trace(lost="replica r lost its trace", replica_lost=True)},
+            (
+                Outcome.INVALID_RESULT,
+                "replica r lost its trace (the agent's result: agent_error: ValueError: bad)",
+            ),
+        ),
+    ],
+)
+def test_each_fact_has_its_outcome(delivery, facts, expected) -> None:
+    outcome, result, error = _decide(delivery, **facts)
+    assert (outcome, error) == expected
+    assert (result is not None) == (outcome in (Outcome.OK, Outcome.AGENT_ERROR))
