@@ -37,7 +37,7 @@ class Journaled:
     started_at: float | None = None  # when its session's invocation was sent (epoch s)
     gateway_session_id: str | None = None
     gateway_url: str | None = None  # the replica holding that session
-    endpoint: str | None = None  # where its session started; None (older lines): the first
+    endpoint: str | None = None  # the runtime endpoint its session started on
 
 
 class Lines:
@@ -134,17 +134,23 @@ def _read_journal(out: Path) -> list[Journaled]:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"--resume {out}: cannot read {JOURNAL}: {e}") from None
     entries: dict[str, Journaled] = {}
-    for line in _complete(lines):
-        event = json.loads(line)
-        rid = event["request_id"]
-        if event["kind"] == "request":
-            entries[rid] = _journaled(event)
-        elif rid in entries:
-            entries[rid].deadline = event["deadline"]
-            entries[rid].started_at = event.get("started_at")  # absent: an older journal
-            entries[rid].gateway_session_id = event["gateway_session_id"]
-            entries[rid].gateway_url = event.get("gateway_url")  # absent: written by one gateway
-            entries[rid].endpoint = event.get("endpoint")
+    for number, line in enumerate(_complete(lines), 1):  # the journal has no blank lines
+        try:
+            event = json.loads(line)
+            rid = event["request_id"]
+            if event["kind"] == "request":
+                entries[rid] = _journaled(event)
+            elif rid in entries:
+                entries[rid].deadline = event["deadline"]
+                entries[rid].started_at = event["started_at"]
+                entries[rid].gateway_session_id = event["gateway_session_id"]
+                entries[rid].gateway_url = event["gateway_url"]
+                entries[rid].endpoint = event["endpoint"]
+        except (KeyError, ValueError, TypeError) as e:
+            why = f"no {e}" if isinstance(e, KeyError) else e
+            raise UsageError(
+                f"--resume {out}: {JOURNAL}:{number}: not a journal line ({why})"
+            ) from None
     if not entries:
         raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())
