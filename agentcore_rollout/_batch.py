@@ -118,13 +118,11 @@ class RolloutOutcome:
 @dataclass(frozen=True)
 class StaleResult:
     """A result that arrived after its request had ended (timed out, cancelled, or of an older
-    step). Kept apart, never mixed into a batch; `result` only with
-    `engine.results.keep_stale_results`."""
+    step). Kept apart, never mixed into a batch."""
 
     request_id: str
     step: int
     reward: float | None
-    result: RolloutResult | None = None
 
 
 @dataclass

@@ -79,8 +79,8 @@ class RolloutBuffer:
 
     Ended requests are remembered per step (to tell a duplicate or a late result from an
     unknown one) until their step falls out of the retained window: `advance(step)` forgets
-    every step older than `step - retain_steps` (at least `max_staleness + 1` steps are kept,
-    so a request ended `stale` is still known), so a long run holds flat memory.
+    every step older than `step - max_staleness - 1` (so a request ended `stale` is still
+    known), so a long run holds flat memory.
     """
 
     def __init__(self, s3: Any, sqs: Any, config: EngineConfig) -> None:
@@ -94,7 +94,7 @@ class RolloutBuffer:
         self._ended: dict[int, dict[str, str | None]] = {}
         self._stale: dict[int, list[StaleResult]] = {}
         self._step = 0
-        self._window = max(config.results.retain_steps, config.limits.max_staleness + 1)
+        self._window = config.limits.max_staleness + 1
         self._counts: Counter[str] = Counter()
         self._invalid: Counter[str] = Counter()
         self._rejected_inline: Counter[str] = Counter()
@@ -329,7 +329,6 @@ class RolloutBuffer:
                 request_id=key.request_id,
                 step=key.step,
                 reward=result.scalar_reward(),
-                result=result if self._cfg.results.keep_stale_results else None,
             )
         )
         return "delete"

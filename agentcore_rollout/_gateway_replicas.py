@@ -46,10 +46,6 @@ class GatewayReplicas:
     def urls(self) -> list[str]:
         return list(self._replicas)
 
-    def open_sessions(self) -> dict[str, int]:
-        """Sessions this engine holds open, per replica URL."""
-        return {url: len(ids) for url, ids in self._open.items()}
-
     def agent_url(self, url: str) -> str:
         """What agents of a session on replica `url` call."""
         replica = self._replicas.get(url)
@@ -134,9 +130,6 @@ class GatewayReplicas:
                 "gateway replica %s is down, retried in %gs: %s", url, self._retry_after, error
             )
         self._down_until[url] = time.monotonic() + self._retry_after
-
-    def is_down(self, url: str) -> bool:
-        return self._down_until.get(url, 0.0) > time.monotonic()
 
     async def close(self) -> None:
         await asyncio.gather(*(admin.close() for admin in self._admins.values()))

@@ -6,8 +6,8 @@ so the inbox:
 - long-polls, parses both notification forms, and hands each result that is ours to the
   buffer (`ingest`), which says what became of it,
 - deletes a message only after hand-off, in batches: a handled message waits up to
-  `delete_window` for others to share a call,
-- after a receive that brought a partial batch, waits `receive_gather` before the next, so at
+  `_DELETE_WINDOW` for others to share a call,
+- after a receive that brought a partial batch, waits `_RECEIVE_GATHER` before the next, so at
   moderate traffic one call brings several messages,
 - leaves messages that are not its own on the queue, hidden longer each time they come back
   (`_hidden_for`): a polluted queue costs a few receives per message, no S3 call.
@@ -47,6 +47,10 @@ message's size, the receipt to hold the message by, if it may be held)."""
 _MAX_BATCHES = 4  # received batches being downloaded at once, per poller
 _SQS_MAX_VISIBILITY = 12 * 3600  # counted from the receive
 _SET_ASIDE_GROWTH = 4  # each return of a message nobody takes hides it this much longer
+_POLLERS = 1  # one receive at a time suffices: 10 messages each, handled while the next is made
+_FOREIGN_VISIBILITY = 2  # seconds: the engine it may be for takes it within a receive or two
+_RECEIVE_GATHER = 0.05  # seconds: the next receive brings several, for 50 ms more latency at most
+_DELETE_WINDOW = 0.5  # seconds: fills calls at tens of results/s; under any visibility timeout > 0
 
 
 class Transient(Exception):
@@ -62,18 +66,16 @@ class Inbox:
         self._prefix = normal_prefix(config.prefix)
         self._ingest = ingest
         self._pollers: list[asyncio.Task[None]] = []
-        self._deletes = _Batched(
-            sqs.delete_message_batch, config.queue_url, config.results.delete_window
-        )
+        self._deletes = _Batched(sqs.delete_message_batch, config.queue_url, _DELETE_WINDOW)
         self._releases = _Batched(
-            sqs.change_message_visibility_batch, config.queue_url, config.results.delete_window
+            sqs.change_message_visibility_batch, config.queue_url, _DELETE_WINDOW
         )
         self._counts: Counter[str] = Counter()
 
     async def start(self) -> None:
         self._pollers = [
             asyncio.create_task(self._poll(), name=f"rollout-buffer-poller-{i}")
-            for i in range(self._cfg.results.pollers)
+            for i in range(_POLLERS)
         ]
 
     async def close(self) -> None:
@@ -136,10 +138,10 @@ class Inbox:
                 messages = resp.get("Messages", [])
                 self._counts["messages"] += len(messages)
                 in_hand.create_task(self._process(messages, batches.release))
-                if 0 < len(messages) < 10 and self._cfg.results.receive_gather:
+                if 0 < len(messages) < 10:
                     # More are coming but not enough to fill a batch: let them gather, so
                     # the next call brings several (an empty long poll has waited already).
-                    await asyncio.sleep(self._cfg.results.receive_gather)
+                    await asyncio.sleep(_RECEIVE_GATHER)
 
     async def _process(self, messages: list[dict[str, Any]], done: Callable[[], None]) -> None:
         """Handle one received batch, settling each message as soon as it is handled (so a
@@ -173,7 +175,7 @@ class Inbox:
     def _hidden_for(self, fate: _MessageFate, message: dict[str, Any]) -> int:
         """Seconds a released message stays hidden, by whose it may be.
 
-        Ours, not expected here (`release`): `foreign_visibility`, for another engine of this
+        Ours, not expected here (`release`): `_FOREIGN_VISIBILITY`, for another engine of this
         experiment. Another experiment's result (`other_exp`): that too the first two times, as
         its engine may share this queue and takes it within a receive or two; then 4x longer
         each time it comes back, as nobody is listening. No engine's (another bucket, outside
@@ -183,10 +185,10 @@ class Inbox:
         verification (`forged`) is set aside the same way. Capped at SQS's 12 h."""
         cfg = self._cfg.results
         if fate == "release":
-            return cfg.foreign_visibility
+            return _FOREIGN_VISIBILITY
         returns = _receive_count(message) - 1
         if fate == "other_exp":
-            first, returns = cfg.foreign_visibility, max(0, returns - 1)
+            first, returns = _FOREIGN_VISIBILITY, max(0, returns - 1)
         else:
             first = cfg.visibility_timeout
         longest = _SQS_MAX_VISIBILITY - cfg.visibility_timeout  # handled within the timeout

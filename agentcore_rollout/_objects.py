@@ -20,15 +20,16 @@ log = get_logger("agentcore_rollout.buffer")
 
 _CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
 _MISSING = ("NoSuchKey", "404")
+_DOWNLOADS = 16  # concurrent GetObjects: over a batch's 10, well within _aws's 64 connections
 
 
 class ResultObjects:
-    """The results bucket of `config`, read at most `download_concurrency` objects at once."""
+    """The results bucket of `config`, read at most `_DOWNLOADS` objects at once."""
 
     def __init__(self, s3: Any, config: EngineConfig) -> None:
         self._s3 = s3
         self._cfg = config
-        self._downloads = asyncio.Semaphore(config.results.download_concurrency)
+        self._downloads = asyncio.Semaphore(_DOWNLOADS)
         self.downloads = 0
 
     async def exists(self, key: str) -> bool:

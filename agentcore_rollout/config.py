@@ -297,34 +297,12 @@ class LimitsConfig(_Section):
 
 
 class ResultsConfig(_Section):
-    """How results come back: SQS polling, S3 downloads, and what is remembered."""
+    """How results come back: SQS long polling, their size limit, the agents' own messages."""
 
-    pollers: int = Field(default=1, ge=1, description="concurrent SQS long-pollers")
     wait_time: int = Field(default=20, ge=0, le=20, description="SQS long-poll seconds")
     visibility_timeout: int = Field(
         default=60, ge=0, le=43200, description="seconds a received message stays invisible"
     )
-    foreign_visibility: int = Field(
-        default=2,
-        ge=0,
-        le=43200,
-        description="seconds a notification no request here expects is released for; 4x longer "
-        "each time after its second return",
-    )
-    receive_gather: float = Field(
-        default=0.05,
-        ge=0,
-        le=5,
-        description="seconds to wait after a receive that brought 1-9 messages, so the next "
-        "brings several: fewer calls per result, this much more latency at most",
-    )
-    delete_window: float = Field(
-        default=0.5,
-        ge=0,
-        description="seconds a handled message waits for others to share its delete call; "
-        "must stay well under visibility_timeout",
-    )
-    download_concurrency: int = Field(default=16, ge=1, description="concurrent S3 downloads")
     max_result_bytes: int = Field(
         default=DEFAULT_MAX_RESULT_BYTES,
         ge=1024,
@@ -334,21 +312,6 @@ class ResultsConfig(_Section):
         default=False,
         description="agents also send to SQS after the put, a small result inside: no GetObject",
     )
-    retain_steps: int = Field(
-        default=1, ge=0, description="older steps whose ended requests are remembered"
-    )
-    keep_stale_results: bool = Field(
-        default=False, description="keep whole late results, not just id, step and reward"
-    )
-
-    @model_validator(mode="after")
-    def _deletes_within_visibility(self) -> ResultsConfig:
-        if self.visibility_timeout and self.delete_window >= self.visibility_timeout:
-            raise ValueError(
-                f"delete_window ({self.delete_window}s) must be shorter than visibility_timeout "
-                f"({self.visibility_timeout}s), or handled messages come back"
-            )
-        return self
 
 
 class CostConfig(_Section):
@@ -416,7 +379,6 @@ class EngineConfig(_Section):
         "session starts on the least loaded one with a free start token and live slot",
     )
     endpoints: Endpoints = Field(default_factory=Endpoints)
-    max_pool_connections: int = Field(default=64, ge=1, description="per AWS client")
     llm: LLMSettings | None = Field(default=None, description="the policy endpoint agents call")
     gateway: GatewayConfig | None = None
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)

@@ -43,7 +43,7 @@ time) and writes its stats there (`python -m pstats FILE`); the profiler slows i
 times over, so read shares from it, not milliseconds.
 
     python bench/scale.py [--sessions 10000] [--start-rate 400] [--result-rate 50]
-                          [--max-pending 50] [--pool 64] [--out bench/results]
+                          [--max-pending 50] [--out bench/results]
                           [--profile FILE]
 """
 
@@ -168,7 +168,6 @@ async def engine_child(spec: dict[str, Any]) -> None:
         },
         limits={"rollout_timeout": spec["rollout_timeout"]},  # no deadline lookups while live
         results={"wait_time": 20, "notify_directly": True},  # small results come inline
-        max_pool_connections=spec["pool"],
     )
     requests = [
         RolloutRequest({"i": i}, input_id=f"q{i // 8}", sample_index=i % 8, request_id=f"r{i:06d}")
@@ -417,7 +416,6 @@ async def run(
     result_rate: float = 50.0,
     max_pending: int = 50,
     write_concurrency: int = 10,
-    pool: int = 64,
     quiet: bool = False,
     profile: Path | None = None,
 ) -> dict[str, Any]:
@@ -457,7 +455,6 @@ async def run(
             "stop_rate": max(4 * result_rate, start_rate),
             # Deadlines far past the run: no S3 lookups while the sessions are live.
             "rollout_timeout": 600.0 + 2 * sessions / start_rate + 4 * sessions / result_rate,
-            "pool": pool,
             "profile": str(profile) if profile else None,
         }
         engine = Child(
@@ -596,8 +593,8 @@ def _figures(
         "engine_stats": {k: stats[k] for k in ENGINE_STATS},
         "peak_fds": sampler.fds,
         "fd_limit": fd_limit,
-        "config": {k: spec[k] for k in ("start_rate", "stop_rate", "rollout_timeout", "pool")}
-        | {"max_live_sessions": n, "wait_time": 20, "pollers": 1},
+        "config": {k: spec[k] for k in ("start_rate", "stop_rate", "rollout_timeout")}
+        | {"max_live_sessions": n, "wait_time": 20},
     }
     figures["bottleneck"] = _bottleneck(figures, shares, busy, cores)
     return figures
@@ -725,7 +722,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-pending", type=int, default=50, help="results written, session not stopped yet"
     )
-    parser.add_argument("--pool", type=int, default=64, help="engine.max_pool_connections")
     parser.add_argument(
         "--out",
         type=Path,
@@ -768,7 +764,6 @@ def main(argv: list[str] | None = None) -> None:
                 start_rate=args.start_rate,
                 result_rate=args.result_rate,
                 max_pending=args.max_pending,
-                pool=args.pool,
                 quiet=args.quiet,
                 profile=args.profile,
             )

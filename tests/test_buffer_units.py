@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agentcore_rollout import _objects
+from agentcore_rollout import _inbox, _objects
 from agentcore_rollout._buffer import RolloutBuffer
 from agentcore_rollout._inbox import _Batched
 from agentcore_rollout.contract import result_key
@@ -119,17 +119,17 @@ class FailingDeleteSQS(FakeSQS):
         await super().delete_message_batch(QueueUrl, Entries)
 
 
-async def test_a_failed_delete_is_counted_and_no_task_error_goes_unretrieved():
+async def test_a_failed_delete_is_counted_and_no_task_error_goes_unretrieved(monkeypatch):
     loop = asyncio.get_running_loop()
     unhandled: list[dict] = []
     loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    monkeypatch.setattr(_inbox, "_DELETE_WINDOW", 0)  # a handled message's delete is sent at once
+    monkeypatch.setattr(_inbox, "_RECEIVE_GATHER", 0.05)  # ... before the next is received: 1 each
     cfg = flat_config(
         bucket="bkt",
         queue_url="q",
         runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
         exp_id="e",
-        delete_window=0,  # a handled message's delete is sent at once ...
-        receive_gather=0.05,  # ... before the next message is received: one call each
         reconcile_before=0,  # delivered by the notifications, not by a lookup
     )
     keys = {rid: result_key("rollouts", "e", 0, rid) for rid in ("first", "second")}
@@ -210,16 +210,16 @@ async def test_large_objects_are_checked_off_the_event_loop_and_still_refused_wh
     assert len(threads) == 2 and threading.main_thread().name not in threads
 
 
-async def test_messages_not_ours_are_hidden_longer_each_time_they_come_back():
+async def test_messages_not_ours_are_hidden_longer_each_time_they_come_back(monkeypatch):
     """Messages not ours: no S3 call, released (never deleted) for a time that grows with
     their receive count, up to SQS's maximum; another experiment's after two short hides
     (its engine may share the queue). Ours that nobody here expects: short."""
+    monkeypatch.setattr(_inbox, "_FOREIGN_VISIBILITY", 2)  # the seconds below are of it
     cfg = flat_config(
         bucket="bkt",
         queue_url="q",
         runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/a-1",
         exp_id="e",
-        foreign_visibility=2,
         visibility_timeout=60,
     )
     other_exp, outside = _event(result_key("rollouts", "other", 0, "r")), _event("elsewhere/x.json")

@@ -23,7 +23,8 @@ async def test_ended_requests_are_forgotten_once_their_step_leaves_the_window(
 ):
     emu = await emulator()
     batches = []
-    async with RolloutEngine(engine_config(moto, channel, emu)) as engine:  # retain_steps=1
+    # max_staleness=0: the current step and the one before it are remembered
+    async with RolloutEngine(engine_config(moto, channel, emu)) as engine:
         for step in range(4):
             engine.set_step(step)
             batch = await engine.rollout(

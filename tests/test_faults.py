@@ -24,6 +24,7 @@ from agentcore_rollout import (
     RolloutRequest,
     SandboxRuntime,
     SessionCallError,
+    _inbox,
 )
 from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
@@ -281,11 +282,14 @@ async def test_policy_worker_killed_every_request_ends_and_ok_keeps_its_trace(ma
     assert all(o.latency < limits.rollout_timeout + limits.result_grace + 10 for o in outcomes)
 
 
-async def test_two_engines_on_one_queue_with_different_exp_ids(moto, channel, emulator):
+async def test_two_engines_on_one_queue_with_different_exp_ids(
+    moto, channel, emulator, monkeypatch
+):
+    monkeypatch.setattr(_inbox, "_FOREIGN_VISIBILITY", 0)  # the other's back at once, for it
     emu = await emulator()
     first, second = _requests(12, sleep=0.1), _requests(12, sleep=0.1)
-    cfg_a = engine_config(moto, channel, emu, exp_id="exp-a", foreign_visibility=0)
-    cfg_b = engine_config(moto, channel, emu, exp_id="exp-b", foreign_visibility=0)
+    cfg_a = engine_config(moto, channel, emu, exp_id="exp-a")
+    cfg_b = engine_config(moto, channel, emu, exp_id="exp-b")
     async with RolloutEngine(cfg_a) as a, RolloutEngine(cfg_b) as b:
         batch_a, batch_b = await asyncio.gather(a.rollout(first), b.rollout(second))
         released = a.stats().foreign_messages + b.stats().foreign_messages

@@ -26,6 +26,7 @@ import pytest
 
 from agentcore_rollout import RolloutEngine, RolloutRequest, RolloutStart
 from agentcore_rollout._gateway_replicas import GatewayReplicas
+from agentcore_rollout.cli.errors import UsageError
 from agentcore_rollout.cli.journal import JOURNAL, Journal, Lines, left_open
 from agentcore_rollout.config import GatewayConfig, GatewayReplica, LocalConfig, load_config
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, GatewayError, SGLangBackend
@@ -219,23 +220,28 @@ async def test_a_replica_that_is_down_is_skipped_then_probed_again_after_retry_a
             [GatewayReplica(url=down), GatewayReplica(url=up.url)], token, retry_after=0.5
         )
         # Both empty: the lowest index is tried first, refuses, is marked down; `up` takes it.
-        assert (await replicas.open("req-1"))[0] == up.url and replicas.is_down(down)
-        assert (await replicas.open("req-2"))[0] == up.url  # skipped without a try
-        async with gateway(port):  # the replica restarts where it was
-            assert replicas.is_down(down)
+        assert (await replicas.open("req-1"))[0] == up.url
+        async with gateway(port) as back:  # the replica restarts where it was
+            # Marked down: skipped without a try, though it answers and holds fewer sessions.
+            assert (await replicas.open("req-2"))[0] == up.url
             await asyncio.sleep(0.6)  # its retry_after passed: the next open probes it
             opened = [(await replicas.open(f"req-{i}"))[0] for i in range(3, 7)]
             assert opened == [down] * 3 + [up.url]  # least loaded first; a tie: lowest index
-            assert not replicas.is_down(down)
-            assert replicas.open_sessions() == {down: 3, up.url: 3}
+            assert (back.stats()["sessions"], up.stats()["sessions"]) == (3, 3)
             found = await replicas.session_of("req-4")  # every replica asked
             assert found is not None and found[0] == down
             assert (await replicas.finish(down, found[1].session_id))["request_id"] == "req-4"
-        # Down for good: a finish there fails and marks it down; every replica down: one line.
+            assert back.stats()["sessions"] == 2
+        # Down for good: a finish there fails and marks it down, its 2 sessions still counted.
         with pytest.raises(GatewayError) as lost:
             await replicas.finish(down, "any-session")
-        assert lost.value.status == 0 and replicas.is_down(down)
-        assert replicas.open_sessions() == {down: 2, up.url: 3}
+        assert lost.value.status == 0
+        async with gateway(port):  # back at once: skipped until its retry_after passes
+            assert (await replicas.open("req-7"))[0] == up.url  # 2 there, 4 here
+            await asyncio.sleep(0.6)
+            opened = [(await replicas.open(f"req-{i}"))[0] for i in range(8, 12)]
+            assert opened == [down] * 3 + [up.url]  # from 2 to 5 against 4: it kept its count
+    # Every replica down: one line.
     with pytest.raises(GatewayError, match=r"^no gateway replica answered"):
         await replicas.open("req-none")
     await replicas.close()
@@ -259,10 +265,25 @@ def test_replicas_from_the_environment_are_admin_urls_separated_by_commas(tmp_pa
 def test_the_journal_keeps_each_session_s_replica_for_resume(tmp_path) -> None:
     lines = Lines(tmp_path / JOURNAL, lambda path, error: pytest.fail(str(error)))
     journal = Journal(lines)
-    requests = [_request("on-b"), _request("never-started")]
+    requests = [_request("on-b"), _request("never-started"), _request("unnamed")]
     journal.submitted(requests, step=0)
     start = RolloutStart(requests[0], 0, "s" * 33, 1.0, 2.0, "gs-1", "http://b:2", "arn#DEFAULT")
     journal.started(start)
+    assert [j.start for j in left_open(tmp_path).jobs] == [start, None, None]
+    lines.write(  # a `started` line that does not name its replica: refused in one line
+        {
+            "kind": "started",
+            "request_id": "req-unnamed",
+            "session_id": "u" * 33,
+            "deadline": 2.0,
+            "started_at": 1.0,
+            "gateway_session_id": "gs-2",
+            "endpoint": "arn#DEFAULT",
+        }
+    )
     lines.close()
-    left = left_open(tmp_path).jobs
-    assert [j.start for j in left] == [start, None]
+    with pytest.raises(UsageError) as refused:
+        left_open(tmp_path)
+    assert str(refused.value) == (
+        f"--resume {tmp_path}: {JOURNAL}:3: not a journal line (no 'gateway_url')"
+    )

@@ -73,13 +73,13 @@ async def test_outcome_is_handed_over_before_the_stop_and_the_slot_waits_for_it(
 
 async def test_deletes_are_batched_and_flushed_on_close(moto, channel, emulator):
     emu = await emulator()
-    cfg = engine_config(moto, channel, emu, delete_window=0.3)
+    cfg = engine_config(moto, channel, emu)
     requests = [RolloutRequest({"a": i, "b": 2}, input_id=f"q{i}") for i in range(40)]
     async with RolloutEngine(cfg) as engine:
         batch = await engine.rollout(requests)
     assert batch.counts["ok"] == 40
     calls, stats = engine.stats().api_calls, engine.stats()
-    # 40 results (and S3's test event) in a few windows of 0.3 s: several per call
+    # 40 results (and S3's test event) in a few windows of 0.5 s (_DELETE_WINDOW): several per call
     assert calls["sqs:DeleteMessageBatch"] * 3 <= stats.messages, calls
     assert stats.unsettled_messages == 0 and stats.duplicates == 0
     # what was still waiting for its window when the engine closed was deleted too

@@ -24,6 +24,8 @@ from .errors import UsageError
 
 JOURNAL, ROLLOUTS, SECRET = "journal.jsonl", "rollouts.jsonl", "run_secret"
 STAGED_JOURNAL = "journal.jsonl.new"  # a fresh run's, until its stack is up
+_STARTED = ("session_id", "started_at", "deadline", "gateway_session_id", "gateway_url", "endpoint")
+"""A `started` line's fields: a `RolloutStart`'s after its request and step, in order."""
 INTERRUPTED = "interrupted"  # a rollouts.jsonl row the user's Ctrl-C cancelled: run it again
 
 
@@ -77,12 +79,7 @@ class Journal:
             {
                 "kind": "started",
                 "request_id": start.request.request_id,
-                "session_id": start.session_id,
-                "deadline": start.deadline,
-                "started_at": start.started_at,
-                "gateway_session_id": start.gateway_session_id,
-                "gateway_url": start.gateway_url,
-                "endpoint": start.endpoint,
+                **{name: getattr(start, name) for name in _STARTED},
             }
         )
 
@@ -131,15 +128,21 @@ def _read_journal(out: Path) -> list[Journaled]:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"--resume {out}: cannot read {JOURNAL}: {e}") from None
     entries: dict[str, Journaled] = {}
-    for line in _complete(lines):
-        event = json.loads(line)
-        rid = event["request_id"]
-        if event["kind"] == "request":
-            entries[rid] = _journaled(event)
-        elif rid in entries:
-            entry = entries[rid]
-            fields = {k: v for k, v in event.items() if k not in ("kind", "request_id")}
-            entry.start = RolloutStart(entry.request, entry.step, **fields)
+    for number, line in enumerate(_complete(lines), 1):  # the journal has no blank lines
+        try:
+            event = json.loads(line)
+            rid = event["request_id"]
+            if event["kind"] == "request":
+                entries[rid] = _journaled(event)
+            elif rid in entries:
+                entry = entries[rid]
+                fields = [event[name] for name in _STARTED]
+                entry.start = RolloutStart(entry.request, entry.step, *fields)
+        except (KeyError, ValueError, TypeError) as e:
+            why = f"no {e}" if isinstance(e, KeyError) else e
+            raise UsageError(
+                f"--resume {out}: {JOURNAL}:{number}: not a journal line ({why})"
+            ) from None
     if not entries:
         raise UsageError(f"--resume {out}: {JOURNAL} lists no requests")
     return list(entries.values())
