@@ -285,5 +285,5 @@ def test_the_journal_keeps_each_session_s_replica_for_resume(tmp_path) -> None:
     with pytest.raises(UsageError) as refused:
         left_open(tmp_path)
     assert str(refused.value) == (
-        f"--resume {tmp_path}: {JOURNAL}:3: not a journal line (no 'gateway_url')"
+        f"--resume {tmp_path}: {JOURNAL}:5: not a journal line (no 'gateway_url')"
     )
