@@ -157,7 +157,7 @@ class RolloutEngine:
         endpoints = []
         for t in targets:
             client = await self._clients.agentcore_in(
-                t.region, t.endpoint_url or cfg.endpoints.agentcore
+                t.region, t.data_plane_url or cfg.service_urls.agentcore
             )
             runtime = AgentCoreRuntime(client, t.arn, t.qualifier)
             endpoints.append(Endpoint(t.name, runtime, t.max_live_sessions, t.account))
