@@ -13,13 +13,12 @@ from ._cost import RolloutCost
 from ._engine import RolloutEngine, RolloutHandle
 from ._sandbox import SandboxRuntime, SessionCallError
 from ._stats import EngineStats
-from .config import Config, ConfigError, EngineConfig, load_config
+from .config import ConfigError, EngineConfig, load_config
 from .contract import ContractError, Outcome
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Config",
     "ConfigError",
     "ContractError",
     "EngineConfig",

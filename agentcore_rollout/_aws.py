@@ -3,7 +3,7 @@ user's AWS configuration as the SDK reads it (credentials and their refresh, `ca
 proxies, `AWS_ENDPOINT_URL_*`, retry mode, app id), with a count of every API call.
 
 What the engine sets on top: its pool size, path-style S3 addressing behind a custom S3
-endpoint, and one attempt per AgentCore call (the dispatcher retries those itself, because
+URL, and one attempt per AgentCore call (the dispatcher retries those itself, because
 it must slow the start rate down on throttling rather than just wait). S3 and SQS retry in
 botocore's standard mode with 5 attempts, unless the user chose a mode or a number of
 attempts (`AWS_RETRY_MODE`, `AWS_MAX_ATTEMPTS` or the profile's), which then stand.
@@ -43,8 +43,8 @@ class AwsClients:
         self._session = get_session()
         cfg = self._config
         try:
-            self.s3 = await self.client_in("s3", cfg.region, cfg.endpoints.s3)
-            self.sqs = await self.client_in("sqs", cfg.region, cfg.endpoints.sqs)
+            self.s3 = await self.client_in("s3", cfg.region, cfg.service_urls.s3)
+            self.sqs = await self.client_in("sqs", cfg.region, cfg.service_urls.sqs)
         except BaseException:
             await self._stack.aclose()
             raise
@@ -53,24 +53,24 @@ class AwsClients:
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
 
-    async def agentcore_in(self, region: str, endpoint: str | None) -> Any:
-        """The AgentCore data-plane client for a runtime in `region` at `endpoint` (None:
+    async def agentcore_in(self, region: str, url: str | None) -> Any:
+        """The AgentCore data-plane client for a runtime in `region` at `url` (None:
         `AWS_ENDPOINT_URL_BEDROCK_AGENTCORE` or AWS's): runtimes may live in several regions
         or behind several URLs."""
-        return await self.client_in("bedrock-agentcore", region, endpoint)
+        return await self.client_in("bedrock-agentcore", region, url)
 
-    async def client_in(self, service: str, region: str, endpoint: str | None) -> Any:
-        """`service`'s client for `region` at `endpoint` (None: as the AWS configuration
+    async def client_in(self, service: str, region: str, url: str | None) -> Any:
+        """`service`'s client for `region` at `url` (None: as the AWS configuration
         says), made once and kept (its connections stay open) until the context exits."""
-        key = (service, region, endpoint)
+        key = (service, region, url)
         if key not in self._clients:
             assert self._session is not None, "AwsClients is used inside `async with`"
             client = await self._stack.enter_async_context(
                 self._session.create_client(
                     service,
                     region_name=region,
-                    endpoint_url=endpoint,
-                    config=self._client_config(service, endpoint),
+                    endpoint_url=url,
+                    config=self._client_config(service, url),
                 )
             )
             client.meta.events.register(
@@ -79,7 +79,7 @@ class AwsClients:
             self._clients[key] = client
         return self._clients[key]
 
-    def _client_config(self, service: str, endpoint: str | None) -> AioConfig:
+    def _client_config(self, service: str, url: str | None) -> AioConfig:
         retries, timeouts = self._retries(), {}
         if service == "bedrock-agentcore":
             retries["total_max_attempts"] = 1
@@ -87,7 +87,7 @@ class AwsClients:
         return AioConfig(
             max_pool_connections=_MAX_POOL_CONNECTIONS,
             retries=retries,
-            s3={"addressing_style": "path"} if service == "s3" and endpoint else None,
+            s3={"addressing_style": "path"} if service == "s3" and url else None,
             **timeouts,
         )
 

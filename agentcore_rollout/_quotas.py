@@ -13,7 +13,7 @@ that account's; each quota's ARN names it, and its values go to the runtimes of 
 and region. Every value it does not give is the published default, named as such with why: no
 permission or no answer (any error), a quota not listed, another account's runtime, AgentCore
 at a URL not AWS's (an emulator, a stand-in: Service Quotas is then asked only at
-`engine.endpoints.service_quotas`).
+`engine.service_urls.service_quotas`).
 Quota codes are not published, so quotas are matched by name, leniently (case and hyphens
 aside): "new" with "session creation" is the start rate, "data plane" the data-plane rate,
 "active session" the live bound; a name naming another AgentCore service (Browser, Code
@@ -43,7 +43,7 @@ SERVICE_QUOTAS = "Service Quotas"
 PUBLISHED = "published default"
 _READ_TIMEOUT_S = 10.0  # all pages of one region, retries included
 _OTHER_SERVICES = ("browser", "code interpreter", "gateway", "memory", "identity", "evaluation")
-_OWN_URL = "AgentCore at its own URL; no engine.endpoints.service_quotas"
+_OWN_URL = "AgentCore at its own URL; no engine.service_urls.service_quotas"
 _AWS_DOMAINS = (".amazonaws.com", ".amazonaws.com.cn", ".api.aws")
 _SECONDS = {"MICROSECOND": 1e-6, "MILLISECOND": 1e-3, "SECOND": 1, "MINUTE": 60, "HOUR": 3600}
 
@@ -97,7 +97,7 @@ async def account_quotas(clients: Any, config: EngineConfig) -> dict[str, Accoun
     Service Quotas where it answers for that account, else the published defaults. Never
     raises: whatever goes wrong leaves the published defaults, and says why."""
     targets = config.all_runtimes
-    url = config.endpoints.service_quotas
+    url = config.service_urls.service_quotas
     asked = sorted({t.region for t in targets if url or await _at_aws(clients, config, t)})
     answers = await asyncio.gather(*(_read(clients, region, url) for region in asked))
     by_region = dict(zip(asked, answers, strict=True))
@@ -119,8 +119,8 @@ def describe(quotas: Mapping[str, AccountQuotas], cfg: DispatchConfig) -> str:
 async def _at_aws(clients: Any, config: EngineConfig, target: RuntimeTarget) -> bool:
     """The runtime's data plane is AWS's own (however its URL was set): Service Quotas at
     AWS's knows its quotas; of an emulator or a stand-in it knows nothing."""
-    endpoint = target.endpoint_url or config.endpoints.agentcore
-    client = await clients.agentcore_in(target.region, endpoint)
+    url = target.data_plane_url or config.service_urls.agentcore
+    client = await clients.agentcore_in(target.region, url)
     host = urlsplit(client.meta.endpoint_url).hostname or ""
     return host.endswith(_AWS_DOMAINS)
 

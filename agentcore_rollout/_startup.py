@@ -59,7 +59,9 @@ async def runtime_endpoints(
         return [RuntimeEndpoint(targets[0].name if targets else "runtime", runtime)]
     endpoints = []
     for t in targets:
-        client = await clients.agentcore_in(t.region, t.endpoint_url or cfg.endpoints.agentcore)
+        client = await clients.agentcore_in(
+            t.region, t.data_plane_url or cfg.service_urls.agentcore
+        )
         runtime = AgentCoreRuntime(client, t.arn, t.qualifier)
         endpoints.append(RuntimeEndpoint(t.name, runtime, t.max_live_sessions, t.account))
     return endpoints

@@ -2,6 +2,11 @@
 
 Later sources win. Every error names the dotted key it is about, in one line, because a
 config error is the first thing a new user meets.
+
+The engine's settings live here (`EngineConfig`, the file's `engine` section), with the one
+loader: `load_config` gives a trainer its `EngineConfig`; `load_sections` reads any model of
+the whole file, as the CLI reads its own (`cli/config.py`: the local stack's and the CLI's
+sections too).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from dotenv import dotenv_values
@@ -29,8 +34,6 @@ from pydantic_core import PydanticCustomError
 from ._agentcore import (
     DATA_PLANE_TPS,
     GB_HOUR_USD,
-    IDLE_TIMEOUT_S,
-    MAX_LIFETIME_S,
     NEW_SESSIONS_PER_SECOND,
     SESSION_GB,
     SESSION_VCPUS,
@@ -53,7 +56,7 @@ _RUNTIME_ARN = re.compile(
     r"arn:[a-z0-9-]+:bedrock-agentcore:[a-z0-9-]+:[0-9]{12}:runtime/[A-Za-z][A-Za-z0-9_-]*"
 )
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -91,38 +94,32 @@ def _runtime_arn(arn: str) -> str:
     return arn
 
 
-def _queue_name(name: str) -> str:
-    if not _QUEUE_NAME.fullmatch(name):
-        raise PydanticCustomError(
-            "queue_name", "not a valid SQS queue name (1-80 letters, digits, hyphens, underscores)"
-        )
-    return name
-
-
-_BucketName = Annotated[str, AfterValidator(_bucket_name)]
-_QueueName = Annotated[str, AfterValidator(_queue_name)]
+BucketName = Annotated[str, AfterValidator(_bucket_name)]
 _RuntimeArn = Annotated[str, AfterValidator(_runtime_arn)]
 
 
-class _Section(BaseModel):
-    # inf and nan are never a sensible rate, timeout or fraction, and would only fail later.
+class Section(BaseModel):
+    """A section of the config file (the local stack's and the CLI's too): an unknown key is an
+    error, an assignment is checked, and a float is finite (inf and nan are never a sensible
+    rate, timeout or fraction, and would only fail later)."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class Endpoints(_Section):
-    """Endpoint overrides; None means the AWS default for the region."""
+class ServiceUrls(Section):
+    """Service URL overrides; None means the AWS default for the region."""
 
-    s3: str | None = Field(default=None, description="S3's endpoint URL")
-    sqs: str | None = Field(default=None, description="SQS's endpoint URL")
-    agentcore: str | None = Field(default=None, description="AgentCore's data-plane endpoint URL")
+    s3: str | None = Field(default=None, description="S3's URL")
+    sqs: str | None = Field(default=None, description="SQS's URL")
+    agentcore: str | None = Field(default=None, description="AgentCore's data-plane URL")
     service_quotas: str | None = Field(
         default=None,
-        description="Service Quotas' endpoint URL, where the engine reads AgentCore's quotas at "
+        description="Service Quotas' URL, where the engine reads AgentCore's quotas at "
         "start-up; None: AWS's, asked only for runtimes at AWS's own data plane",
     )
 
 
-class GatewayReplica(_Section):
+class GatewayReplica(Section):
     """One gateway process: where the engine reaches its admin API, and what agents call."""
 
     url: str = Field(description="where the engine reaches its admin API")
@@ -133,7 +130,7 @@ class GatewayReplica(_Section):
         return self.public_url or self.url
 
 
-class GatewayConfig(_Section):
+class GatewayConfig(Section):
     """The token-capture gateway: the engine opens one session per request through its admin
     API and hands the agent that session's key. One gateway (`url`, `public_url`) or several
     replicas sharing one admin token (`replicas`): a session lives on the replica it was opened
@@ -186,7 +183,7 @@ class GatewayConfig(_Section):
         return [GatewayReplica(url=self.url, public_url=self.public_url)]
 
 
-class RuntimeTarget(_Section):
+class RuntimeTarget(Section):
     """One runtime endpoint sessions start on: an AgentCore runtime ARN and endpoint qualifier,
     with its own live bound. Its account and region (the ARN's) hold the quotas it shares with
     every other endpoint there: new sessions, data-plane calls, live sessions."""
@@ -202,9 +199,9 @@ class RuntimeTarget(_Section):
         description="sessions alive here at once; None: only the account's bound "
         "(engine.dispatch.max_live_sessions)",
     )
-    endpoint_url: str | None = Field(
+    data_plane_url: str | None = Field(
         default=None,
-        description="the data plane's URL for this runtime; None: engine.endpoints.agentcore, "
+        description="the data plane's URL for this runtime; None: engine.service_urls.agentcore, "
         "else AWS's for the ARN's region",
     )
 
@@ -234,7 +231,7 @@ class RuntimeTarget(_Section):
         return f"{self.arn.split(':')[4]}:{self.region}"
 
 
-class DispatchConfig(_Section):
+class DispatchConfig(Section):
     """How sessions are started and stopped, within AgentCore's quotas, each per account and
     region and shared by its endpoints: new sessions per second, data-plane calls per second
     (invokes and stops), active sessions. None: the account's applied quota, read from Service
@@ -269,7 +266,7 @@ class DispatchConfig(_Section):
     backoff_max: float = Field(default=20.0, gt=0, description="seconds; the back-off's cap")
 
 
-class LimitsConfig(_Section):
+class LimitsConfig(Section):
     """How long a request may wait, run and fall behind."""
 
     queue_timeout: float | None = Field(
@@ -296,7 +293,7 @@ class LimitsConfig(_Section):
     )
 
 
-class ResultsConfig(_Section):
+class ResultsConfig(Section):
     """How results come back: SQS long polling, their size limit, the agents' own messages."""
 
     wait_time: int = Field(default=20, ge=0, le=20, description="SQS long-poll seconds")
@@ -314,7 +311,7 @@ class ResultsConfig(_Section):
     )
 
 
-class CostConfig(_Section):
+class CostConfig(Section):
     """Prices for the estimated cost of each rollout (`RolloutOutcome.cost`): its sandbox
     session's seconds at AgentCore Runtime's prices, its gateway tokens at per-token prices.
 
@@ -347,10 +344,7 @@ class CostConfig(_Section):
         return (self.session_vcpus * self.vcpu_hour_usd + self.session_gb * self.gb_hour_usd) / 3600
 
 
-_SECTIONS = {"dispatch": DispatchConfig, "limits": LimitsConfig, "results": ResultsConfig}
-
-
-class EngineConfig(_Section):
+class EngineConfig(Section):
     """Everything the engine needs to dispatch rollouts and collect their results."""
 
     exp_id: str = Field(
@@ -360,7 +354,7 @@ class EngineConfig(_Section):
         description="experiment id: part of every result key; other ids are left alone",
     )
     region: str = Field(default="us-east-1", description="AWS region (also from AWS_REGION)")
-    bucket: _BucketName | None = Field(
+    bucket: BucketName | None = Field(
         default=None, description="results bucket; required on AWS, filled in by the local stack"
     )
     prefix: str = Field(
@@ -378,7 +372,7 @@ class EngineConfig(_Section):
         description="several runtime endpoints, instead of runtime_arn + qualifier: each "
         "session starts on the least loaded one with a free start token and live slot",
     )
-    endpoints: Endpoints = Field(default_factory=Endpoints)
+    service_urls: ServiceUrls = Field(default_factory=ServiceUrls)
     llm: LLMSettings | None = Field(default=None, description="the policy endpoint agents call")
     gateway: GatewayConfig | None = None
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
@@ -391,22 +385,6 @@ class EngineConfig(_Section):
         repr=False,
         description="derives each request's signing key; set it to resume a run after a restart",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_keys(cls, data: Any) -> Any:
-        """A key of a section written at the top (as before sections existed): one line that
-        names where it lives now."""
-        if isinstance(data, dict):
-            for key in data:
-                for name, section in _SECTIONS.items():
-                    if key in section.model_fields:
-                        raise PydanticCustomError(
-                            "moved",
-                            "{key} moved: write engine.{name}.{key}",
-                            {"key": key, "name": name},
-                        )
-        return data
 
     @model_validator(mode="after")
     def _one_way_to_name_runtimes(self) -> EngineConfig:
@@ -441,182 +419,12 @@ class EngineConfig(_Section):
                 )
 
 
-class LocalConfig(_Section):
-    """The embedded stack (`stack: local`): moto, the runtime emulator, the local policy."""
+class _EngineFile(Section):
+    """A config file as a trainer reads it: its `engine` section. The others (`stack`, `local`,
+    `run`, `train`) are the CLI's, left to it."""
 
-    app: str = Field(
-        default="examples.math_agent.app:app",
-        description="module:attribute of the RolloutApp each session runs",
-    )
-    mode: Literal["process", "in_process", "container"] = Field(
-        default="process",
-        description="`process`: an agent process per session; `in_process`: one shared app (fast, "
-        "for tests); `container`: a container of `image` per session",
-    )
-    image: str = Field(
-        default="localhost/agentcore-rollout-agent:local",
-        min_length=1,
-        description="mode container: the agent's image, built from `dockerfile` when missing "
-        "(`app` is then the image's)",
-    )
-    dockerfile: str = Field(
-        default="examples/math_agent/Dockerfile",
-        description="what `agentcore-rollout local build` builds `image` from",
-    )
-    container_engine: Literal["auto", "podman", "docker"] = Field(
-        default="auto", description="mode container: podman or docker (auto: podman if present)"
-    )
-    bucket: _BucketName = Field(
-        default="agentcore-rollout-local", description="the local stack's results bucket"
-    )
-    queue: _QueueName = Field(
-        default="agentcore-rollout-results", description="the local stack's results queue"
-    )
-    cold_start: float = Field(
-        default=0.0, ge=0, description="simulated seconds before a new session's agent starts"
-    )
-    new_sessions_per_second: float | None = Field(
-        default=NEW_SESSIONS_PER_SECOND,
-        gt=0,
-        description="emulator's new sessions per second per account, all its endpoints "
-        "together (429 above it); None: none",
-    )
-    data_plane_tps: float | None = Field(
-        default=DATA_PLANE_TPS,
-        gt=0,
-        description="emulator's data-plane calls per second per account, invokes and stops "
-        "together (429 above it); None: none",
-    )
-    max_sessions: int = Field(
-        default=64,
-        ge=1,
-        description="emulator's live sessions per account (402 above it), which the engine reads "
-        "as the account's quota: as many agents as this machine runs at once (AgentCore: 5,000)",
-    )
-    endpoints: int = Field(
-        default=1,
-        ge=1,
-        description="endpoints of the emulator's runtime (DEFAULT, endpoint_2, ...), sharing "
-        "its account's quotas; the engine starts sessions on all",
-    )
-    idle_timeout: float = Field(
-        default=IDLE_TIMEOUT_S, gt=0, description="seconds after which an idle session is ended"
-    )
-    max_lifetime: float = Field(
-        default=MAX_LIFETIME_S,
-        gt=0,
-        description="seconds after which any session is ended, busy or not",
-    )
-    # What the workers serve: the toy (numpy, char tokenizer), or a Hugging Face causal LM on
-    # CPU, named (a known model, converted once into a cache) or a model directory; the gateway
-    # then renders with that model's tokenizer and chat template. Resolved by the stack (core
-    # knows no model names).
-    policy: str = Field(
-        default="toy", min_length=1, description="toy | a known model name | a model directory"
-    )
-    policy_seed: int = Field(
-        default=0, description="seed of the toy policy (and the workers' sampling)"
-    )
-    policy_params: str | None = Field(default=None, description=".npz of trained toy parameters")
-    policy_workers: int = Field(default=2, ge=1, description="behind sglang-router when > 1")
-    # One by default: on cores shared with other work, a worker's pool of 2 threads measured 6x
-    # slower than 1 (SmolLM2, 32 sequences, 2 cores under load 6: 5.5 vs 33 tokens/s).
-    policy_threads: int = Field(default=1, ge=1, description="torch threads per model worker")
-    record_samples: bool = Field(default=False, description="workers keep /debug/samples")
-    token_delay: float = Field(
-        default=0.0,
-        ge=0,
-        description="seconds the toy takes per token, so its generations are in flight to "
-        "abort and resume, as a real model's are (a model policy is paced by its compute)",
-    )
-    gateway: bool = Field(default=True, description="token-capture gateway in front of the policy")
-    gateway_replicas: int = Field(
-        default=1, ge=1, description="gateway processes; each session on one (engine.gateway)"
-    )
-    max_context: int = Field(default=2048, ge=16, description="gateway context limit, tokens")
-    agent_log_dir: str | None = Field(
-        default=None, description="write each agent process's output here"
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        """The emulator's rates as they were before AgentCore counted them per account."""
-        old = {"invoke_tps": "data_plane_tps", "new_sessions_per_minute": "new_sessions_per_second"}
-        for key in old.keys() & (data if isinstance(data, dict) else {}):
-            raise PydanticCustomError(
-                "renamed",
-                "{key} is now local.{new}, per account as AgentCore counts it since August 2026",
-                {"key": key, "new": old[key]},
-            )
-        return data
-
-    @model_validator(mode="after")
-    def _params_for_the_toy(self) -> LocalConfig:
-        if self.policy_params and self.policy != "toy":
-            raise ValueError(
-                "policy_params is the toy's .npz; a model's weights are its directory "
-                f"(local.policy={self.policy!r})"
-            )
-        if self.token_delay and self.policy != "toy":
-            raise ValueError(f"token_delay paces the toy, not local.policy={self.policy!r}")
-        return self
-
-
-class RunConfig(_Section):
-    """What `agentcore-rollout run` rolls out."""
-
-    data: str = Field(
-        default="examples/math_agent/data/train.jsonl",
-        description="JSONL, one payload per line; `id` names its group",
-    )
-    n: int = Field(default=4, ge=1, description="samples per prompt (a GRPO group)")
-    out: str = Field(default="out", description="rollouts.jsonl and summary.json go here")
-    step: int = Field(default=0, ge=0, description="policy version written into every request")
-    timeout: float | None = Field(
-        default=None, gt=0, description="default: engine.limits.rollout_timeout"
-    )
-    min_ok_fraction: float = Field(
-        default=0.5, ge=0, le=1, description="below it, the run exits 3 (outputs still written)"
-    )
-
-
-class TrainConfig(_Section):
-    """What `agentcore-rollout train` does: GRPO on the local policy (`local.policy`: the toy or
-    a Hugging Face model), each step a batch of groups rolled out through the whole pipeline."""
-
-    data: str = Field(
-        default="examples/math_agent/data/train.jsonl",
-        description="JSONL, one prompt per line (ids as for run)",
-    )
-    out: str = Field(
-        default="out/train",
-        description="metrics.jsonl, reward_curve.png and the weights of every step",
-    )
-    steps: int = Field(default=20, ge=1, description="training steps")
-    n: int = Field(default=8, ge=1, description="members trained per group")
-    extra: int = Field(default=0, ge=0, description="more submitted, cancelled once n are ok")
-    min_ok: int = Field(default=2, ge=1, description="fewer ok members: the group is skipped")
-    groups_per_step: int | None = Field(default=None, ge=1, description="default: one per row")
-    lr: float = Field(default=8.0, gt=0, description="learning rate of the policy-gradient step")
-    clip: float = Field(default=0.2, gt=0, description="PPO ratio clip")
-    asynchronous: bool = Field(
-        default=False,
-        description="rollouts never wait for an update: each resolved group is replaced at "
-        "once, and a weight push aborts the turns in flight, which resume under the new "
-        "weights; needs engine.limits.max_staleness >= 1 (`train --async`)",
-    )
-
-
-class Config(_Section):
-    stack: Literal["local", "aws"] = Field(
-        default="local",
-        description="`local`: start the embedded stack; `aws`: use the configured endpoints",
-    )
+    model_config = ConfigDict(extra="ignore")
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    local: LocalConfig = Field(default_factory=LocalConfig)
-    run: RunConfig = Field(default_factory=RunConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
 
 
 def load_config(
@@ -625,8 +433,24 @@ def load_config(
     env_file: str | Path | None = "agentcore.env",
     environ: Mapping[str, str] | None = None,
     overrides: Iterable[str] | Mapping[str, Any] = (),
-) -> Config:
-    """Load YAML at `path`, apply environment variables, then `key.path=value` overrides."""
+) -> EngineConfig:
+    """The engine's config: the `engine` section of the YAML at `path`, then environment
+    variables, then `engine.key.path=value` overrides (`load_sections`)."""
+    file = load_sections(_EngineFile, path, env_file=env_file, environ=environ, overrides=overrides)
+    return file.engine
+
+
+def load_sections(
+    model: type[_M],
+    path: str | Path | None = None,
+    *,
+    env_file: str | Path | None = "agentcore.env",
+    environ: Mapping[str, str] | None = None,
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+) -> _M:
+    """`model`, the sections of a whole config file: YAML at `path`, then environment
+    variables (`env_file`'s, then `environ`'s, by default the process's), then `key.path=value`
+    overrides; any error a ConfigError of one line naming its dotted key."""
     data: dict[str, Any] = {}
     if path is not None:
         data = _read_yaml(Path(path))
@@ -638,7 +462,7 @@ def load_config(
     for dotted, value in items:
         _set_dotted(data, dotted, value)
     try:
-        return Config.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"config: {first_error(e)}") from None
 
@@ -670,7 +494,7 @@ def _read_env_file(path: Path) -> dict[str, str | None]:
 
 def _env_overrides(env: Mapping[str, str | None]) -> list[tuple[str, Any]]:
     """`AGENTCORE_ROLLOUT_DISPATCH__START_RATE=5` -> `engine.dispatch.start_rate`; `__` nests
-    (`AGENTCORE_ROLLOUT_ENDPOINTS__S3`). `AWS_REGION` sets the region. An empty variable is
+    (`AGENTCORE_ROLLOUT_SERVICE_URLS__S3`). `AWS_REGION` sets the region. An empty variable is
     unset, so the blanks left in a copy of agentcore.env.example mean the defaults."""
     out: list[tuple[str, Any]] = []
     if env.get("AWS_REGION"):

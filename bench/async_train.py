@@ -29,8 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agentcore_rollout.cli.config import load_config
 from agentcore_rollout.cli.dataset import read_rows
-from agentcore_rollout.config import load_config
 from agentcore_rollout.local.trainer import train
 
 ROOT = Path(__file__).resolve().parent.parent

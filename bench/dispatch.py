@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 from dataclasses import asdict  # noqa: E402
 
 from agentcore_rollout import RolloutBatch, RolloutEngine, RolloutRequest  # noqa: E402
-from agentcore_rollout._agentcore import NEW_SESSIONS_PER_SECOND  # noqa: E402
-from agentcore_rollout.config import LocalConfig  # noqa: E402
+from agentcore_rollout._agentcore import NEW_SESSIONS_PER_SECOND, active_sessions  # noqa: E402
+from agentcore_rollout.local.config import LocalConfig  # noqa: E402
 from agentcore_rollout.local.stack import LOCAL_RUNTIME_ARN, LocalStack  # noqa: E402
 from agentcore_rollout.serving.process import ServiceProcess  # noqa: E402
 
@@ -74,9 +74,9 @@ async def _batch(
         if spread != "1 endpoint":
             url = await asyncio.to_thread(_emulator, local, arns, qualifiers, stack)
             runtimes = [{"arn": arn, "qualifier": q} for arn in arns for q in qualifiers]
-            endpoints = {"s3": local.moto.url, "sqs": local.moto.url}
+            urls = {"s3": local.moto.url, "sqs": local.moto.url}
             config |= {"runtime_arn": None, "runtimes": runtimes}
-            config["endpoints"] = endpoints | {"agentcore": url, "service_quotas": url}
+            config["service_urls"] = urls | {"agentcore": url, "service_quotas": url}
         cfg = local.engine_config(**config)
         requests = [RolloutRequest({"a": i, "b": 1}, input_id=f"q{i}") for i in range(n)]
         async with RolloutEngine(cfg) as engine:
@@ -89,7 +89,7 @@ def _emulator(
     local: LocalStack, arns: tuple[str, ...], qualifiers: tuple[str, ...], stack: AsyncExitStack
 ) -> str:
     """An emulator of its own, with the stack's agents' environment, serving `arns`, each with
-    `qualifiers`, at its default (the published) quotas."""
+    `qualifiers`, at the published quotas."""
     emulator = ServiceProcess(
         "spread emulator",
         "agentcore_rollout.local.runtime",
@@ -98,6 +98,7 @@ def _emulator(
         local.config.mode,
         *(arg for arn in arns for arg in ("--runtime-arn", arn)),
         *(arg for q in qualifiers for arg in ("--qualifier", q)),
+        *("--max-sessions", str(active_sessions("us-east-1"))),  # its rates' defaults are too
         env=local.agent_env(),
     )
     url = emulator.start()

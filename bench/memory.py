@@ -81,7 +81,7 @@ async def run(total: int, per_step: int) -> dict:
             prefix=channel.prefix,
             queue_url=channel.queue_url,
             runtime_arn="arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/fast-0000",
-            endpoints={"s3": moto.url, "sqs": moto.url},
+            service_urls={"s3": moto.url, "sqs": moto.url},
             dispatch={"start_rate": 2000.0, "max_live_sessions": 256},
             results={"wait_time": 1},
         )

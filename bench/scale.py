@@ -160,7 +160,7 @@ async def engine_child(spec: dict[str, Any]) -> None:
         prefix=spec["prefix"],
         queue_url=spec["queue_url"],
         runtime_arn=RUNTIME_ARN,
-        endpoints={"s3": spec["moto"], "sqs": spec["moto"], "agentcore": spec["runtime"]},
+        service_urls={"s3": spec["moto"], "sqs": spec["moto"], "agentcore": spec["runtime"]},
         dispatch={
             "start_rate": spec["start_rate"],
             "stop_rate": spec["stop_rate"],

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agentcore_rollout._agentcore import active_sessions
 from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.local.moto import (
     LOCAL_CREDENTIALS,
@@ -75,15 +76,14 @@ async def emulator(moto: MotoServer, agent_endpoints: None) -> AsyncIterator[Any
     started: list[RuntimeEmulator] = []
 
     async def make(**overrides: Any) -> RuntimeEmulator:
-        cfg = EmulatorConfig(
-            app="tests.agents.basic:app",
-            mode="in_process",
-            runtime_arns=(RUNTIME_ARN,),  # the emulator answers ResourceNotFound for others
-            env=agent_env(moto),
-        )
-        for k, v in overrides.items():
-            setattr(cfg, k, v)
-        emu = RuntimeEmulator(cfg)
+        base: dict[str, Any] = {
+            "app": "tests.agents.basic:app",
+            "mode": "in_process",
+            "runtime_arns": (RUNTIME_ARN,),  # the emulator answers ResourceNotFound for others
+            "max_sessions": active_sessions(REGION),  # the service's quota, not a laptop's
+            "env": agent_env(moto),
+        }
+        emu = RuntimeEmulator(EmulatorConfig(**(base | overrides)))
         await emu.start()
         started.append(emu)
         return emu
@@ -103,7 +103,7 @@ def engine_config(
         "prefix": channel.prefix,
         "queue_url": channel.queue_url,
         "runtime_arn": RUNTIME_ARN,
-        "endpoints": {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url},
+        "service_urls": {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url},
         "start_rate": 25.0,  # the emulator's account quota (AgentCore's published)
         "session_start_time": 0.5,
         "max_live_sessions": 64,

@@ -32,7 +32,7 @@ from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
 from agentcore_rollout._sandbox import SessionCallError
-from agentcore_rollout.config import ConfigError, Endpoints
+from agentcore_rollout.config import ConfigError, ServiceUrls
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.relay import _pipe
 
@@ -70,7 +70,7 @@ def aws_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str
     return lambda profile: config.write_text(f"[default]\n{profile}\n")
 
 
-def _endpoints(moto: Any, emu: Any) -> dict[str, str]:
+def _service_urls(moto: Any, emu: Any) -> dict[str, str]:
     return {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url}
 
 
@@ -147,7 +147,7 @@ async def test_a_ca_bundle_in_the_aws_config_file_is_trusted(
     ca.cert_pem.write_to_path(str(bundle))
     async with _tls_relay(moto.url, ca) as aws, _tls_relay(emu.url, ca) as agentcore:
         cfg = engine_config(
-            moto, channel, emu, endpoints={"s3": aws, "sqs": aws, "agentcore": agentcore}
+            moto, channel, emu, service_urls={"s3": aws, "sqs": aws, "agentcore": agentcore}
         )
         # Not trusted yet: the engine says so in one line before it starts anything.
         with pytest.raises(ConfigError, match=r"cannot reach https://127\.0\.0\.1:\d+/?: SSL"):
@@ -202,10 +202,10 @@ async def test_a_proxy_with_credentials_carries_every_call(
     moto, channel, emulator, aws_config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     emu = await emulator()
-    # The engine's endpoints by name, through the proxy; the (in-process) agents', which run
+    # The engine's service URLs by name, through the proxy; the (in-process) agents', which run
     # in AgentCore and not behind the trainer's proxy, by address, around it.
-    by_name = {k: v.replace("127.0.0.1", "localhost") for k, v in _endpoints(moto, emu).items()}
-    cfg = engine_config(moto, channel, emu, endpoints=by_name)
+    by_name = {k: v.replace("127.0.0.1", "localhost") for k, v in _service_urls(moto, emu).items()}
+    cfg = engine_config(moto, channel, emu, service_urls=by_name)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     async with _proxy() as port:
         monkeypatch.setenv("HTTP_PROXY", f"http://bob:right@127.0.0.1:{port}")
@@ -260,7 +260,7 @@ async def test_a_refusing_proxy_leaves_its_password_in_no_file_and_no_log(
     emu = await emulator()
     engine = engine_config(moto, channel, emu, exp_id="proxy").model_dump(mode="json")
     # The emulator by name, so NO_PROXY=127.0.0.1 sends S3 and SQS around the proxy.
-    engine["endpoints"]["agentcore"] = emu.url.replace("127.0.0.1", "localhost")
+    engine["service_urls"]["agentcore"] = emu.url.replace("127.0.0.1", "localhost")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"stack": "aws", "engine": engine}))
     data = tmp_path / "data.jsonl"
@@ -353,7 +353,7 @@ async def test_endpoint_urls_come_from_the_environment(
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto.url)
     monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", emu.url)
     cfg = engine_config(moto, channel, emu)
-    cfg.endpoints = Endpoints()  # nothing in the engine's own config
+    cfg.service_urls = ServiceUrls()  # nothing in the engine's own config
     async with AwsClients(cfg) as clients:
         assert clients.sqs.meta.endpoint_url == moto.url
         assert (await clients.agentcore_in(REGION, None)).meta.endpoint_url == emu.url

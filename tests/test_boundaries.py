@@ -32,7 +32,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import agentcore_rollout.gateway as gateway
-from agentcore_rollout.config import LocalConfig
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.stack import LocalStack
 

@@ -16,10 +16,10 @@ import pytest
 from agentcore_rollout import EngineStats
 from agentcore_rollout.cli import main
 from agentcore_rollout.cli import run as cli_run
+from agentcore_rollout.cli.config import load_config
 from agentcore_rollout.cli.dataset import read_rows
 from agentcore_rollout.cli.errors import UsageError
 from agentcore_rollout.cli.summary import RunSummary
-from agentcore_rollout.config import load_config
 from examples.math_agent.app import grade, leads_with_number, reward_for
 
 pytestmark = pytest.mark.unit
@@ -185,7 +185,7 @@ def test_a_signal_cancels_cleanly_and_leaves_nothing_behind(tmp_path, sig):
                 "engine.bucket=b-1",
                 "engine.queue_url=http://127.0.0.1:9/q",
                 f"engine.runtime_arn={RUNTIME_ARN}",
-                "engine.endpoints.s3=http://127.0.0.1:9",
+                "engine.service_urls.s3=http://127.0.0.1:9",
             ],
             "config: cannot reach http://127.0.0.1:9",
         ),
@@ -560,7 +560,7 @@ def test_local_up_prints_endpoints_and_stops_cleanly():
     proc = _cli("local", "up")
     env: dict[str, str] = {}
     assert proc.stdout is not None
-    while "AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE" not in env:
+    while "AGENTCORE_ROLLOUT_SERVICE_URLS__AGENTCORE" not in env:
         line = proc.stdout.readline()
         assert line, proc.communicate()[1][-3000:]
         key, _, value = line.strip().partition("=")
@@ -570,7 +570,7 @@ def test_local_up_prints_endpoints_and_stops_cleanly():
 
     s3 = boto3.client(
         "s3",
-        endpoint_url=env["AGENTCORE_ROLLOUT_ENDPOINTS__S3"],
+        endpoint_url=env["AGENTCORE_ROLLOUT_SERVICE_URLS__S3"],
         region_name="us-east-1",
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
@@ -579,7 +579,7 @@ def test_local_up_prints_endpoints_and_stops_cleanly():
         s3.head_bucket(Bucket=env["AGENTCORE_ROLLOUT_BUCKET"])["ResponseMetadata"]["HTTPStatusCode"]
         == 200
     )
-    assert env["AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE"].startswith("http://127.0.0.1:")
+    assert env["AGENTCORE_ROLLOUT_SERVICE_URLS__AGENTCORE"].startswith("http://127.0.0.1:")
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=30)
     assert proc.returncode == 0

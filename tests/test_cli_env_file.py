@@ -41,7 +41,7 @@ def printed() -> Iterator[list[str]]:
     )
     assert proc.stdout is not None
     lines: list[str] = []
-    while not any(line.startswith("AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE=") for line in lines):
+    while not any(line.startswith("AGENTCORE_ROLLOUT_SERVICE_URLS__AGENTCORE=") for line in lines):
         line = proc.stdout.readline()
         assert line, proc.communicate()[1][-3000:]
         lines.append(line.strip())
@@ -97,9 +97,9 @@ def test_env_file_credentials_reach_the_engine(printed, tmp_path):
 
 def test_agentcore_env_with_aws_endpoint_variables(printed, tmp_path):
     """./agentcore.env, read without a flag, pointing botocore at the stack with its own
-    AWS_ENDPOINT_URL_<SERVICE> variables instead of the engine's endpoint keys."""
+    AWS_ENDPOINT_URL_<SERVICE> variables instead of the engine's service URL keys."""
     service = {"S3": "S3", "SQS": "SQS", "AGENTCORE": "BEDROCK_AGENTCORE"}
-    prefix = "AGENTCORE_ROLLOUT_ENDPOINTS__"
+    prefix = "AGENTCORE_ROLLOUT_SERVICE_URLS__"
     lines = [
         f"AWS_ENDPOINT_URL_{service[line[len(prefix) :].split('=')[0]]}={line.split('=', 1)[1]}"
         if line.startswith(prefix)

@@ -21,9 +21,9 @@ import aiohttp
 import pytest
 
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
-from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.contract import session_id
 from agentcore_rollout.local import containers
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.containers import (
     BASE_IMAGE,
     LABEL,

@@ -27,7 +27,8 @@ from agentcore_rollout import (
 from agentcore_rollout._cost import rollout_cost
 from agentcore_rollout._dispatcher import RequestDispatcher, SubmitFailed
 from agentcore_rollout.cli.summary import RunSummary, Tally
-from agentcore_rollout.config import ConfigError, CostConfig, LocalConfig
+from agentcore_rollout.config import ConfigError, CostConfig
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config
@@ -97,7 +98,7 @@ def test_sums_keep_unknown_tokens_apart_and_metrics_give_per_rollout_and_per_ok(
 
 def test_cost_config_loads_from_the_environment_and_refuses_negative_prices():
     environ = {"AGENTCORE_ROLLOUT_COST__SESSION_VCPUS": "0.25"}
-    cost = load_config(None, env_file=None, environ=environ).engine.cost
+    cost = load_config(None, env_file=None, environ=environ).cost
     assert cost.session_vcpus == 0.25 and cost.vcpu_hour_usd == 0.0895
     with pytest.raises(ConfigError, match=r"engine\.cost\.prompt_usd_per_mtok"):
         load_config(

@@ -27,6 +27,7 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.runtime import EmulatorConfig
 
 from .conftest import REGION, RUNTIME_ARN
@@ -540,8 +541,11 @@ async def test_time_caps_are_the_services_and_configurable(emulator, clients):
 
 
 def test_quota_defaults_are_the_published_ones():
+    """The rates are AgentCore's; live sessions are `local.max_sessions`' one default, as
+    many as a machine runs (the fixture plays the service: 5,000)."""
     cfg = EmulatorConfig(app="m:app")
-    assert (cfg.new_sessions_per_second, cfg.data_plane_tps, cfg.max_sessions) == (25, 1000, 5000)
+    assert (cfg.new_sessions_per_second, cfg.data_plane_tps, cfg.max_sessions) == (25, 1000, 64)
+    assert cfg.max_sessions == LocalConfig().max_sessions
 
 
 def _still(emu: Any) -> Any:

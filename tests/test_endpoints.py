@@ -65,7 +65,7 @@ async def _spread(moto, channel, emu, arns: list[str], n: int, **overrides):
         channel,
         emu,
         runtimes,
-        endpoints={
+        service_urls={
             "s3": moto.url,
             "sqs": moto.url,
             "agentcore": emu.url,
@@ -124,7 +124,7 @@ async def test_stops_share_the_data_plane_rate_with_invokes(moto, channel, emula
 
 async def test_a_killed_endpoint_leaves_its_requests_to_the_others(moto, channel, emulator):
     emus = [await emulator(runtime_arns=(arn,)) for arn in ARNS]
-    runtimes = [{"arn": arn, "endpoint_url": e.url} for arn, e in zip(ARNS, emus, strict=True)]
+    runtimes = [{"arn": arn, "data_plane_url": e.url} for arn, e in zip(ARNS, emus, strict=True)]
     cfg = _runtimes_config(  # a deadline far beyond the retry budget: nothing waits it out
         moto, channel, emus[0], runtimes, max_live_sessions=200, rollout_timeout=300.0
     )

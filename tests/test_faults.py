@@ -30,7 +30,7 @@ from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
 from agentcore_rollout._dispatcher import PROBE_SESSION_PREFIX
 from agentcore_rollout._runtime_endpoints import retry_budget
-from agentcore_rollout.config import LocalConfig
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.moto import MotoServer, provision_results_channel
 from agentcore_rollout.local.stack import LocalStack
 from agentcore_rollout.serving.process import ServiceProcess
@@ -119,7 +119,7 @@ async def test_runtime_killed_fails_the_rest_fast_with_the_cause(moto, channel):
         async with AwsClients(cfg) as clients:
             runtime = _Recording(
                 AgentCoreRuntime(
-                    await clients.agentcore_in(cfg.region, cfg.endpoints.agentcore), RUNTIME_ARN
+                    await clients.agentcore_in(cfg.region, cfg.service_urls.agentcore), RUNTIME_ARN
                 )
             )
             async with RolloutEngine(cfg, runtime=runtime) as engine:

@@ -24,8 +24,9 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from agentcore_rollout import RolloutEngine, RolloutRequest, load_config
+from agentcore_rollout import RolloutEngine, RolloutRequest
 from agentcore_rollout.agent import RolloutApp, RolloutContext, RolloutOutput
+from agentcore_rollout.cli.config import load_config
 from agentcore_rollout.contract import LLMSettings
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, SGLangBackend
 from agentcore_rollout.local.stack import LocalStack

@@ -26,10 +26,12 @@ import pytest
 
 from agentcore_rollout import RolloutEngine, RolloutRequest, RolloutStart
 from agentcore_rollout._gateway_replicas import GatewayReplicas
+from agentcore_rollout.cli.config import load_config
 from agentcore_rollout.cli.errors import UsageError
 from agentcore_rollout.cli.journal import JOURNAL, Journal, Lines, left_open
-from agentcore_rollout.config import GatewayConfig, GatewayReplica, LocalConfig, load_config
+from agentcore_rollout.config import GatewayConfig, GatewayReplica
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, GatewayError, SGLangBackend
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.policy import CharRenderer
 from agentcore_rollout.local.stack import LocalStack
 

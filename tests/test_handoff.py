@@ -47,7 +47,7 @@ async def test_outcome_is_handed_over_before_the_stop_and_the_slot_waits_for_it(
     async with AwsClients(cfg) as clients:
         runtime = _HeldStops(
             AgentCoreRuntime(
-                await clients.agentcore_in(cfg.region, cfg.endpoints.agentcore), RUNTIME_ARN
+                await clients.agentcore_in(cfg.region, cfg.service_urls.agentcore), RUNTIME_ARN
             )
         )
         async with RolloutEngine(cfg, runtime=runtime) as engine:

@@ -168,7 +168,7 @@ async def test_a_clipped_ratio_stops_the_gradient_and_greedy_is_refused(model_di
 
 
 def test_the_trainer_picks_its_learner_by_local_policy(model_dir: Path, tmp_path: Path) -> None:
-    from agentcore_rollout import load_config
+    from agentcore_rollout.cli.config import load_config
     from agentcore_rollout.local.trainer import make_learner
 
     def config(**overrides: object):

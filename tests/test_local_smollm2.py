@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from agentcore_rollout import ConfigError, RolloutEngine, RolloutRequest
-from agentcore_rollout.config import Config, LocalConfig
+from agentcore_rollout.cli.config import Config
 from agentcore_rollout.contract import LLMSettings
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.policy.__main__ import main as policy_main
 from agentcore_rollout.local.stack import LocalStack
 from agentcore_rollout.local.trainer import make_learner

@@ -12,7 +12,7 @@ import pytest
 
 import agentcore_rollout.local.stack as stack_module
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
-from agentcore_rollout.config import LocalConfig
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.stack import LocalStack
 from agentcore_rollout.serving.process import ServiceProcess
 

@@ -20,7 +20,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
 
 TRAINER_API = {
-    "Config",
     "ConfigError",
     "ContractError",
     "EngineConfig",
@@ -107,6 +106,8 @@ def test_cli_imports_only_the_public_api():
     # The local stack serves the CLI's own subcommands (`local up`, `run` on the embedded
     # stack), not the engine. `train` runs the local trainer (`.local.trainer`, `.training`).
     allowed = {".", ".contract", ".local.stack", ".local.trainer", ".training"}
+    # Its config file: read by the core's loader, its `local` and `train` sections the stack's.
+    allowed |= {".config", ".local.config"}
     allowed |= {".local.containers"}  # `local build`: the agent's image
     allowed |= {".integrations.verl.switch"}  # `verl`: veRL's main_ppo, the switch translated
     allowed |= {"._agentcore"}  # `deploy`'s defaults: AgentCore's published ones, defined once

@@ -24,8 +24,8 @@ OTHER_ACCOUNT = RUNTIME_ARN.replace("123456789012", "210987654321")
 async def _started(moto, channel, emu, caplog, **overrides) -> tuple[str, dict[str, float]]:
     """The start-up line of an engine whose quotas are read from `emu` (unless overridden),
     and the limits it holds each account to; one rollout ends ok under them."""
-    endpoints = {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url, "service_quotas": emu.url}
-    overrides = {"start_rate": None, "max_live_sessions": None, "endpoints": endpoints} | overrides
+    urls = {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url, "service_quotas": emu.url}
+    overrides = {"start_rate": None, "max_live_sessions": None, "service_urls": urls} | overrides
     cfg = engine_config(moto, channel, emu, **overrides)
     with caplog.at_level(logging.INFO, logger="agentcore_rollout.engine"):
         async with RolloutEngine(cfg) as engine:
@@ -73,8 +73,8 @@ async def test_no_permission_or_no_answer_leaves_the_published_defaults_named_as
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # unreachable: no retries to wait out
     emu = await emulator(new_sessions_per_second=40, service_quotas=why != "AccessDeniedException")
     closed = "http://127.0.0.1:9"  # discard: nothing listens there
-    endpoints = {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url, "service_quotas": closed}
-    unreachable = {"endpoints": endpoints} if why == "EndpointConnectionError" else {}
+    urls = {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url, "service_quotas": closed}
+    unreachable = {"service_urls": urls} if why == "EndpointConnectionError" else {}
     line, limits = await _started(moto, channel, emu, caplog, **unreachable)
     assert line == (
         f"quotas in force: {WHERE}: 25 new sessions/s, 1000 data-plane calls/s, 5000 live "
@@ -99,10 +99,10 @@ async def test_other_accounts_and_agentcore_at_its_own_url_get_the_published_def
     assert limits["210987654321:us-east-1/start_rate"] == 25.0
     caplog.clear()
     emu.counts.clear()
-    endpoints = {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url}  # none for the quotas
-    line, _ = await _started(moto, channel, emu, caplog, endpoints=endpoints)
+    urls = {"s3": moto.url, "sqs": moto.url, "agentcore": emu.url}  # none for the quotas
+    line, _ = await _started(moto, channel, emu, caplog, service_urls=urls)
     assert line.endswith(
-        "(published default (AgentCore at its own URL; no engine.endpoints.service_quotas))"
+        "(published default (AgentCore at its own URL; no engine.service_urls.service_quotas))"
     )
     assert emu.counts["ListServiceQuotas"] == 0  # AWS's Service Quotas knows nothing of it
 

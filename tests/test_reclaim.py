@@ -25,8 +25,8 @@ import aiohttp
 import pytest
 
 from agentcore_rollout import EngineConfig, RolloutEngine, RolloutRequest
-from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.gateway import GatewayAdmin
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.stack import LocalStack
 

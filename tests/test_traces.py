@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from agentcore_rollout import RolloutEngine, RolloutRequest
-from agentcore_rollout.config import LocalConfig
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.policy import CharRenderer, CharTokenizer
 from agentcore_rollout.local.stack import LocalStack
 

@@ -27,7 +27,8 @@ import pytest
 
 from agentcore_rollout import Outcome, RolloutEngine
 from agentcore_rollout.cli import main
-from agentcore_rollout.config import Config, LocalConfig, TrainConfig
+from agentcore_rollout.cli.config import Config
+from agentcore_rollout.local.config import LocalConfig, TrainConfig
 from agentcore_rollout.local.grpo import grpo_update
 from agentcore_rollout.local.policy import TinyPolicy
 from agentcore_rollout.local.policy.tokenizer import IM_END_ID

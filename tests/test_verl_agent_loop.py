@@ -20,7 +20,6 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.integrations.verl.agent_loop import (
     SERVICE_NAME,
     AgentCoreAgentLoop,
@@ -28,6 +27,7 @@ from agentcore_rollout.integrations.verl.agent_loop import (
     close_services,
 )
 from agentcore_rollout.integrations.verl.convert import ConversionError
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.stack import LocalStack
 

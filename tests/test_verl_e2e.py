@@ -31,8 +31,8 @@ import yaml
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 from verl.utils import tensordict_utils as tu
 
-from agentcore_rollout.config import LocalConfig
 from agentcore_rollout.integrations.verl.switch import trainer_config
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config

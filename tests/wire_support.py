@@ -25,7 +25,7 @@ class Received:
 
 
 Reply = Callable[[Received], web.Response]
-CLOSED = "http://127.0.0.1:9"  # nothing listens: for the endpoints a test does not call
+CLOSED = "http://127.0.0.1:9"  # nothing listens: for the services a test does not call
 
 
 def engine_at(
@@ -38,7 +38,7 @@ def engine_at(
         bucket="results",
         queue_url=queue_url,
         runtime_arn=RUNTIME_ARN,
-        endpoints={"s3": CLOSED, "sqs": sqs, "agentcore": agentcore},
+        service_urls={"s3": CLOSED, "sqs": sqs, "agentcore": agentcore},
     )
 
 

@@ -15,8 +15,9 @@ from typing import Any, NoReturn
 from dotenv import dotenv_values
 from rich.table import Table
 
-from .. import Config, ConfigError, load_config
+from .. import ConfigError
 from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+from .config import Config, load_config
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, Interrupted, UsageError
 from .infra import READY_TIMEOUT_S, infra_command
 from .run import run_command
@@ -63,7 +64,7 @@ async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
         engine_cfg = local.engine_config(config.engine)
         table = Table(title="local stack (Ctrl-C to stop)", show_header=False, title_justify="left")
         table.add_row("S3 + SQS (moto)", local.moto.url)
-        table.add_row("AgentCore Runtime emulator", engine_cfg.endpoints.agentcore or "")
+        table.add_row("AgentCore Runtime emulator", engine_cfg.service_urls.agentcore or "")
         table.add_row("policy (router or worker)", local.policy_url)
         if engine_cfg.gateway is not None:
             urls = ", ".join(r.url for r in engine_cfg.gateway.all_replicas)

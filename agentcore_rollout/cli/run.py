@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .. import Config, EngineStats, Outcome, RolloutEngine, RolloutHandle
+from .. import EngineStats, Outcome, RolloutEngine, RolloutHandle
 from ..contract import new_run_secret
+from .config import Config
 from .dataset import journal_requests
 from .errors import (
     EXIT_INTERRUPTED,

@@ -15,9 +15,10 @@ from typing import Any
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import Config, Outcome
+from .. import Outcome
 from ..local.trainer import METRICS, StackFailed, check_config, train
 from ..training import Group, GroupPolicy, GroupStatus
+from .config import Config
 from .dataset import read_rows
 from .errors import EXIT_INTERRUPTED, EXIT_STACK_FAILED, UsageError
 from .journal import JOURNAL

@@ -30,21 +30,12 @@ import shlex
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
 
 import aiohttp
 from aiohttp import web
+from pydantic import Field, model_validator
 
-from .._agentcore import (
-    DATA_PLANE_TPS,
-    IDLE_TIMEOUT_S,
-    MAX_LIFETIME_S,
-    MAX_PAYLOAD_BYTES,
-    NEW_SESSIONS_PER_SECOND,
-    SERVICE_QUOTAS_CODE,
-    SYNC_TIMEOUT_S,
-    active_sessions,
-)
+from .._agentcore import MAX_PAYLOAD_BYTES, SERVICE_QUOTAS_CODE, SYNC_TIMEOUT_S
 from .._limits import Gauge
 from ..serving.http import Handler
 from ..serving.server import Server
@@ -56,7 +47,8 @@ from .agents import (
     SharedApp,
     container_env,
 )
-from .containers import ENGINES, ContainerEngine, container_engine, loopback_ports
+from .config import EmulatorSettings
+from .containers import ContainerEngine, container_engine, loopback_ports
 from .host import AppLoadError
 from .quotas import (
     JSON_11,
@@ -99,72 +91,70 @@ _REQUEST_ID = web.RequestKey("request_id", str)  # each request's, set by the mi
 __all__ = ["DEFAULT_RUNTIME_ARN", "SESSION_HEADER", "EmulatorConfig", "RuntimeEmulator"]
 
 
-@dataclass
-class EmulatorConfig:
-    """What the emulator runs; each field but `env` is also a flag of its `main`."""
+class EmulatorConfig(EmulatorSettings):
+    """What the emulator runs: the simulated service's settings (`EmulatorSettings`, those of
+    `local.*`), the agent, its runtimes, and what tests vary. Each field but `app`, `command`
+    and `env` is also a flag of its `main`."""
 
-    app: str = ""
-    """`module:attr` of the app each session runs: any BedrockAgentCoreApp (RolloutApp
-    included) or ASGI app serving `POST /invocations` and `GET /ping`."""
-    mode: Literal["process", "in_process", "container"] = "process"
-    image: str = field(default="", metadata={"help": "the agent's image (mode container)"})
-    """The image each session runs as a container (mode `container`; `app` is unused)."""
-    container_engine: str = field(
-        default="auto", metadata={"help": "podman, docker or auto (mode container)"}
+    app: str = Field(
+        default="",
+        description="module:attr of the app each session runs: any BedrockAgentCoreApp "
+        "(RolloutApp included) or ASGI app serving POST /invocations and GET /ping",
     )
-    host_urls: tuple[str, ...] = field(
-        default=(), metadata={"flag": "--host-url", "help": "host services agents call"}
+    command: tuple[str, ...] = Field(
+        default=(), description="instead of app: a command serving the contract on $PORT"
     )
-    """Loopback services of the host that agents are told of in their invocations (the
-    gateway, the policy), besides the endpoint URLs of their environment: Docker's containers
-    reach them through the emulator's relay."""
-    runtime_arns: tuple[str, ...] = field(
-        default=(), metadata={"flag": "--runtime-arn", "help": "ARNs that exist"}
+    image: str = Field(
+        default="",
+        description="the image each session runs as a container (mode container; app unused)",
     )
-    """The runtimes that exist (empty: `DEFAULT_RUNTIME_ARN` alone); others are not found."""
-    qualifiers: tuple[str, ...] = field(
-        default=(DEFAULT_QUALIFIER,), metadata={"flag": "--qualifier", "help": "endpoint names"}
+    host_urls: tuple[str, ...] = Field(
+        default=(),
+        description="loopback services of the host agents are told of in their invocations "
+        "(the gateway, the policy), besides the URLs of their environment: Docker's "
+        "containers reach them through the emulator's relay",
+        json_schema_extra={"flag": "--host-url"},
     )
-    """Endpoint names each runtime has; a request without one means DEFAULT."""
-    command: tuple[str, ...] = ()
-    """Instead of `app`: a command that serves the contract on `$PORT` (process mode)."""
-    cold_start: float = 0.0
-    new_sessions_per_second: float | None = NEW_SESSIONS_PER_SECOND
-    """New sessions per second per account, its endpoints together (None: no limit)."""
-    data_plane_tps: float | None = DATA_PLANE_TPS
-    """Invokes and stops per second per account, all counted (None: no limit)."""
-    max_sessions: int = active_sessions("us-east-1")
-    """Active sessions per account."""
-    service_quotas: bool = True
-    """Answer ListServiceQuotas (False: AccessDeniedException, as for a caller without
-    servicequotas:ListServiceQuotas)."""
-    idle_timeout: float = IDLE_TIMEOUT_S
-    max_lifetime: float = MAX_LIFETIME_S
-    sync_timeout: float = SYNC_TIMEOUT_S
-    stream_timeout: float = STREAM_TIMEOUT
-    throttle_every: int = 0
-    """Fault injection: every k-th invocation answers 429 (0: never)."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Extra environment for agent processes (endpoints, credentials)."""
-    agent_ready_timeout: float = 60.0
-    log_dir: str | None = field(default=None, metadata={"help": "where agents' output goes"})
+    runtime_arns: tuple[str, ...] = Field(
+        default=(),
+        description="the runtimes that exist (none: DEFAULT_RUNTIME_ARN alone); others are "
+        "not found",
+        json_schema_extra={"flag": "--runtime-arn"},
+    )
+    qualifiers: tuple[str, ...] = Field(
+        default=(DEFAULT_QUALIFIER,),
+        description="endpoint names each runtime has; a request without one means DEFAULT",
+        json_schema_extra={"flag": "--qualifier"},
+    )
+    service_quotas: bool = Field(
+        default=True,
+        description="answer ListServiceQuotas (no: AccessDeniedException, as for a caller "
+        "without servicequotas:ListServiceQuotas)",
+    )
+    sync_timeout: float = Field(default=SYNC_TIMEOUT_S, gt=0, description="a reply's cap, s")
+    stream_timeout: float = Field(default=STREAM_TIMEOUT, gt=0, description="a stream's cap, s")
+    throttle_every: int = Field(
+        default=0, ge=0, description="fault injection: every k-th invocation answers 429 (0: never)"
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="extra environment of agent processes"
+    )
+    agent_ready_timeout: float = Field(
+        default=60.0, gt=0, description="seconds a new session's agent may take to be ready"
+    )
 
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ValueError for a config no emulator can run (also checked at start, since
-        tests set fields after construction)."""
+    @model_validator(mode="after")
+    def _runnable(self) -> EmulatorConfig:
+        """A config no emulator can run is refused when made."""
         if self.mode == "container":
             if not self.image or self.command:
                 raise ValueError("mode='container' needs an image and no command")
-            if self.container_engine not in ENGINES:
-                raise ValueError(f"container_engine is none of {', '.join(ENGINES)}")
-            return
+            return self
         if bool(self.app) == bool(self.command):
             raise ValueError("EmulatorConfig needs exactly one of app and command")
         if self.command and self.mode != "process":
             raise ValueError("a command agent needs mode='process'")
+        return self
 
 
 @dataclass
@@ -190,7 +180,6 @@ class RuntimeEmulator(Server):
     """`async with RuntimeEmulator(EmulatorConfig(app="pkg.agent:app")) as emu: emu.url`"""
 
     def __init__(self, config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> None:
-        config.validate()
         super().__init__(host, port)
         self.config = config
         self.runtimes = frozenset(config.runtime_arns or (DEFAULT_RUNTIME_ARN,))
@@ -535,14 +524,14 @@ class RuntimeEmulator(Server):
                 env=cfg.env,
                 label=self._label,
                 session_id=session_id,
-                log_dir=cfg.log_dir,
+                log_dir=cfg.agent_log_dir,
             )
         return await ProcessAgent.spawn(
             app=cfg.app,
             command=cfg.command,
             env=cfg.env,
             session_id=session_id,
-            log_dir=cfg.log_dir,
+            log_dir=cfg.agent_log_dir,
         )
 
     # ------------------------------------------------------------------ lifecycle

@@ -32,9 +32,11 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, EngineConfig, GatewayConfig, GatewayReplica, LocalConfig
+from ..config import ConfigError, EngineConfig, GatewayConfig, GatewayReplica
 from ..contract import LLMSettings
+from ..serving.flags import to_flags
 from ..serving.process import ServiceProcess
+from .config import EmulatorSettings, LocalConfig
 from .containers import container_engine, container_url, ensure_image
 from .models import ready_model
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
@@ -154,21 +156,16 @@ class LocalStack:
 
     def _emulator(self) -> ServiceProcess:
         cfg = self.config
-        containers = ["--image", cfg.image, "--container-engine", cfg.container_engine]
+        containers = ["--image", cfg.image]
         for url in [self.policy_url, *(gateway.url for gateway in self.gateways)]:
             containers += ["--host-url", url]
         return ServiceProcess(
             "runtime emulator",
             "agentcore_rollout.local.runtime",
             cfg.app,
-            *("--mode", cfg.mode, "--runtime-arn", LOCAL_RUNTIME_ARN),
+            *("--runtime-arn", LOCAL_RUNTIME_ARN),
             *(arg for q in self.qualifiers for arg in ("--qualifier", q)),
-            *("--cold-start", str(cfg.cold_start), "--max-sessions", str(cfg.max_sessions)),
-            *("--idle-timeout", str(cfg.idle_timeout), "--max-lifetime", str(cfg.max_lifetime)),
-            # The stack's own limits (None: off), not the emulator's defaults (the service's).
-            *("--new-sessions-per-second", str(cfg.new_sessions_per_second)),
-            *("--data-plane-tps", str(cfg.data_plane_tps)),
-            *(["--log-dir", cfg.agent_log_dir] if cfg.agent_log_dir else []),
+            *to_flags(cfg, EmulatorSettings),  # `local.*`'s emulator settings, every one
             *(containers if self._containers else []),
             env=self.agent_env(),  # agents inherit the emulator's environment
         )
@@ -237,12 +234,13 @@ class LocalStack:
 
     @property
     def qualifiers(self) -> list[str]:
-        """The emulator's runtime endpoints (`local.endpoints`)."""
-        return ["DEFAULT", *(f"endpoint_{i}" for i in range(2, self.config.endpoints + 1))]
+        """The emulator's runtime endpoints (`local.runtime_endpoints`)."""
+        count = self.config.runtime_endpoints
+        return ["DEFAULT", *(f"endpoint_{i}" for i in range(2, count + 1))]
 
     def engine_config(self, base: EngineConfig | None = None, **overrides: Any) -> EngineConfig:
-        """`base` with the stack's bucket, queue, runtime (each of its endpoints) and endpoints
-        filled in."""
+        """`base` with the stack's bucket, queue, runtime (each of its endpoints) and service
+        URLs filled in."""
         assert self.channel is not None and self.emulator is not None, "stack is not started"
         base = base or EngineConfig()
         fill: dict[str, Any] = {
@@ -259,7 +257,7 @@ class LocalStack:
                     ]
                 }
             ),
-            "endpoints": {
+            "service_urls": {
                 "s3": self.moto.url,
                 "sqs": self.moto.url,
                 "agentcore": self.emulator.url,
@@ -301,10 +299,10 @@ class LocalStack:
             f"AGENTCORE_ROLLOUT_PREFIX={cfg.prefix}",
             f"AGENTCORE_ROLLOUT_QUEUE_URL={cfg.queue_url}",
             f"AGENTCORE_ROLLOUT_RUNTIME_ARN={LOCAL_RUNTIME_ARN}",  # its DEFAULT endpoint
-            f"AGENTCORE_ROLLOUT_ENDPOINTS__S3={self.moto.url}",
-            f"AGENTCORE_ROLLOUT_ENDPOINTS__SQS={self.moto.url}",
-            f"AGENTCORE_ROLLOUT_ENDPOINTS__AGENTCORE={cfg.endpoints.agentcore}",
-            f"AGENTCORE_ROLLOUT_ENDPOINTS__SERVICE_QUOTAS={cfg.endpoints.service_quotas}",
+            f"AGENTCORE_ROLLOUT_SERVICE_URLS__S3={self.moto.url}",
+            f"AGENTCORE_ROLLOUT_SERVICE_URLS__SQS={self.moto.url}",
+            f"AGENTCORE_ROLLOUT_SERVICE_URLS__AGENTCORE={cfg.service_urls.agentcore}",
+            f"AGENTCORE_ROLLOUT_SERVICE_URLS__SERVICE_QUOTAS={cfg.service_urls.service_quotas}",
         ]
         if cfg.llm:
             lines.append(f"AGENTCORE_ROLLOUT_LLM__BASE_URL={cfg.llm.base_url}")

@@ -43,8 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from .. import Outcome, RolloutCost, RolloutEngine
-from ..config import Config, ConfigError
+from .. import ConfigError, EngineConfig, Outcome, RolloutCost, RolloutEngine
 from ..contract import NamedRewards
 from ..training import (
     Group,
@@ -56,6 +55,7 @@ from ..training import (
     training_samples,
     within_staleness,
 )
+from .config import LocalConfig, TrainConfig
 from .grpo import UpdateStats, grpo_update
 from .policy.model import TinyPolicy
 from .policy.sampling import SamplingParams
@@ -87,6 +87,17 @@ class Learner(Protocol):
     def save(self, out: Path, step: int) -> Path: ...
 
 
+class TrainerConfig(Protocol):
+    """The sections `train` reads: the CLI's `Config` is one (local/ imports no cli/)."""
+
+    @property
+    def engine(self) -> EngineConfig: ...
+    @property
+    def local(self) -> LocalConfig: ...
+    @property
+    def train(self) -> TrainConfig: ...
+
+
 class TrainView(Protocol):
     """What the CLI shows while training (a progress bar per step)."""
 
@@ -96,7 +107,7 @@ class TrainView(Protocol):
 
 
 async def train(
-    config: Config,
+    config: TrainerConfig,
     prompts: Sequence[tuple[str, dict[str, Any]]],
     out: Path,
     *,
@@ -200,7 +211,7 @@ async def _next_group(groups: GroupRollout, local: LocalStack) -> Group:
             raise StackFailed(dead)
 
 
-def check_config(config: Config) -> None:
+def check_config(config: TrainerConfig) -> None:
     """What `train` needs of the config beyond each field's own checks: a ConfigError."""
     if config.train.asynchronous and not config.engine.limits.max_staleness:
         raise ConfigError(
@@ -264,7 +275,7 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def weights_of(config: Config, out: Path, step: int) -> Path:
+def weights_of(config: TrainerConfig, out: Path, step: int) -> Path:
     """Where `train` saves the weights after `step` steps (the toy's .npz, a model's dir)."""
     return _weights(out, step, ".npz" if config.local.policy == "toy" else "")
 
@@ -273,7 +284,7 @@ def _weights(out: Path, step: int, suffix: str) -> Path:
     return (out / "weights" / f"step-{step:04d}{suffix}").resolve()
 
 
-def make_learner(config: Config, resume_from: Path | None = None) -> Learner:
+def make_learner(config: TrainerConfig, resume_from: Path | None = None) -> Learner:
     """The learner `config.local.policy` names: the toy, or a Hugging Face model; from the
     weights a previous run saved at `resume_from`, if given."""
     name = config.local.policy
@@ -304,7 +315,7 @@ _TRANSFORM = ("temperature", "top_p", "top_k", "min_p")
 
 
 class _ToyLearner:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: TrainerConfig) -> None:
         self.policy = TinyPolicy(seed=config.local.policy_seed)
         if config.local.policy_params:
             self.policy.load(config.local.policy_params)

@@ -381,7 +381,7 @@ async def test_the_engines_buffer_gets_results_under_the_prefix_only(applied: De
         queue_url=url,
         runtime_arn="arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/x",
         region=REGION,
-        endpoints={"s3": applied.url, "sqs": applied.url},
+        service_urls={"s3": applied.url, "sqs": applied.url},
         wait_time=1,
         reconcile_before=0.0,
         result_grace=0.0,

@@ -225,7 +225,7 @@ class EngineService:
     async def _started(self) -> RolloutEngine:
         async with self._starting:
             if self._engine is None:
-                config = load_config(self._config_path).engine
+                config = load_config(self._config_path)
                 if self._reissue is not None and config.run_secret is None:
                     secret = _run_secret(Path(self._reissue.secret_dir))
                     config = config.model_copy(update={"run_secret": secret})

@@ -1,0 +1,56 @@
+"""The CLI's config file: every section in one YAML (`stack`, `engine`, `local`, `run`,
+`train`), read by the core's one loader (`config.load_sections`: YAML < environment and
+`agentcore.env` < overrides, each error one line naming its key). The engine's section is the
+core's, `local` and `train` the local stack's; `stack` and `run` are the CLI's own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ..config import EngineConfig, Section, load_sections
+from ..local.config import LocalConfig, TrainConfig
+
+
+class RunConfig(Section):
+    """What `agentcore-rollout run` rolls out."""
+
+    data: str = Field(
+        default="examples/math_agent/data/train.jsonl",
+        description="JSONL, one payload per line; `id` names its group",
+    )
+    n: int = Field(default=4, ge=1, description="samples per prompt (a GRPO group)")
+    out: str = Field(default="out", description="rollouts.jsonl and summary.json go here")
+    step: int = Field(default=0, ge=0, description="policy version written into every request")
+    timeout: float | None = Field(
+        default=None, gt=0, description="default: engine.limits.rollout_timeout"
+    )
+    min_ok_fraction: float = Field(
+        default=0.5, ge=0, le=1, description="below it, the run exits 3 (outputs still written)"
+    )
+
+
+class Config(Section):
+    stack: Literal["local", "aws"] = Field(
+        default="local",
+        description="`local`: start the embedded stack; `aws`: use engine's bucket, queue and "
+        "runtimes",
+    )
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    local: LocalConfig = Field(default_factory=LocalConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    env_file: str | Path | None = "agentcore.env",
+    environ: Mapping[str, str] | None = None,
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+) -> Config:
+    """The whole file at `path`, then the environment, then `key.path=value` overrides."""
+    return load_sections(Config, path, env_file=env_file, environ=environ, overrides=overrides)

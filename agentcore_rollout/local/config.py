@@ -1,0 +1,177 @@
+"""The local stack's settings: the `local` and `train` sections of the CLI's config file.
+
+`EmulatorSettings` is the one definition of what the AgentCore Runtime emulator simulates
+(quotas, time caps, cold start) and how it runs agents: `LocalConfig` inherits it, so its keys
+are `local.<key>`, and the emulator takes it (`runtime.EmulatorConfig`) from flags derived from
+these same fields (`serving.flags`), which the stack writes from its own values.
+`TrainConfig` is what `train`'s loop (`trainer.py`) reads.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from .._agentcore import DATA_PLANE_TPS, IDLE_TIMEOUT_S, MAX_LIFETIME_S, NEW_SESSIONS_PER_SECOND
+from ..config import BucketName, Section
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
+
+
+def _queue_name(name: str) -> str:
+    if not _QUEUE_NAME.fullmatch(name):
+        raise PydanticCustomError(
+            "queue_name", "not a valid SQS queue name (1-80 letters, digits, hyphens, underscores)"
+        )
+    return name
+
+
+QueueName = Annotated[str, AfterValidator(_queue_name)]
+
+
+class EmulatorSettings(Section):
+    """What the AgentCore Runtime emulator simulates and how it runs each session's agent. Its
+    quotas are per account, shared by its runtimes and endpoints, as AgentCore counts them; the
+    defaults are the published ones but for `max_sessions`, sized for one machine."""
+
+    mode: Literal["process", "in_process", "container"] = Field(
+        default="process",
+        description="`process`: an agent process per session; `in_process`: one shared app (fast, "
+        "for tests); `container`: a container of `image` per session",
+    )
+    container_engine: Literal["auto", "podman", "docker"] = Field(
+        default="auto", description="mode container: podman or docker (auto: podman if present)"
+    )
+    cold_start: float = Field(
+        default=0.0, ge=0, description="simulated seconds before a new session's agent starts"
+    )
+    new_sessions_per_second: float | None = Field(
+        default=NEW_SESSIONS_PER_SECOND,
+        gt=0,
+        description="emulator's new sessions per second per account, all its endpoints "
+        "together (429 above it); None: none",
+    )
+    data_plane_tps: float | None = Field(
+        default=DATA_PLANE_TPS,
+        gt=0,
+        description="emulator's data-plane calls per second per account, invokes and stops "
+        "together (429 above it); None: none",
+    )
+    max_sessions: int = Field(
+        default=64,
+        ge=1,
+        description="emulator's live sessions per account (402 above it), which the engine reads "
+        "as the account's quota: as many agents as this machine runs at once (AgentCore: 5,000)",
+    )
+    idle_timeout: float = Field(
+        default=IDLE_TIMEOUT_S, gt=0, description="seconds after which an idle session is ended"
+    )
+    max_lifetime: float = Field(
+        default=MAX_LIFETIME_S,
+        gt=0,
+        description="seconds after which any session is ended, busy or not",
+    )
+    agent_log_dir: str | None = Field(
+        default=None, description="write each agent process's output here"
+    )
+
+
+class LocalConfig(EmulatorSettings):
+    """The embedded stack (`stack: local`): moto, the AgentCore Runtime emulator, the local
+    policy. The emulator's settings come first: its flags
+    (`python -m agentcore_rollout.local.runtime --help`) are the same, with the same defaults."""
+
+    app: str = Field(
+        default="examples.math_agent.app:app",
+        description="module:attribute of the RolloutApp each session runs",
+    )
+    image: str = Field(
+        default="localhost/agentcore-rollout-agent:local",
+        min_length=1,
+        description="mode container: the agent's image, built from `dockerfile` when missing "
+        "(`app` is then the image's)",
+    )
+    dockerfile: str = Field(
+        default="examples/math_agent/Dockerfile",
+        description="what `agentcore-rollout local build` builds `image` from",
+    )
+    bucket: BucketName = Field(
+        default="agentcore-rollout-local", description="the local stack's results bucket"
+    )
+    queue: QueueName = Field(
+        default="agentcore-rollout-results", description="the local stack's results queue"
+    )
+    runtime_endpoints: int = Field(
+        default=1,
+        ge=1,
+        description="endpoints of the emulator's runtime (DEFAULT, endpoint_2, ...), sharing "
+        "its account's quotas; the engine starts sessions on all",
+    )
+    # What the workers serve: the toy (numpy, char tokenizer), or a Hugging Face causal LM on
+    # CPU, named (a known model, converted once into a cache) or a model directory; the gateway
+    # then renders with that model's tokenizer and chat template. Resolved by the stack (core
+    # knows no model names).
+    policy: str = Field(
+        default="toy", min_length=1, description="toy | a known model name | a model directory"
+    )
+    policy_seed: int = Field(
+        default=0, description="seed of the toy policy (and the workers' sampling)"
+    )
+    policy_params: str | None = Field(default=None, description=".npz of trained toy parameters")
+    policy_workers: int = Field(default=2, ge=1, description="behind sglang-router when > 1")
+    # One by default: on cores shared with other work, a worker's pool of 2 threads measured 6x
+    # slower than 1 (SmolLM2, 32 sequences, 2 cores under load 6: 5.5 vs 33 tokens/s).
+    policy_threads: int = Field(default=1, ge=1, description="torch threads per model worker")
+    record_samples: bool = Field(default=False, description="workers keep /debug/samples")
+    token_delay: float = Field(
+        default=0.0,
+        ge=0,
+        description="seconds the toy takes per token, so its generations are in flight to "
+        "abort and resume, as a real model's are (a model policy is paced by its compute)",
+    )
+    gateway: bool = Field(default=True, description="token-capture gateway in front of the policy")
+    gateway_replicas: int = Field(
+        default=1, ge=1, description="gateway processes; each session on one (engine.gateway)"
+    )
+    max_context: int = Field(default=2048, ge=16, description="gateway context limit, tokens")
+
+    @model_validator(mode="after")
+    def _params_for_the_toy(self) -> LocalConfig:
+        if self.policy_params and self.policy != "toy":
+            raise ValueError(
+                "policy_params is the toy's .npz; a model's weights are its directory "
+                f"(local.policy={self.policy!r})"
+            )
+        if self.token_delay and self.policy != "toy":
+            raise ValueError(f"token_delay paces the toy, not local.policy={self.policy!r}")
+        return self
+
+
+class TrainConfig(Section):
+    """What `agentcore-rollout train` does: GRPO on the local policy (`local.policy`: the toy or
+    a Hugging Face model), each step a batch of groups rolled out through the whole pipeline."""
+
+    data: str = Field(
+        default="examples/math_agent/data/train.jsonl",
+        description="JSONL, one prompt per line (ids as for run)",
+    )
+    out: str = Field(
+        default="out/train",
+        description="metrics.jsonl, reward_curve.png and the weights of every step",
+    )
+    steps: int = Field(default=20, ge=1, description="training steps")
+    n: int = Field(default=8, ge=1, description="members trained per group")
+    extra: int = Field(default=0, ge=0, description="more submitted, cancelled once n are ok")
+    min_ok: int = Field(default=2, ge=1, description="fewer ok members: the group is skipped")
+    groups_per_step: int | None = Field(default=None, ge=1, description="default: one per row")
+    lr: float = Field(default=8.0, gt=0, description="learning rate of the policy-gradient step")
+    clip: float = Field(default=0.2, gt=0, description="PPO ratio clip")
+    asynchronous: bool = Field(
+        default=False,
+        description="rollouts never wait for an update: each resolved group is replaced at "
+        "once, and a weight push aborts the turns in flight, which resume under the new "
+        "weights; needs engine.limits.max_staleness >= 1 (`train --async`)",
+    )
