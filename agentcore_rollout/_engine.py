@@ -221,7 +221,7 @@ class RolloutEngine:
             raise ValueError("resume: a request without its RolloutStart needs its step")
         else:
             request, earlier = journaled, None
-        job = self._job(request, step, timeout, None, on_start, checked_step=False)
+        job = self._job(request, step, timeout, None, on_start)
         job.resuming, job.earlier = True, earlier
         return self._run(job)
 
