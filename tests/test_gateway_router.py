@@ -13,7 +13,7 @@ import pytest
 
 import agentcore_rollout.gateway.router as router_module
 from agentcore_rollout.gateway import RouterError, SGLangRouter
-from agentcore_rollout.gateway.router import free_port
+from agentcore_rollout.gateway.router import free_ports
 from agentcore_rollout.local.policy import PolicyServer
 
 pytestmark = pytest.mark.component
@@ -78,7 +78,7 @@ async def test_router_binds_loopback_manages_workers_and_leaves_no_process() -> 
             assert [w["url"] for w in await router.workers()] == [b.url]
             with pytest.raises(RouterError, match="not registered"):
                 await router.remove_worker(a.url)
-            dead = f"http://127.0.0.1:{free_port()}"
+            dead = f"http://127.0.0.1:{free_ports(1)[0]}"
             with pytest.raises(RouterError, match=f"worker {dead} not healthy"):
                 await router.add_worker(dead, timeout=0.5)
         finally:

@@ -10,7 +10,8 @@ import pytest
 from agentcore_rollout.gateway import HFRenderer, Trajectory, Turn, load_renderer
 from agentcore_rollout.gateway.__main__ import TOKEN_ENV
 from agentcore_rollout.gateway.__main__ import main as gateway_main
-from agentcore_rollout.gateway.render import normalize_messages, parse_tool_calls
+from agentcore_rollout.gateway.parsers import parse_tool_calls
+from agentcore_rollout.gateway.render import normalize_messages
 from agentcore_rollout.gateway.sampling import check_sampling, request_sampling, to_sglang
 from agentcore_rollout.gateway.sessions import SessionStore
 from agentcore_rollout.local.policy import CharRenderer

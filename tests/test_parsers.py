@@ -199,7 +199,7 @@ def test_hermes_parses_without_transformers() -> None:
     """The toy policy's stack parses Hermes calls with transformers not importable."""
     code = (
         "import sys; sys.modules['transformers'] = None\n"
-        "from agentcore_rollout.gateway.render import parse_tool_calls\n"
+        "from agentcore_rollout.gateway.parsers import parse_tool_calls\n"
         "from agentcore_rollout.local.policy import CharRenderer\n"
         'p = parse_tool_calls(\'<tool_call>{"name": "add", "arguments": {}}</tool_call>\')\n'
         "assert p.tool_calls[0]['function']['name'] == 'add'\n"

@@ -8,16 +8,19 @@
             # the agent: OpenAI(base_url=f"{gateway.url}/v1", api_key=session.api_key)
             trace = await admin.finish_session(session.session_id)
 
-Modules, one concept each: `server` (the aiohttp app and its routes), `turns` (one turn in the
-gateway's own terms, and the `Dialect` each API is), `chat`, `responses` and `messages` (the
-OpenAI chat, OpenAI Responses and Anthropic Messages dialects), `sessions` (per-session
-keys, limits, expiry, render states), `render` (messages <-> token ids, incremental per session,
-choosing a renderer), `parsers` (each model family's tool-call and reasoning syntax -> message),
-`backends` (SGLang /generate with log-probs; OpenAI pass-through), `sampling` (which sampling
-fields pass, and how), `trajectory` (turns -> training samples with loss masks), `router`
-(sglang-router as a managed subprocess), `_fastjson` (orjson when installed, for the per-turn
-JSON). The admin client the engine opens sessions with (`GatewayAdmin`, and the trace's JSON
-shape) is the core's own (`agentcore_rollout._gateway_admin`), re-exported here.
+Modules, one concept each: `server` (the aiohttp app and the agents' routes), `admin` (the
+admin routes), `_http` (what the routes share: refusals, JSON replies, bearer tokens),
+`pipeline` (one turn: render, sample, parse, record), `turns` (one turn in the gateway's own
+terms, and the `Dialect` each API is), `chat`, `responses` and `messages` (the OpenAI chat,
+OpenAI Responses and Anthropic Messages dialects), `sessions` (per-session keys, limits,
+expiry, render states), `render` (messages <-> token ids, incremental per session, choosing a
+renderer), `parsers` (each model family's tool-call and reasoning syntax -> message),
+`backends` (SGLang /generate with log-probs; OpenAI pass-through), `resume` (aborted
+generations continued), `sampling` (which sampling fields pass, and how), `trajectory` (turns
+-> training samples with loss masks), `router` (sglang-router as a managed subprocess),
+`_fastjson` (orjson when installed, for the per-turn JSON). The admin client the engine opens
+sessions with (`GatewayAdmin`, and the trace's JSON shape) is the core's own
+(`agentcore_rollout._gateway_admin`), re-exported here.
 
 The other names are imported on first use, so importing this package loads neither the server,
 the router nor a tokenizer. The gateway depends on no particular model: the local toy
@@ -36,14 +39,7 @@ from typing import TYPE_CHECKING, Any
 from .._gateway_admin import GatewayAdmin, GatewayError, GatewaySession
 
 if TYPE_CHECKING:
-    from .backends import (
-        Backend,
-        BackendError,
-        Completion,
-        OpenAIBackend,
-        SGLangBackend,
-        TurnRequest,
-    )
+    from .backends import Backend, BackendError, Completion, OpenAIBackend, SGLangBackend
     from .parsers import Family, detect_family
     from .render import (
         AnchoredRenderer,
@@ -60,33 +56,29 @@ if TYPE_CHECKING:
     from .router import RouterError, SGLangRouter
     from .server import Gateway
     from .trajectory import Sample, Trajectory, Turn
+    from .turns import TurnRequest
 
-_SUBMODULE = {
-    "Backend": "backends",
-    "BackendError": "backends",
-    "Completion": "backends",
-    "OpenAIBackend": "backends",
-    "SGLangBackend": "backends",
-    "TurnRequest": "backends",
-    "Family": "parsers",
-    "detect_family": "parsers",
-    "AnchoredRenderer": "render",
-    "HFRenderer": "render",
-    "IncrementalRenderer": "render",
-    "Parsed": "render",
-    "RenderState": "render",
-    "Rendered": "render",
-    "Renderer": "render",
-    "TextRenderer": "render",
-    "load_renderer": "render",
-    "ResumePolicy": "resume",
-    "RouterError": "router",
-    "SGLangRouter": "router",
-    "Gateway": "server",
-    "Sample": "trajectory",
-    "Trajectory": "trajectory",
-    "Turn": "trajectory",
+_NAMES = {  # the submodule each lazily imported name is in
+    "backends": ("Backend", "BackendError", "Completion", "OpenAIBackend", "SGLangBackend"),
+    "parsers": ("Family", "detect_family"),
+    "render": (
+        "AnchoredRenderer",
+        "HFRenderer",
+        "IncrementalRenderer",
+        "Parsed",
+        "RenderState",
+        "Rendered",
+        "Renderer",
+        "TextRenderer",
+        "load_renderer",
+    ),
+    "resume": ("ResumePolicy",),
+    "router": ("RouterError", "SGLangRouter"),
+    "server": ("Gateway",),
+    "trajectory": ("Sample", "Trajectory", "Turn"),
+    "turns": ("TurnRequest",),
 }
+_SUBMODULE = {name: module for module, names in _NAMES.items() for name in names}
 
 __all__ = [
     "AnchoredRenderer",

@@ -1,6 +1,6 @@
 """Sampling backends: where a turn is actually generated, behind one interface.
 
-    completion = await backend.complete(TurnRequest(...))
+    completion = await backend.complete(request)   # a `turns.TurnRequest`, its prompt rendered
 
 `SGLangBackend` (token capture) sends the rendered prompt ids to SGLang's native `/generate`
 with `return_logprob`, directly to a worker or through sglang-router (same API), and returns the
@@ -22,17 +22,16 @@ update with `abort_all_requests`) is not an error here: it is a Completion with 
 from __future__ import annotations
 
 import json
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import aiohttp
 
 from . import _fastjson
 from .sampling import to_sglang
-from .turns import ToolChoice
+from .turns import ToolChoice, TurnRequest
 
 
 class BackendError(Exception):
@@ -42,24 +41,6 @@ class BackendError(Exception):
         super().__init__(message)
         self.status = status
         self.retryable = retryable
-
-
-@dataclass
-class TurnRequest:
-    """One turn as the gateway hands it to a backend (sampling fields already checked)."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: ToolChoice = field(default_factory=ToolChoice)
-    parallel_tool_calls: bool = True
-    sampling: dict[str, Any] = field(default_factory=dict)
-    json_schema: dict[str, Any] | None = None  # decode only JSON matching it
-    logprobs: bool = False  # pass-through backends: token-capture ones always return them
-    top_logprobs: int = 0
-    prompt_ids: list[int] | None = None  # rendered by the gateway (token-capture backends)
-    stop_token_ids: tuple[int, ...] = ()  # the renderer's end-of-turn ids
-    model: str = ""
-    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass
@@ -95,12 +76,6 @@ class Backend(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections (the gateway calls it when it stops)."""
 
-    async def __aenter__(self) -> Backend:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
 
 class _HTTPBackend(Backend):
     """Shared JSON-over-HTTP plumbing: one pooled aiohttp session, uniform error mapping."""
@@ -110,9 +85,7 @@ class _HTTPBackend(Backend):
         self.timeout = timeout
         self.max_connections = max_connections
         self._http: aiohttp.ClientSession | None = None
-
-    def _headers(self) -> dict[str, str]:
-        return {"Content-Type": "application/json"}
+        self._headers = {"Content-Type": "application/json"}
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> Any:
         if self._http is None or self._http.closed:
@@ -123,7 +96,7 @@ class _HTTPBackend(Backend):
         target = f"{self.url}{path}"
         data = _fastjson.dumps(body)
         try:
-            async with self._http.post(target, data=data, headers=self._headers()) as response:
+            async with self._http.post(target, data=data, headers=self._headers) as response:
                 raw = await response.read()
                 status = response.status
         except TimeoutError:
@@ -257,17 +230,12 @@ class OpenAIBackend(_HTTPBackend):
         max_connections: int = 256,
     ) -> None:
         super().__init__(base_url, timeout=timeout, max_connections=max_connections)
-        self._api_key = api_key
+        if api_key:  # the upstream's key: the agent's per-session gateway key is never sent
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self.model = model
 
     def __repr__(self) -> str:  # keep the upstream key out of logs and tracebacks
         return f"OpenAIBackend(base_url={self.url!r}, model={self.model!r}, api_key='***')"
-
-    def _headers(self) -> dict[str, str]:
-        headers = super()._headers()
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
 
     async def complete(self, request: TurnRequest) -> Completion:
         body: dict[str, Any] = {

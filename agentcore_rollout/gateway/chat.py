@@ -17,10 +17,10 @@ from .sampling import SGLANG_NAMES, request_sampling
 from .sessions import Session
 from .turns import (
     ChatTurn,
+    Dialect,
     Ignored,
     ToolChoice,
     TurnAnswer,
-    check_fields,
     json_schema_of,
     mode_choice,
     named_choice,
@@ -43,16 +43,12 @@ _REFUSED = {
 }
 
 
-class ChatDialect:
+class ChatDialect(Dialect):
     name = "chat"
     paths = ("/v1/chat/completions",)
+    honoured, no_effect, refused = _HONOURED, _NO_EFFECT, _REFUSED
 
-    def __init__(self, strict: bool = False) -> None:
-        self.strict = strict
-
-    def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
-        ignored = Ignored(self.strict)
-        check_fields(body, _HONOURED, _NO_EFFECT, _REFUSED, ignored)
+    def convert(self, body: dict[str, Any], session: Session, ignored: Ignored) -> ChatTurn:
         steering(body.get("reasoning_effort"), "reasoning_effort", ignored)
         steering(body.get("verbosity"), "verbosity", ignored)
         modalities = body.get("modalities")
@@ -72,7 +68,6 @@ class ChatDialect:
         parallel = body.get("parallel_tool_calls")
         return ChatTurn(
             messages=body.get("messages"),  # type: ignore[arg-type]  # the renderer checks them
-            model=body["model"] if isinstance(body.get("model"), str) else model,
             tools=tools,
             tool_choice=_tool_choice(body.get("tool_choice"), tools),
             parallel_tool_calls=parallel is None or boolean(parallel, "parallel_tool_calls"),
@@ -81,18 +76,11 @@ class ChatDialect:
             logprobs=logprobs,
             top_logprobs=top,
             stream=boolean(body.get("stream"), "stream"),
-            body=body,
-            ignored=ignored,
         )
 
     def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": answer.message.get("content")}
-        if answer.reasoning:
-            message["reasoning_content"] = answer.reasoning
-        if answer.tool_calls:
-            message["tool_calls"] = answer.tool_calls
         logprobs = None if answer.logprobs is None else {"content": answer.logprobs}
-        choice = {"index": 0, "message": message, "logprobs": logprobs}
+        choice = {"index": 0, "message": answer.chat_message(), "logprobs": logprobs}
         return {
             "id": f"chatcmpl-{answer.id}",
             "object": "chat.completion",
@@ -119,10 +107,6 @@ class ChatDialect:
         for chunk in chat_chunks(head, deltas, finish, reply["usage"], options):
             yield None, chunk
         yield None, "[DONE]"
-
-    def error(self, status: int, message: str, code: str | None) -> dict[str, Any]:
-        kind = "invalid_request_error" if status < 500 else "api_error"
-        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:

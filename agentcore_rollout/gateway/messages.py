@@ -55,11 +55,10 @@ from .sampling import request_sampling
 from .sessions import Session
 from .turns import (
     ChatTurn,
+    Dialect,
     Ignored,
     ToolChoice,
     TurnAnswer,
-    arguments_object,
-    check_fields,
     json_schema_of,
     named_choice,
     seal_reasoning,
@@ -97,20 +96,17 @@ _BLOCK_KEYS = {
     "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"},
     "thinking": {"type", "thinking", "signature"},
 }
+_CHOICE_KEYS = {"type", "name", "disable_parallel_tool_use"}
 _TOOL_KEYS = {"name", "description", "input_schema", "type", "cache_control", "strict"}
 _TOOL_KEYS |= {"eager_input_streaming", "allowed_callers", "defer_loading", "input_examples"}
 
 
-class MessagesDialect:
+class MessagesDialect(Dialect):
     name = "messages"
     paths = ("/v1/messages", "/v1/v1/messages")
+    honoured, no_effect, refused = _HONOURED, _NO_EFFECT, _REFUSED
 
-    def __init__(self, strict: bool = False) -> None:
-        self.strict = strict
-
-    def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
-        ignored = Ignored(self.strict)
-        check_fields(body, _HONOURED, _NO_EFFECT, _REFUSED, ignored)
+    def convert(self, body: dict[str, Any], session: Session, ignored: Ignored) -> ChatTurn:
         _check_thinking(body.get("thinking"), ignored)
         max_tokens = body.get("max_tokens")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -129,15 +125,12 @@ class MessagesDialect:
         system = _system(body.get("system"))
         return ChatTurn(
             messages=[{"role": "system", "content": system}, *messages] if system else messages,
-            model=body["model"] if isinstance(body.get("model"), str) else model,
             tools=tools,
             tool_choice=choice,
             parallel_tool_calls=parallel,
             sampling=request_sampling(picked, session.sampling),
             json_schema=_output_schema(body.get("output_config"), ignored),
             stream=boolean(body.get("stream"), "stream"),
-            body=body,
-            ignored=ignored,
         )
 
     def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
@@ -151,7 +144,12 @@ class MessagesDialect:
             "content": _content(answer, omit_thinking=_display(turn.body) == "omitted"),
             "stop_reason": "stop_sequence" if stop_sequence else reason,
             "stop_sequence": stop_sequence,
-            "usage": _usage(answer.prompt_tokens, answer.completion_tokens),
+            "usage": {
+                "input_tokens": answer.prompt_tokens,
+                "output_tokens": answer.completion_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
         }
 
     def events(self, answer: TurnAnswer, turn: ChatTurn) -> Iterator[tuple[str | None, Any]]:
@@ -174,13 +172,8 @@ class MessagesDialect:
                 deltas.append(("signature_delta", "signature", block["signature"]))
             else:
                 start = {**block, "input": {}}
-                deltas = [
-                    (
-                        "input_json_delta",
-                        "partial_json",
-                        json.dumps(block["input"], ensure_ascii=False),
-                    )
-                ]
+                arguments = json.dumps(block["input"], ensure_ascii=False)
+                deltas = [("input_json_delta", "partial_json", arguments)]
             yield "content_block_start", _event("content_block_start", index, content_block=start)
             for delta, key, value in deltas:
                 data = _event("content_block_delta", index, delta={"type": delta, key: value})
@@ -460,11 +453,7 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> tuple[ToolCh
     if value is None:
         return ToolChoice("auto" if tools else "none"), True
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind not in ("auto", "any", "tool", "none") or set(value) - {
-        "type",
-        "name",
-        "disable_parallel_tool_use",
-    }:
+    if kind not in ("auto", "any", "tool", "none") or set(value) - _CHOICE_KEYS:
         raise ValueError(
             "tool_choice must be {'type': 'auto' | 'any' | 'tool' | 'none', 'name'?, "
             "'disable_parallel_tool_use'?}"
@@ -490,7 +479,10 @@ def _content(answer: TurnAnswer, *, omit_thinking: bool) -> list[dict[str, Any]]
         blocks.append({"type": "text", "text": answer.content})
     for call in answer.tool_calls:
         function = call["function"]
-        arguments = arguments_object(function.get("arguments") or "{}")
+        try:  # Anthropic's `input` is the arguments as a value; `{}` if they are not JSON
+            arguments = json.loads(function.get("arguments") or "{}")
+        except ValueError:
+            arguments = {}
         blocks.append(
             {"type": "tool_use", "id": call["id"], "name": function["name"], "input": arguments}
         )
@@ -503,15 +495,6 @@ def _stop_sequence(answer: TurnAnswer, turn: ChatTurn) -> str | None:
     if matched is None or answer.finish_reason != "stop":
         return None
     return matched if matched in (turn.body.get("stop_sequences") or ()) else None
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "input_tokens": prompt_tokens,
-        "output_tokens": completion_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-    }
 
 
 def _event(kind: str, index: int, **fields: Any) -> dict[str, Any]:

@@ -59,7 +59,6 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .parsers import HERMES, Family, Parsed, detect_family, family
-from .parsers import parse_tool_calls as parse_tool_calls  # re-exported: the toy policy's
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +194,9 @@ class TextRenderer:
 
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
+
+    def use_parser(self, parser: Family) -> None:
+        self.parser = parser
 
     def parse(self, output_ids: Sequence[int], *, tools_enabled: bool) -> Parsed:
         ids = list(output_ids)
@@ -487,12 +489,19 @@ def load_renderer(spec: str, *, parser: str | None = None) -> Renderer:
     chosen = None if parser is None else family(parser)  # an unknown name fails first
     if Path(spec).is_dir():
         try:
-            renderer = HFRenderer.from_pretrained(spec)
+            renderer: Renderer = HFRenderer.from_pretrained(spec)
         except (ImportError, OSError, ValueError) as exc:
             raise ValueError(f"no tokenizer with a chat template in {spec}: {_line(exc)}") from None
-        if chosen is not None:
-            renderer.use_parser(chosen)
-        return renderer
+    else:
+        renderer = _from_factory(spec)
+    if chosen is not None:
+        if not isinstance(renderer, TextRenderer):
+            raise ValueError(f"{spec}() is no TextRenderer: it parses by itself, not by a parser")
+        renderer.use_parser(chosen)
+    return renderer
+
+
+def _from_factory(spec: str) -> Renderer:
     module, sep, attribute = spec.partition(":")
     if not (sep and module and attribute):
         raise ValueError(f"{spec!r} is neither a tokenizer directory nor module:attribute")
@@ -506,13 +515,6 @@ def load_renderer(spec: str, *, parser: str | None = None) -> Renderer:
         raise ValueError(f"{spec}() failed: {type(exc).__name__}: {_line(exc)}") from None
     if not isinstance(renderer, Renderer):
         raise ValueError(f"{spec}() returned a {type(renderer).__name__}, not a Renderer")
-    if chosen is not None:
-        if isinstance(renderer, HFRenderer):
-            renderer.use_parser(chosen)
-        elif isinstance(renderer, TextRenderer):
-            renderer.parser = chosen
-        else:
-            raise ValueError(f"{spec}() is no TextRenderer: it parses by itself, not by a parser")
     return renderer
 
 

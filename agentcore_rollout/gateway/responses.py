@@ -62,10 +62,10 @@ from .sampling import request_sampling
 from .sessions import Session
 from .turns import (
     ChatTurn,
+    Dialect,
     Ignored,
     ToolChoice,
     TurnAnswer,
-    check_fields,
     json_schema_of,
     mode_choice,
     named_choice,
@@ -100,26 +100,21 @@ _TEXT_PARTS = {"input_text", "output_text"}
 @dataclass
 class ResponsesTurn(ChatTurn):
     """A ChatTurn with what the Responses API keeps between turns: the conversation without the
-    instructions (what `store` keeps, the continued response's included), the instructions'
-    system message, whether to store, and the session that stores it."""
+    instructions (what `store` keeps, the continued response's included), whether to store, and
+    the session that stores it."""
 
     conversation: list[dict[str, Any]] = field(default_factory=list)
-    instructions: dict[str, Any] | None = None
     store: bool = True
     session: Session | None = None
     sealed: bool = False  # reasoning items carry their text sealed (`encrypted_content`)
 
 
-class ResponsesDialect:
+class ResponsesDialect(Dialect):
     name = "responses"
     paths = ("/v1/responses",)
+    honoured, no_effect, refused = _HONOURED, _NO_EFFECT, _REFUSED
 
-    def __init__(self, strict: bool = False) -> None:
-        self.strict = strict
-
-    def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
-        ignored = Ignored(self.strict)
-        check_fields(body, _HONOURED, _NO_EFFECT, _REFUSED, ignored)
+    def convert(self, body: dict[str, Any], session: Session, ignored: Ignored) -> ChatTurn:
         _check_modes(body, ignored)
         tools = _tools(body.get("tools"), ignored)
         include = body.get("include") or []
@@ -143,10 +138,8 @@ class ResponsesDialect:
         picked["max_tokens"] = body.get("max_output_tokens")
         store = body.get("store")
         return ResponsesTurn(
-            ignored=ignored,
             sealed=SEALED_INCLUDE in include,
             messages=[system, *conversation] if system else conversation,
-            model=body["model"] if isinstance(body.get("model"), str) else model,
             tools=tools,
             tool_choice=_tool_choice(body.get("tool_choice"), tools),
             parallel_tool_calls=parallel is None or boolean(parallel, "parallel_tool_calls"),
@@ -155,9 +148,7 @@ class ResponsesDialect:
             logprobs=logprobs,
             top_logprobs=top,
             stream=boolean(body.get("stream"), "stream"),
-            body=body,
             conversation=conversation,
-            instructions=system,
             store=store is None or boolean(store, "store"),
             session=session,
         )
@@ -184,22 +175,17 @@ class ResponsesDialect:
         yield event("response.created", response=started)
         yield event("response.in_progress", response=started)
         for index, item in enumerate(final["output"]):
-            kind = item["type"]
+            call = item["type"] == "function_call"
             at = {"item_id": item["id"], "output_index": index}
-            if kind == "function_call":
-                yield event(
-                    "response.output_item.added",
-                    output_index=index,
-                    item={**item, "arguments": "", "status": "in_progress"},
-                )
+            empty = {"arguments": ""} if call else {"content": []}
+            added = {**item, **empty, "status": "in_progress"}
+            yield event("response.output_item.added", output_index=index, item=added)
+            if call:
                 yield event("response.function_call_arguments.delta", delta=item["arguments"], **at)
                 done = {"arguments": item["arguments"], "name": item["name"]}
                 yield event("response.function_call_arguments.done", **done, **at)
             else:
-                parts = item["content"]
-                added = {**item, "content": [], "status": "in_progress"}
-                yield event("response.output_item.added", output_index=index, item=added)
-                for content_index, part in enumerate(parts):
+                for content_index, part in enumerate(item["content"]):
                     yield from _part_events(event, part, {**at, "content_index": content_index})
             yield event("response.output_item.done", output_index=index, item=item)
         yield event(f"response.{final['status']}", response=final)
@@ -210,6 +196,8 @@ class ResponsesDialect:
         now = int(time.time())
         fmt = (body.get("text") or {}).get("format") or {"type": "text"}
         prompt, completion = answer.prompt_tokens, answer.completion_tokens
+        choice = turn.tool_choice
+        named = {"type": "function", "name": choice.name}
         return {
             "id": f"resp_{answer.id}",
             "object": "response",
@@ -226,7 +214,7 @@ class ResponsesDialect:
             "temperature": turn.sampling.get("temperature"),
             "top_p": turn.sampling.get("top_p"),
             "max_output_tokens": turn.sampling.get("max_tokens"),
-            "tool_choice": _choice_echo(turn.tool_choice),
+            "tool_choice": named if choice.name else choice.mode,
             "tools": body.get("tools") or [],
             "text": {"format": fmt, "verbosity": "medium"},
             "top_logprobs": turn.top_logprobs,
@@ -245,10 +233,6 @@ class ResponsesDialect:
                 "total_tokens": prompt + completion,
             },
         }
-
-    def error(self, status: int, message: str, code: str | None) -> dict[str, Any]:
-        kind = "invalid_request_error" if status < 500 else "api_error"
-        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 # -- the request ----------------------------------------------------------------------------------
@@ -348,10 +332,6 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
         f"tool_choice {kind!r} is not supported: use 'none', 'auto', 'required' or "
         "{'type': 'function', 'name': ...}"
     )
-
-
-def _choice_echo(choice: ToolChoice) -> Any:
-    return {"type": "function", "name": choice.name} if choice.name else choice.mode
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
@@ -519,13 +499,8 @@ def _store(answer: TurnAnswer, turn: ResponsesTurn, response_id: str) -> None:
     session = turn.session
     if not turn.store or session is None:
         return
-    message: dict[str, Any] = {"role": "assistant", "content": answer.message.get("content")}
-    if answer.reasoning:
-        message["reasoning_content"] = answer.reasoning
-    if answer.tool_calls:
-        message["tool_calls"] = answer.tool_calls
     stored = session.responses
-    stored[response_id] = [*turn.conversation, message]
+    stored[response_id] = [*turn.conversation, answer.chat_message()]
     while len(stored) > MAX_STORED_RESPONSES:
         del stored[next(iter(stored))]
 

@@ -54,14 +54,10 @@ class RouterError(RuntimeError):
 _BIND_ATTEMPTS = 3
 
 
-def free_port() -> int:
-    """A currently free loopback TCP port (the router cannot bind port 0 and report it)."""
-    return free_ports(1)[0]
-
-
 def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback TCP ports that are free now (held together while chosen, so they
-    differ; another process may still take one before the router binds it)."""
+    """`n` distinct loopback TCP ports that are free now (the router cannot bind port 0 and
+    report it): held together while chosen, so they differ; another process may still take one
+    before the router binds it."""
     with contextlib.ExitStack() as held:
         socks = [held.enter_context(socket.socket()) for _ in range(n)]
         for sock in socks:
@@ -133,7 +129,7 @@ class SGLangRouter:
             if chosen:
                 self.port, self.prometheus_port = free_ports(2)
             else:
-                self.prometheus_port = free_port()
+                (self.prometheus_port,) = free_ports(1)
             try:
                 await self._launch()
                 break

@@ -57,10 +57,9 @@ def request_sampling(body: Mapping[str, Any], defaults: Mapping[str, Any]) -> di
     n = body.get("n")
     if n not in (None, 1):
         raise ValueError("n must be 1 (one completion per request)")
-    picked = {k: body[k] for k in ("max_completion_tokens", *SGLANG_NAMES) if k in body}
-    if picked.get("max_completion_tokens") is not None:
-        picked["max_tokens"] = picked.pop("max_completion_tokens")
-    picked.pop("max_completion_tokens", None)
+    picked = {k: body[k] for k in SGLANG_NAMES if k in body}
+    if body.get("max_completion_tokens") is not None:
+        picked["max_tokens"] = body["max_completion_tokens"]
     return {**defaults, **check_sampling(picked, "request")}
 
 

@@ -34,10 +34,6 @@ PLACEHOLDER_KEYS = frozenset({"", "EMPTY", "empty", "None", "null", "sk-no-key-r
 MAX_RENDER_STATES = 4
 
 
-class SessionLimitError(Exception):
-    """The session's turn limit is reached (the turn ends at once as `length`)."""
-
-
 def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -63,13 +59,14 @@ class Session:
     responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     _digest: str = field(default="", repr=False)
 
-    def begin_turn(self) -> int:
-        """Reserve the next turn number, or raise SessionLimitError past max_turns. Reserved at
-        request time so concurrent calls of one agent cannot exceed the limit together."""
+    def begin_turn(self) -> int | None:
+        """Reserve the next turn number; None past max_turns (the turn ends at once as
+        `length`). Reserved at request time so concurrent calls of one agent cannot exceed the
+        limit together."""
         self.last_active = time.monotonic()
         if self.max_turns is not None and self.turns_started >= self.max_turns:
             self.rejected_turns += 1
-            raise SessionLimitError(f"this session's turn limit ({self.max_turns}) is reached")
+            return None
         self.turns_started += 1
         self.in_flight += 1
         return self.turns_started - 1

@@ -45,17 +45,19 @@ def add_run(runs: VersionRuns, version: str | None, count: int) -> None:
         runs.append((version, count))
 
 
-def version_bounds(runs: VersionRuns) -> tuple[str | None, str | None]:
-    """(min, max) of the versions in `runs` (None ignored): numeric if all are integers, else
-    the first and the last seen; (None, None) without any."""
+def version_bounds(runs: VersionRuns) -> dict[str, str | None]:
+    """`min_weight_version` and `max_weight_version` of `runs` (None ignored): numeric if all
+    are integers, else the first and the last seen; None without any."""
     seen = [v for v, _ in runs if v is not None]
-    if not seen:
-        return None, None
-    try:
-        numbers = [int(v) for v in seen]
-    except ValueError:
-        return seen[0], seen[-1]
-    return seen[numbers.index(min(numbers))], seen[numbers.index(max(numbers))]
+    low = high = None
+    if seen:
+        try:
+            numbers = [int(v) for v in seen]
+        except ValueError:
+            low, high = seen[0], seen[-1]
+        else:
+            low, high = seen[numbers.index(min(numbers))], seen[numbers.index(max(numbers))]
+    return {"min_weight_version": low, "max_weight_version": high}
 
 
 # How a turn's prompt was rendered: reusing an earlier render's ids, fully although the session
@@ -109,7 +111,7 @@ class Turn:
             "render": self.render,
             "reused_prompt_tokens": self.reused_prompt_tokens,
             "version_runs": self.version_runs,
-            **_bounds(self.version_runs or []),
+            **version_bounds(self.version_runs or []),
             "resumed": self.resumed,
             "ignored": self.ignored,
         }
@@ -182,7 +184,7 @@ class Sample:
             "ill_formed": self.ill_formed,
             "weight_versions": self.weight_versions,
             "version_runs": self.version_runs,
-            **_bounds(self.version_runs),
+            **version_bounds(self.version_runs),
             "resumed": self.resumed,
         }
 
@@ -223,8 +225,3 @@ class Trajectory:
             "turns": [t.to_json() for t in self.turns],
             "samples": [s.to_json() for s in self.samples],
         }
-
-
-def _bounds(runs: VersionRuns) -> dict[str, str | None]:
-    low, high = version_bounds(runs)
-    return {"min_weight_version": low, "max_weight_version": high}

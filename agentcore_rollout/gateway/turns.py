@@ -28,11 +28,11 @@ What "honoured" means for the options the dialects share:
 from __future__ import annotations
 
 import base64
-import json
+import uuid
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from .sessions import Session
@@ -53,18 +53,29 @@ class ToolChoice:
 
 
 @dataclass
-class ChatTurn:
-    """A request, checked and converted: what the gateway renders, samples and parses."""
+class TurnRequest:
+    """One turn as a backend samples it: the conversation and the request's options (checked, the
+    session's sampling defaults applied), and once rendered, its prompt and end-of-turn ids."""
 
     messages: list[dict[str, Any]]  # OpenAI chat messages
-    model: str
     tools: list[dict[str, Any]] | None = None  # OpenAI chat tool definitions
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
-    sampling: dict[str, Any] = field(default_factory=dict)  # checked; session defaults applied
-    json_schema: dict[str, Any] | None = None  # the JSON the reply must be (response_format)
-    logprobs: bool = False
+    sampling: dict[str, Any] = field(default_factory=dict)
+    json_schema: dict[str, Any] | None = None  # decode only JSON matching it (response_format)
+    logprobs: bool = False  # pass-through backends: token-capture ones always return them
     top_logprobs: int = 0
+    prompt_ids: list[int] | None = None  # rendered by the gateway (token-capture backends)
+    stop_token_ids: tuple[int, ...] = ()  # the renderer's end-of-turn ids
+    model: str = ""
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class ChatTurn(TurnRequest):
+    """A request, checked and converted by its dialect: what the gateway renders, samples and
+    parses, and what the dialect's reply needs of the request."""
+
     stream: bool = False
     body: Mapping[str, Any] = field(default_factory=dict)  # the request as sent, for echoes
     ignored: list[str] = field(default_factory=list)  # fields accepted with no effect
@@ -95,25 +106,64 @@ class TurnAnswer:
     def tool_calls(self) -> list[dict[str, Any]]:
         return self.message.get("tool_calls") or []
 
+    def chat_message(self) -> dict[str, Any]:
+        """The answer as an OpenAI chat assistant message: what the chat API replies, and what a
+        stored response's conversation continues from."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.message.get("content")}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
 
-class Dialect(Protocol):
-    """An API the gateway serves at `paths` (POST)."""
+
+class Dialect:
+    """An API the gateway serves at `paths` (POST). Every field of its requests is `honoured`,
+    `no_effect` (ignored), `refused` (name -> why) or unknown to it (ignored too: a client's
+    newer field); a `strict` dialect refuses the ones it would ignore."""
 
     name: str
     paths: tuple[str, ...]
+    honoured: set[str]
+    no_effect: set[str]
+    refused: Mapping[str, str]
+
+    def __init__(self, strict: bool = False) -> None:
+        self.strict = strict
 
     def turn(self, body: dict[str, Any], session: Session, model: str) -> ChatTurn:
         """The request as a ChatTurn for `session` (its sampling defaults; state a dialect keeps
-        there, such as stored responses); ValueError (a 400) naming the first field refused."""
-        ...
+        there, such as stored responses); ValueError (a 400) naming the first field refused
+        (set: not null, not false)."""
+        ignored = Ignored(self.strict)
+        for name, why in self.refused.items():
+            if body.get(name) not in (None, False):
+                raise ValueError(f"{name} is not supported: {why}")
+        for name, value in body.items():
+            if name not in self.honoured and name not in self.refused and value is not None:
+                known = name in self.no_effect
+                why = "it has no effect on the turn" if known else "unknown to the gateway"
+                ignored.add(name, why)
+        turn = self.convert(body, session, ignored)
+        turn.model = body["model"] if isinstance(body.get("model"), str) else model
+        turn.body, turn.ignored = body, ignored
+        return turn
 
-    def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]: ...
+    def convert(self, body: dict[str, Any], session: Session, ignored: Ignored) -> ChatTurn:
+        """The request's own fields as a ChatTurn (`turn` adds the model, body and ignored)."""
+        raise NotImplementedError
+
+    def reply(self, answer: TurnAnswer, turn: ChatTurn) -> dict[str, Any]:
+        raise NotImplementedError
 
     def events(self, answer: TurnAnswer, turn: ChatTurn) -> Iterator[tuple[str | None, Any]]:
         """The reply as the API streams it: (SSE event name or None, data) pairs."""
-        ...
+        raise NotImplementedError
 
-    def error(self, status: int, message: str, code: str | None) -> dict[str, Any]: ...
+    def error(self, status: int, message: str, code: str | None) -> dict[str, Any]:
+        """An error body in OpenAI's shape (both OpenAI APIs'); the Messages dialect has its own."""
+        kind = "invalid_request_error" if status < 500 else "api_error"
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 # -- checks the dialects share --------------------------------------------------------------------
@@ -132,25 +182,6 @@ class Ignored(list[str]):
             raise ValueError(f"{name} is not honoured ({why}), and this gateway is strict")
         if name not in self:
             self.append(name)
-
-
-def check_fields(
-    body: Mapping[str, Any],
-    honoured: set[str],
-    no_effect: set[str],
-    refused: Mapping[str, str],
-    ignored: Ignored,
-) -> None:
-    """A 400 for the first field of `refused` set (not null, not false): the gateway cannot
-    honour it, and says why. Every other field set that is not honoured is ignored: one of
-    `no_effect`, or one the gateway does not know (a client's newer field)."""
-    for name, why in refused.items():
-        if body.get(name) not in (None, False):
-            raise ValueError(f"{name} is not supported: {why}")
-    for name in body:
-        if name not in honoured and name not in refused and body[name] is not None:
-            known = name in no_effect
-            ignored.add(name, "it has no effect on the turn" if known else "unknown to the gateway")
 
 
 def steering(value: Any, name: str, ignored: Ignored) -> None:
@@ -229,19 +260,8 @@ def top_logprobs_of(value: Any, where: str = "top_logprobs") -> int:
     return value
 
 
-def function_names(tools: list[dict[str, Any]] | None) -> set[str]:
-    return {t["function"].get("name") for t in tools or ()}
-
-
 def named_choice(name: Any, tools: list[dict[str, Any]] | None, where: str) -> ToolChoice:
-    if not isinstance(name, str) or name not in function_names(tools):
+    names = {t["function"].get("name") for t in tools or ()}
+    if not isinstance(name, str) or name not in names:
         raise ValueError(f"{where} names {name!r}, which is not one of the request's tools")
     return ToolChoice("required", name)
-
-
-def arguments_object(arguments: str) -> Any:
-    """A tool call's JSON arguments as a value (Anthropic's `input`); `{}` if not JSON."""
-    try:
-        return json.loads(arguments or "{}")
-    except ValueError:
-        return {}

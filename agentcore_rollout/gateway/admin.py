@@ -1,0 +1,113 @@
+"""The admin API: how the engine (`GatewayAdmin`, its client) opens a session per rollout
+request, takes its trace, drops it, finds the one an earlier engine opened, and reads the
+gateway's counters. Every route takes the admin token as `Authorization: Bearer`.
+
+  POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?}
+                                          -> 201 {"session_id", "api_key", "model"}
+  POST   /admin/sessions/{id}/finish      -> 200 trace (see GatewayAdmin.finish_session);
+                                          the session is closed, its key stops working
+  DELETE /admin/sessions/{id}             -> 200 {"session_id", "dropped": true, "usage"}; no
+                                             trace, its tokens only (what a failure spent)
+  GET    /admin/requests/{request_id}     -> 200 {"session_id", "turns"}: the live session
+                                          opened for that request (404 if none), for an
+                                          engine that restarted to find an earlier's trace
+  GET    /admin/stats                     -> 200 {"sessions", "turns", "render", "prompt_tokens",
+                                          "ignored_fields"} (see GatewayAdmin.stats)
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from ..serving.http import read_json_object
+from . import _fastjson
+from ._http import GatewayHTTPError, bearer, json_response
+from .pipeline import TurnPipeline
+from .sessions import Session, SessionStore
+
+log = logging.getLogger(__name__)
+
+
+class AdminAPI:
+    """The admin routes over a gateway's `sessions` and the counters of its `pipeline`, behind
+    `token`; `model` is the model name sessions and traces report."""
+
+    def __init__(
+        self, sessions: SessionStore, pipeline: TurnPipeline, *, token: str, model: str
+    ) -> None:
+        self.sessions = sessions
+        self.pipeline = pipeline
+        self.token = token
+        self.model = model
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/admin/sessions", self._create),
+            web.post("/admin/sessions/{session_id}/finish", self._finish),
+            web.delete("/admin/sessions/{session_id}", self._drop),
+            web.get("/admin/requests/{request_id}", self._session_of),
+            web.get("/admin/stats", self._stats),
+        ]
+
+    def stats(self) -> dict[str, Any]:
+        """The counters /admin/stats answers (see `GatewayAdmin.stats`)."""
+        return {"sessions": len(self.sessions), **self.pipeline.stats()}
+
+    def _check(self, request: web.Request) -> None:
+        token = bearer(request) or ""
+        if not hmac.compare_digest(token.encode(), self.token.encode()):
+            log.warning("rejected an admin request with a missing or wrong admin token")
+            raise GatewayHTTPError(401, "admin token required", code="invalid_admin_token")
+
+    async def _create(self, request: web.Request) -> web.StreamResponse:
+        self._check(request)
+        body = await read_json_object(request, _fastjson.loads)
+        session, key = self.sessions.create(
+            body.get("request_id"),
+            sampling=body.get("sampling"),
+            max_context=body.get("max_context"),
+            max_turns=body.get("max_turns"),
+        )
+        answer = {"session_id": session.id, "api_key": key, "model": self.model}
+        return json_response(answer, status=201)
+
+    async def _finish(self, request: web.Request) -> web.StreamResponse:
+        self._check(request)
+        session = self._remove(request, "finished")
+        backend = self.pipeline.backend
+        trace = session.trace(
+            token_capture=backend.token_capture, backend=backend.name, model=self.model
+        )
+        return json_response(trace)
+
+    async def _drop(self, request: web.Request) -> web.StreamResponse:
+        self._check(request)
+        session = self._remove(request, "dropped")
+        return json_response({"session_id": session.id, "dropped": True, "usage": session.usage()})
+
+    async def _session_of(self, request: web.Request) -> web.StreamResponse:
+        self._check(request)
+        request_id = request.match_info["request_id"]
+        session = self.sessions.by_request(request_id)
+        if session is None:
+            raise GatewayHTTPError(
+                404, f"no live session for request {request_id[:64]!r}", code="session_not_found"
+            )
+        return json_response({"session_id": session.id, "turns": session.turns_started})
+
+    async def _stats(self, request: web.Request) -> web.StreamResponse:
+        self._check(request)
+        return json_response(self.stats())
+
+    def _remove(self, request: web.Request, reason: str) -> Session:
+        session_id = request.match_info["session_id"]
+        session = self.sessions.remove(session_id, reason=reason)
+        if session is None:
+            raise GatewayHTTPError(
+                404, f"no live session {session_id[:64]!r}", code="session_not_found"
+            )
+        return session
