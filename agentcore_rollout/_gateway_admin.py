@@ -43,7 +43,7 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
 
 `response_ids`, `loss_mask` and `logprobs` have the same length. Turns merge into one sample
 when a prompt extends an earlier sample's prompt + response exactly (see `trajectory`); the
-render kinds are the gateway's (see `server`), and give the same ids.
+render kinds are the gateway's (see `gateway.pipeline`), and give the same ids.
 """
 
 from __future__ import annotations
