@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 
 from agentcore_rollout.local.agents import ContainerAgent, ProcessAgent  # noqa: E402
+from agentcore_rollout.local.config import EmulatorConfig  # noqa: E402
 from agentcore_rollout.local.containers import (  # noqa: E402
     AGENT_IMAGE,
     ContainerEngine,
@@ -46,18 +47,12 @@ async def one_session(
     process where it is None."""
     began = time.perf_counter()
     if engine is not None:
-        agent: ProcessAgent = await ContainerAgent.spawn_container(
-            engine=engine,
-            image=AGENT_IMAGE,
-            env={},
-            label=f"{os.getpid()}-bench",
-            session_id="bench",
-            log_dir=None,
-        )
+        config = EmulatorConfig(mode="container", image=AGENT_IMAGE)
+        label = f"{os.getpid()}-bench"
+        agent: ProcessAgent = await ContainerAgent.spawn_container(config, engine, label, "bench")
     else:
-        agent = await ProcessAgent.spawn(
-            app=APP, command=(), env={"PYTHONPATH": str(ROOT)}, session_id="bench", log_dir=None
-        )
+        config = EmulatorConfig(app=APP, env={"PYTHONPATH": str(ROOT)})
+        agent = await ProcessAgent.spawn(config, "bench")
     await agent.wait_ready(http, timeout=120)
     ready = time.perf_counter()
     await agent.terminate()

@@ -113,7 +113,7 @@ async def test_outputs_the_wire_cannot_carry_are_the_agents_error(moto, channel,
         assert o.latency < PROMPT, (what, o.latency)
     _assert_others_ok(batch, hostile)
     assert batch.stats.invalid_results == {}  # the SDK wrote valid results
-    assert sorted(emu.stopped) == sorted(emu.started)
+    assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started)
 
     leaky = next(i for i, what in hostile.items() if what == "secret_key_nan")
     rid = reqs[leaky].request_id

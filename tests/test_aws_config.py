@@ -154,7 +154,7 @@ async def test_a_ca_bundle_in_the_aws_config_file_is_trusted(
             await RolloutEngine(cfg).start()
         aws_config(f"ca_bundle = {bundle}")
         await _all_ok(cfg)
-    assert len(emu.started) == ROLLOUTS
+    assert len(emu.sessions.started) == ROLLOUTS
 
 
 # ---------------------------------------------------------------- a proxy with credentials
@@ -290,7 +290,7 @@ async def test_a_refusing_proxy_leaves_its_password_in_no_file_and_no_log(
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert [r["outcome"] for r in rows] == ["submit_failed"] * 4, log[-3000:]
     assert all("refused before reaching AgentCore" in r["error"] for r in rows), rows[0]
-    assert emu.started == [] and emu.stopped == []
+    assert emu.sessions.started == [] and emu.sessions.stopped == []
     assert "down for" not in log and "Traceback" not in log, log[-3000:]
     written = {p.name: p.read_text(errors="replace") for p in out.iterdir() if p.is_file()}
     assert {"rollouts.jsonl", "summary.json", "journal.jsonl"} <= written.keys()
@@ -358,7 +358,7 @@ async def test_endpoint_urls_come_from_the_environment(
         assert clients.sqs.meta.endpoint_url == moto.url
         assert (await clients.agentcore_in(REGION, None)).meta.endpoint_url == emu.url
     await _all_ok(cfg)
-    assert len(emu.started) == ROLLOUTS
+    assert len(emu.sessions.started) == ROLLOUTS
 
 
 _CREDENTIAL_PROCESS = """\
@@ -385,4 +385,4 @@ async def test_credentials_that_expired_are_refreshed(
     await _all_ok(engine_config(moto, channel, emu))
     # Asked once and answered expired, asked again (the in-process agents ask too).
     assert int(calls.read_text()) >= 2, "the expired credential was not refreshed"
-    assert len(emu.started) == ROLLOUTS
+    assert len(emu.sessions.started) == ROLLOUTS

@@ -75,7 +75,7 @@ async def test_invoke_reply_headers_and_errors(client, channel):
         await c.stop_runtime_session(agentRuntimeArn=RUNTIME_ARN, runtimeSessionId="u" * 40)
     assert missing.value.response["Error"]["Code"] == "ResourceNotFoundException"
     await c.stop_runtime_session(agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=sid)
-    assert emu.stopped == [sid]
+    assert emu.sessions.stopped == [sid]
 
 
 async def _until(predicate, guard: float = 60.0) -> float:
@@ -100,12 +100,12 @@ async def test_in_process_sessions_end_idle_or_at_their_max_lifetime(client, cha
             runtimeSessionId=sid,
             payload=_payload(channel, sid[:8], sid, time.time() + 60, mode=mode),
         )
-    sessions = emu.sessions
+    sessions = dict(emu.sessions)  # a snapshot: an ended session leaves emu.sessions
     await _gone(emu, idle)
     assert busy in emu.sessions  # the busy one is kept alive past the idle timeout
     await _gone(emu, busy)
     assert [sessions[idle].ended, sessions[busy].ended] == ["idle timeout", "max lifetime"]
-    assert emu.expired == [idle, busy] and emu.live.value == 0
+    assert emu.sessions.expired == [idle, busy] and emu.sessions.live.value == 0
 
 
 def _control(channel, rid: str, sid: str) -> dict:
@@ -151,7 +151,7 @@ async def test_busy_in_the_background_counts_until_ping_says_idle_and_lifetime_c
     started = time.time()
     for sid, work in ((worker, 3.0), (forever, 600.0)):
         assert (await _invoke(c, channel, sid, work=work))["status"] == "accepted"
-    sessions = emu.sessions
+    sessions = dict(emu.sessions)  # a snapshot: an ended session leaves emu.sessions
     ended = await _gone(emu, worker)
     key = _control(channel, worker[:8], worker)["result"]["key"]
     written = moto.client("s3").get_object(Bucket=channel.bucket, Key=key)["Body"].read()
@@ -160,7 +160,7 @@ async def test_busy_in_the_background_counts_until_ping_says_idle_and_lifetime_c
     assert sessions[worker].ended == "idle timeout" and forever in emu.sessions
     ended = await _gone(emu, forever)
     assert sessions[forever].ended == "max lifetime" and ended - started >= 12.0
-    assert emu.expired == [worker, forever]
+    assert emu.sessions.expired == [worker, forever]
 
 
 @pytest.mark.e2e  # waits out real idle timeouts and lifetimes (no injectable clock yet)
@@ -180,8 +180,9 @@ async def test_rollouts_working_past_a_short_idle_timeout_end_ok(moto, channel, 
     ]
     assert all(o.result.timings.finished - o.result.timings.received >= 5.0 for o in batch.outcomes)
     assert emu.counts["ThrottlingException"] > 0  # the starts were spread by the rate limit
-    assert emu.expired == [] and sorted(emu.stopped) == sorted(emu.started)
-    assert len(emu.started) == 12
+    sessions = emu.sessions
+    assert sessions.expired == [] and sorted(sessions.stopped) == sorted(sessions.started)
+    assert len(emu.sessions.started) == 12
 
 
 @pytest.mark.e2e  # waits out real idle timeouts and lifetimes (no injectable clock yet)
@@ -199,7 +200,7 @@ async def test_an_invocation_meeting_a_session_ending_gets_a_modelled_error(back
     error = conflict.value.response["Error"]
     assert error["Code"] == "RetryableConflictException" and "(stopped)" in error["Message"]
     assert (await _invoke(c, channel, early))["status"] == "accepted"  # the retry: a new session
-    assert emu.started == [early, early]
+    assert emu.sessions.started == [early, early]
 
     pending = asyncio.create_task(_invoke(c, channel, held, hold=60.0))
     await _until(lambda: _pings_busy(emu, held))  # the agent holds it

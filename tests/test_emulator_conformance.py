@@ -175,12 +175,12 @@ async def test_every_kind_of_agent_is_served_and_replies_conform(agent, emulator
             if agent == "raw ASGI app":  # headers differ per call (request and trace ids)
                 same, reply = same["body"], reply["body"]
             assert same == reply
-        assert emu.started == [sid]
+        assert emu.sessions.started == [sid]
         stopped = await asyncio.to_thread(
             sync.stop_runtime_session, agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=sid
         )
         check_output(stopped, "StopRuntimeSession")
-        assert emu.stopped == [sid] and emu.live.value == 0
+        assert emu.sessions.stopped == [sid] and emu.sessions.live.value == 0
         await _error(
             c.stop_runtime_session(agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=sid),
             "StopRuntimeSession",
@@ -258,7 +258,7 @@ async def test_errors_are_shaped_as_the_model_says(emulator, clients):
             "ValidationException",
         )
         assert too_big["fieldList"][0]["name"] == "payload"
-        assert emu.started == []  # nothing refused opened a session
+        assert emu.sessions.started == []  # nothing refused opened a session
         agent_failed = await _error(
             c.invoke_agent_runtime(
                 agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=sid, payload=b'{"status": 500}'
@@ -287,7 +287,7 @@ async def test_runtime_named_by_arn_or_by_agent_id_and_account(emulator, clients
         by_id, body = await _invoke(c, sid, {"n": 2}, arn=AGENT_ID, accountId=ACCOUNT)
         check_output(by_id, "InvokeAgentRuntime")
         assert json.loads(body)["echo"] == {"n": 2}
-        assert emu.started == [sid]  # one runtime, one session, however it is named
+        assert emu.sessions.started == [sid]  # one runtime, one session, however it is named
         await _error(
             c.invoke_agent_runtime(
                 agentRuntimeArn=AGENT_ID,
@@ -323,14 +323,14 @@ async def test_sessions_belong_to_their_runtime_and_endpoint(emulator, clients):
                 "StopRuntimeSession",
                 "ResourceNotFoundException",
             )
-        assert emu.live.value == 1 and emu.stopped == []
+        assert emu.sessions.live.value == 1 and emu.sessions.stopped == []
         await _invoke(c, sid, {"n": 2}, arn=OTHER_ARN)  # the same id on another runtime: its own
-        assert emu.started == [sid, sid] and emu.live.value == 2
+        assert emu.sessions.started == [sid, sid] and emu.sessions.live.value == 2
         stopped = await c.stop_runtime_session(
             agentRuntimeArn=RUNTIME_ARN, qualifier="DEFAULT", runtimeSessionId=sid
         )
         check_output(stopped, "StopRuntimeSession")
-        assert emu.live.value == 1
+        assert emu.sessions.live.value == 1
 
 
 async def test_unsigned_requests_are_refused(emulator, clients):
@@ -368,7 +368,7 @@ async def test_unsigned_requests_are_refused(emulator, clients):
                 assert resp.status == 404
                 assert resp.headers["x-amzn-ErrorType"] == "UnknownOperationException"
                 assert resp.headers["x-amzn-RequestId"] and (await resp.json())["message"]
-    assert emu.started == []
+    assert emu.sessions.started == []
 
 
 # ---------------------------------------------------------------------- headers
@@ -574,7 +574,7 @@ async def test_the_data_plane_rate_counts_every_call_invokes_and_stops(emulator,
         assert isinstance(e, ClientError)
         check_error(e, "InvokeAgentRuntime", "ThrottlingException")
     assert len(errors) == 12 - 4  # the first call took one of the second's five
-    assert emu.started == [sid] and emu.stopped == []
+    assert emu.sessions.started == [sid] and emu.sessions.stopped == []
 
 
 async def test_new_session_rate_and_active_sessions_are_separate_limits(emulator, clients):
@@ -619,7 +619,7 @@ async def test_new_session_rate_and_active_sessions_are_separate_limits(emulator
         await _invoke(c, sids[0], {"n": 2})  # an active session is served at the quota
         await c.stop_runtime_session(agentRuntimeArn=RUNTIME_ARN, runtimeSessionId=sids[0])
         await _invoke(c, sids[2], {"n": 1})  # a stop frees the slot
-    assert emu.live.peak == 2
+    assert emu.sessions.live.peak == 2
 
 
 async def test_the_26th_new_session_in_a_second_is_refused_across_an_accounts_endpoints(
@@ -654,8 +654,8 @@ async def test_the_26th_new_session_in_a_second_is_refused_across_an_accounts_en
                     await body.read()
         for q in ("DEFAULT", "endpoint_2"):  # the other account's 25 are all there
             await _invoke(c, _sid(), {"n": 1}, arn=other_account, qualifier=q)
-    assert len(emu.created) == 25 + 2
-    assert {(arn, q) for _, arn, q in emu.created[:25]} == set(opened)
+    assert len(emu.sessions.created) == 25 + 2
+    assert {(arn, q) for _, arn, q in emu.sessions.created[:25]} == set(opened)
 
 
 # ---------------------------------------------------------------------- Service Quotas

@@ -77,7 +77,8 @@ async def _spread(moto, channel, emu, arns: list[str], n: int, **overrides):
         batch = await engine.rollout(_requests(n))
     assert batch.counts["ok"] == n, [o.error for o in batch.outcomes if o.outcome != Outcome.OK]
     assert emu.counts["ThrottlingException"] == 0  # never above an account's quota
-    assert sorted(emu.stopped) == sorted(emu.started)  # each stopped where it started
+    sessions = emu.sessions
+    assert sorted(sessions.stopped) == sorted(sessions.started)  # each stopped where it started
     return batch
 
 
@@ -91,7 +92,7 @@ async def test_an_accounts_endpoints_share_its_start_rate_another_account_double
         new_sessions_per_second=10,
     )
     one = await _spread(moto, channel, emu, [ARNS[0]], 40)
-    most, one_rate = _per_second([t for t, _, _ in emu.created])
+    most, one_rate = _per_second([t for t, _, _ in emu.sessions.created])
     assert most <= 10 + 1  # the account's second, and the engine's one token of burst
     assert one_rate <= 10 * 1.05, one_rate
     assert one.stats.account_limits == {
@@ -100,16 +101,16 @@ async def test_an_accounts_endpoints_share_its_start_rate_another_account_double
         "123456789012:us-east-1/max_live_sessions": 64.0,
     }
     assert sum(one.stats.starts_by_endpoint.values()) == 40
-    emu.created.clear()
+    emu.sessions.created.clear()
     # Credentials are one account's: Service Quotas says nothing of the other (the published
     # 25/s there), so the rate is set, and holds in each account.
     two = await _spread(
         moto, channel, emu, [ARNS[0], OTHER_ACCOUNT], 40, exp_id="two", start_rate=10.0
     )
-    _, two_rate = _per_second([t for t, _, _ in emu.created])
+    _, two_rate = _per_second([t for t, _, _ in emu.sessions.created])
     assert two.stats.start_rate == 20.0
     assert two_rate >= 1.5 * one_rate, (one_rate, two_rate)
-    assert {a.split(":")[4] for _, a, _ in emu.created} == {"123456789012", "210987654321"}
+    assert {a.split(":")[4] for _, a, _ in emu.sessions.created} == {"123456789012", "210987654321"}
 
 
 async def test_stops_share_the_data_plane_rate_with_invokes(moto, channel, emulator):
@@ -131,12 +132,12 @@ async def test_a_killed_endpoint_leaves_its_requests_to_the_others(moto, channel
     killed = emus[1]
     async with RolloutEngine(cfg) as engine:
         handles = [engine.submit(r) for r in _requests(45, sleep=0.5)]
-        while len(killed.started) < 4:  # noqa: ASYNC110 (the emulator has no event for it)
+        while len(killed.sessions.started) < 4:  # noqa: ASYNC110 (the emulator has no event for it)
             await asyncio.sleep(0.02)
         await killed.stop()  # its process gone: connections refused, its sessions ended
         outcomes = [await h for h in handles]
         stats = engine.stats()
-    on_killed = set(killed.started)
+    on_killed = set(killed.sessions.started)
     assert all(o.outcome in {Outcome.OK, Outcome.TIMEOUT, Outcome.SUBMIT_FAILED} for o in outcomes)
     # Whatever could start elsewhere did and ended ok. What may have started on the killed
     # endpoint could not (a second session would run the same rollout): a session it opened,
@@ -155,8 +156,8 @@ async def test_a_killed_endpoint_leaves_its_requests_to_the_others(moto, channel
     for o in cut:
         assert o.outcome is Outcome.TIMEOUT and "endpoint was declared down" in (o.error or "")
         assert o.deadline is not None and o.finished_at < o.deadline - 200, o
-    alive = set(emus[0].started) | set(emus[2].started)
-    assert alive and sorted(emus[0].stopped + emus[2].stopped) == sorted(alive)
+    alive = set(emus[0].sessions.started) | set(emus[2].sessions.started)
+    assert alive and sorted(emus[0].sessions.stopped + emus[2].sessions.stopped) == sorted(alive)
 
 
 async def test_resume_stops_each_session_on_the_endpoint_it_started_on(moto, channel, emulator):
@@ -178,14 +179,14 @@ async def test_resume_stops_each_session_on_the_endpoint_it_started_on(moto, cha
     first._dispatcher._stop = _died_before_stopping  # type: ignore[method-assign]
     await first.aclose()
     assert {s.endpoint for s in journaled} == {f"{a}#DEFAULT" for a in ARNS[:2]}
-    assert not emu.stopped and len(emu.sessions) == 4
+    assert not emu.sessions.stopped and len(emu.sessions) == 4
     async with RolloutEngine(cfg) as second:
         handles = [second.resume(s) for s in journaled]
         outcomes = [await h for h in handles]
     assert [o.outcome for o in outcomes] == [Outcome.OK] * 4
     assert emu.counts["invoke"] == 4  # none ran twice
     # each stop named its session's own runtime: one on the other would be ResourceNotFound
-    assert sorted(emu.stopped) == sorted(emu.started) and not emu.sessions
+    assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started) and not emu.sessions
     assert emu.counts["ResourceNotFoundException"] == 0
 
 

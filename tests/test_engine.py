@@ -34,7 +34,10 @@ async def test_batch_of_64_all_ok_with_the_agents_rewards(moto, channel, emulato
             o.result.trajectory["messages"][0]["content"]
             == f"{o.request.payload['a']}+{o.request.payload['b']}"
         )
-    assert sorted(emu.stopped) == sorted(emu.started) and len(emu.started) == 64
+    assert (
+        sorted(emu.sessions.stopped) == sorted(emu.sessions.started)
+        and len(emu.sessions.started) == 64
+    )
     assert batch.api_calls["bedrock-agentcore:InvokeAgentRuntime"] == 64
     assert batch.api_calls["bedrock-agentcore:StopRuntimeSession"] == 64
     metrics = batch.metrics()

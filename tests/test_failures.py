@@ -64,7 +64,7 @@ async def test_agent_error_and_hang_past_deadline(moto, channel, emulator):
     assert bad.outcome is Outcome.AGENT_ERROR
     assert bad.error.startswith("InvalidOutput: rewards") and "\n" not in bad.error
     _assert_rest_ok(batch, {1, 4, 5, 6})
-    assert sorted(emu.stopped) == sorted(emu.started)
+    assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started)
 
 
 async def test_agent_process_killed_mid_rollout(moto, channel, emulator):
@@ -76,13 +76,13 @@ async def test_agent_process_killed_mid_rollout(moto, channel, emulator):
         victim = f"exp1-0-{reqs[0].request_id}"
         await _until(lambda: victim in emu.sessions and emu.sessions[victim].ready.is_set())
         await asyncio.sleep(0.3)  # the invocation was forwarded and accepted
-        emu.kill_agent(victim)
+        emu.sessions.kill_agent(victim)
         outcomes = [await h for h in handles]
     assert outcomes[0].outcome is Outcome.TIMEOUT and outcomes[0].result is None
     assert outcomes[0].error == "no result by the deadline"
     assert [o.outcome for o in outcomes[1:]] == [Outcome.OK, Outcome.OK]
-    assert victim in emu.expired  # the emulator noticed the dead agent
-    assert set(emu.started) == set(emu.stopped) | {victim}
+    assert victim in emu.sessions.expired  # the emulator noticed the dead agent
+    assert set(emu.sessions.started) == set(emu.sessions.stopped) | {victim}
 
 
 async def test_throttling_a_third_of_invocations_is_retried_and_slows_the_rate(
@@ -122,7 +122,7 @@ async def test_quota_402_is_retried_until_a_slot_frees(moto, channel, emulator):
         batch = await engine.rollout(reqs)
     _assert_rest_ok(batch, set())
     assert emu.counts["ServiceQuotaExceededException"] > 0
-    assert emu.live.peak <= 2
+    assert emu.sessions.live.peak <= 2
 
 
 async def test_quota_402_with_no_retries_left_is_submit_failed(moto, channel, emulator):
@@ -133,7 +133,7 @@ async def test_quota_402_with_no_retries_left_is_submit_failed(moto, channel, em
     assert batch.counts["ok"] == 3 and batch.counts["submit_failed"] == 5
     failed = [o for o in batch.outcomes if o.outcome is Outcome.SUBMIT_FAILED]
     assert all("ServiceQuotaExceededException" in o.error and o.result is None for o in failed)
-    assert sorted(emu.stopped) == sorted(emu.started)
+    assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started)
 
 
 async def test_non_retryable_error_fails_at_once(moto, channel, emulator):
@@ -283,12 +283,13 @@ async def test_bounds_on_starts_and_live_sessions_hold(moto, channel, emulator):
     async with RolloutEngine(cfg) as engine:
         batch = await engine.rollout(_batch(30, {i: {"sleep": 0.2} for i in range(30)}))
     _assert_rest_ok(batch, set())
-    assert emu.starting.peak == math.ceil(rate * start_time)  # reached, never exceeded
-    assert emu.live.peak == live  # stopping sessions hold their slots too
+    assert emu.sessions.starting.peak == math.ceil(rate * start_time)  # reached, never exceeded
+    assert emu.sessions.live.peak == live  # stopping sessions hold their slots too
     assert batch.stats.peak_starts_in_flight == math.ceil(rate * start_time)
     assert batch.stats.peak_live_sessions == live
     assert engine.stats().live_sessions == 0  # closing the engine waited for the last stops
-    assert len(emu.started) == 30 and sorted(emu.stopped) == sorted(emu.started)
+    sessions = emu.sessions
+    assert len(sessions.started) == 30 and sorted(sessions.stopped) == sorted(sessions.started)
 
 
 async def test_cancel_and_stream(moto, channel, emulator):
@@ -306,8 +307,8 @@ async def test_cancel_and_stream(moto, channel, emulator):
         cancelled = await handle
     assert {o.outcome for o in seen} == {Outcome.OK}
     assert cancelled.outcome is Outcome.CANCELLED and cancelled.result is None
-    assert not any(early.request.request_id in sid for sid in emu.started)
-    assert sorted(emu.stopped) == sorted(emu.started)
+    assert not any(early.request.request_id in sid for sid in emu.sessions.started)
+    assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started)
 
 
 async def _take(agen, n):

@@ -63,9 +63,9 @@ async def post(url: str, body: dict[str, Any]) -> None:
 async def in_flight(server: PolicyServer, tokens: int = 8) -> str:
     """The rid of a paced generation in flight, once it has had time for a few tokens."""
     for _ in range(2000):
-        if server._paced:
-            await asyncio.sleep(tokens * server.token_delay)
-            return server._paced[0].rid
+        if server.worker._paced:
+            await asyncio.sleep(tokens * server.worker.token_delay)
+            return server.worker._paced[0].rid
         await asyncio.sleep(0.002)
     raise AssertionError("no generation went in flight")
 

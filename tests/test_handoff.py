@@ -57,10 +57,10 @@ async def test_outcome_is_handed_over_before_the_stop_and_the_slot_waits_for_it(
             # Both outcomes are in hand while their sessions are still alive, being stopped.
             assert [o.outcome for o in first] == [Outcome.OK, Outcome.OK]
             assert sorted(runtime.stops_asked) == sorted(o.session_id for o in first)
-            assert emu.stopped == [] and len(emu.started) == 2
+            assert emu.sessions.stopped == [] and len(emu.sessions.started) == 2
             # The stopped-but-not-yet-gone sessions still hold both slots: nothing else starts.
             await asyncio.sleep(0.3)
-            assert len(emu.started) == 2 and not any(h.done() for h in handles[2:])
+            assert len(emu.sessions.started) == 2 and not any(h.done() for h in handles[2:])
             assert engine.stats().live_sessions == 2
             runtime.release.set()
             rest = [await h for h in handles[2:]]
@@ -68,7 +68,8 @@ async def test_outcome_is_handed_over_before_the_stop_and_the_slot_waits_for_it(
         # Closing the engine waits for the last stops.
         stats = engine.stats()
     assert stats.peak_live_sessions == 2 and stats.live_sessions == 0
-    assert emu.live.peak == 2 and sorted(emu.stopped) == sorted(emu.started)
+    sessions = emu.sessions
+    assert sessions.live.peak == 2 and sorted(sessions.stopped) == sorted(sessions.started)
 
 
 async def test_deletes_are_batched_and_flushed_on_close(moto, channel, emulator):

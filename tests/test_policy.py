@@ -325,7 +325,7 @@ def test_gradient_is_exact_and_a_step_up_increases_the_sequence_logprob() -> Non
 
 def test_apply_update_rejects_bad_updates_without_changing_anything() -> None:
     policy = TinyPolicy(0)
-    snapshot = policy.state_dict()
+    snapshot = {name: value.copy() for name, value in policy.params.items()}
     for update in ({"nope": np.zeros(3)}, {"bias": np.zeros(3)}, {"bias": np.full(100, np.nan)}):
         with pytest.raises(ValueError, match="parameter"):
             policy.apply_update({"cue": np.ones((32, 8, 100)), **update}, lr=1.0)

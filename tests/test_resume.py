@@ -81,13 +81,13 @@ async def test_sigkilled_run_resumes_without_running_an_agent_twice(
     )
     give_up = time.monotonic() + 60
     # Kill once the fast four have written their results and two slow ones are running.
-    while _results(s3, channel.bucket) < 4 or len(emu.started) < 6:
+    while _results(s3, channel.bucket) < 4 or len(emu.sessions.started) < 6:
         assert first.returncode is None, (await first.communicate())[1][-2000:]
         assert time.monotonic() < give_up, "no results in time"
         await asyncio.sleep(0.1)
     first.kill()  # SIGKILL: no cleanup, no stops, sessions keep running
     await first.wait()
-    invoked_before = Counter(emu.started)
+    invoked_before = Counter(emu.sessions.started)
     written_before = _results(s3, channel.bucket)
     journal = (out / "journal.jsonl").read_text()
     assert journal.count('"kind": "request"') == 10 and '"kind": "started"' in journal
@@ -107,7 +107,7 @@ async def test_sigkilled_run_resumes_without_running_an_agent_twice(
     # At the kill some had written, some were running, some had not started ...
     assert written_before < len(invoked_before) < 10
     # ... and still no agent ran twice: one session per request, across both engines.
-    invoked = Counter(emu.started)
+    invoked = Counter(emu.sessions.started)
     assert set(invoked.values()) == {1} and len(invoked) == 10
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"] == 10 and summary["outcomes"]["ok"] == 10
@@ -171,7 +171,7 @@ async def test_a_failed_write_loses_nothing_and_resume_recovers_each_result_once
         and stderr.strip().splitlines()[-1]
         == (f"error: run.out: cannot write {out}/journal.jsonl: File too large")
     ), stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["lock"] and emu.started == []
+    assert sorted(p.name for p in out.iterdir()) == ["lock"] and emu.sessions.started == []
 
     # A fresh run may take the folder (nothing ran there); this one's rows pass LIMIT mid-run.
     code, stderr = await _ended(await _cli(*run, "--data", str(data), cwd=tmp_path, limited=True))
@@ -186,7 +186,7 @@ async def test_a_failed_write_loses_nothing_and_resume_recovers_each_result_once
     summary = json.loads((out / "summary.json").read_text())
     assert summary["write_error"] == f"cannot write {out}/rollouts.jsonl: File too large"
     # It stopped starting sessions, and every one it started finished into S3.
-    started = Counter(emu.started)
+    started = Counter(emu.sessions.started)
     assert len(written) < len(started) < 12 and set(started.values()) == {1}
     s3 = moto.client("s3")
     in_s3 = s3.list_objects_v2(Bucket=channel.bucket, Prefix="rollouts/full/")["KeyCount"]
@@ -199,7 +199,7 @@ async def test_a_failed_write_loses_nothing_and_resume_recovers_each_result_once
     assert len(per_request) == 12 and set(per_request.values()) == {1}  # no row twice
     assert [line["outcome"] for line in lines] == ["ok"] * 12
     # Collected from S3, not run again: one invocation per request across both runs.
-    invoked = Counter(emu.started)
+    invoked = Counter(emu.sessions.started)
     assert len(invoked) == 12 and set(invoked.values()) == {1}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["outcomes"]["ok"] == 12 and summary["resumed_after"] == len(written)

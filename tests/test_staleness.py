@@ -55,7 +55,7 @@ async def test_results_one_step_old_are_kept_two_steps_old_go_stale(moto, channe
     assert one_behind.outcome is Outcome.OK and one_behind.step == 1
     assert one_behind.reward == expected_reward(one_behind.request.payload)
     assert [(r.request_id, r.step) for r in late] == [(old.request.request_id, 0)]
-    assert sorted(emu.stopped) == sorted(emu.started)
+    assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started)
 
 
 async def test_by_default_a_new_step_ends_every_older_request_even_unstarted(
@@ -72,8 +72,10 @@ async def test_by_default_a_new_step_ends_every_older_request_even_unstarted(
         fresh = await engine.submit(RolloutRequest({"a": 3, "b": 3}, input_id="f"))
     assert [o.outcome for o in ended] == [Outcome.STALE, Outcome.STALE]
     assert fresh.outcome is Outcome.OK and fresh.step == 1
-    assert not any(queued.request.request_id in sid for sid in emu.started)  # never started
-    assert sorted(emu.stopped) == sorted(emu.started)
+    assert not any(
+        queued.request.request_id in sid for sid in emu.sessions.started
+    )  # never started
+    assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started)
 
 
 async def test_keep_lets_requests_of_any_older_step_run_and_end_ok(moto, channel, emulator):

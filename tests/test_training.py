@@ -253,7 +253,8 @@ async def test_over_provisioning_cancels_the_extras_and_never_trains_on_them(
         assert sorted(m.request.sample_index for m in group.kept) == [2, 3, 4]
         cancelled = {m.request.sample_index for m in group.members if m.outcome == "cancelled"}
         assert cancelled == {0, 1}
-    assert sorted(emu.stopped) == sorted(emu.started)  # the extras' sessions were stopped
+    sessions = emu.sessions
+    assert sorted(sessions.stopped) == sorted(sessions.started)  # the extras' sessions were stopped
 
 
 async def test_leaving_a_group_rollout_cancels_what_still_runs(moto, channel, emulator):

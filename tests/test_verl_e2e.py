@@ -227,7 +227,7 @@ async def test_colocate_async_steps_overlap_and_an_aborted_turn_resumes_across_t
             )
             await asyncio.to_thread(manager.generate_sequences, _batch("step1", question, 1))
             for _ in range(600):  # both of step 1's members mid-turn
-                if len(worker._paced) == 2:
+                if len(worker.worker._paced) == 2:
                     break
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.3)

@@ -25,6 +25,7 @@ from typing import IO, Any, Protocol
 
 import aiohttp
 
+from .config import EmulatorConfig
 from .containers import LABEL, SESSION_LABEL, ContainerEngine, container_url
 from .host import load_asgi_app
 
@@ -69,46 +70,28 @@ class ProcessAgent:
             self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
 
     @classmethod
-    async def spawn(
-        cls,
-        *,
-        app: str,
-        command: Sequence[str],
-        env: dict[str, str],
-        session_id: str,
-        log_dir: str | None,
-    ) -> ProcessAgent:
+    async def spawn(cls, config: EmulatorConfig, session_id: str) -> ProcessAgent:
+        """The agent `config` names, its app or its command, for one session."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        full_env = {**os.environ, **env, "AGENTCORE_ROLLOUT_PARENT_PID": str(os.getpid())}
-        if command:
+        env = {**os.environ, **config.env, "AGENTCORE_ROLLOUT_PARENT_PID": str(os.getpid())}
+        if config.command:
             # The command binds $PORT itself, as a container's server binds 8080: the port is
             # free again by the time it starts (a race on loopback only, not worth a protocol).
             sock.close()
-            argv, fds = list(command), ()
-            full_env["PORT"] = str(port)
+            argv, fds = list(config.command), ()
+            env["PORT"] = str(port)
         else:
             sock.listen(64)
-            argv = [sys.executable, "-m", "agentcore_rollout.local.host", app]
+            argv = [sys.executable, "-m", "agentcore_rollout.local.host", config.app]
             argv += ["--fd", str(sock.fileno())]
             fds = (sock.fileno(),)
-        out = _agent_output(log_dir, session_id)
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                pass_fds=fds,
-                env=full_env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+            process = await _start(argv, env, config.agent_log_dir, session_id, pass_fds=fds)
         finally:
             sock.close()
-            if not isinstance(out, int):
-                out.close()
         return cls(process, f"http://127.0.0.1:{port}")
 
     def alive(self) -> bool:
@@ -189,19 +172,13 @@ class ContainerAgent(ProcessAgent):
 
     @classmethod
     async def spawn_container(
-        cls,
-        *,
-        engine: ContainerEngine,
-        image: str,
-        env: dict[str, str],
-        label: str,
-        session_id: str,
-        log_dir: str | None,
+        cls, config: EmulatorConfig, engine: ContainerEngine, label: str, session_id: str
     ) -> ContainerAgent:
+        """A container of `config`'s image for one session, labelled `label` (its emulator's)."""
         with socket.socket() as sock:  # free now, bound by podman's port forwarder next
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        given = {k: container_url(v, engine.host) for k, v in container_env(env).items()}
+        given = {k: container_url(v, engine.host) for k, v in container_env(config.env).items()}
         name = f"agentcore-rollout-{uuid.uuid4().hex[:12]}"
         argv = engine.argv(
             # --init: an init as PID 1 passes SIGTERM on and reaps (a server as PID 1 may
@@ -210,21 +187,10 @@ class ContainerAgent(ProcessAgent):
             *("--label", f"{LABEL}={label}", "--label", f"{SESSION_LABEL}={session_id}"),
             *("--network", engine.network, "-p", f"127.0.0.1:{port}:8080"),
             *(f"--env={k}" for k in sorted(given)),  # values from the client's environment
-            image,
+            config.image,
         )
-        out = _agent_output(log_dir, session_id)
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                env={**engine.env, **given},  # not in argv: credentials stay out of `ps`
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            if not isinstance(out, int):
-                out.close()
+        # the values not in argv: credentials stay out of `ps`
+        process = await _start(argv, {**engine.env, **given}, config.agent_log_dir, session_id)
         return cls(process, f"http://127.0.0.1:{port}", engine, name)
 
     def _exited(self) -> str:
@@ -310,8 +276,32 @@ class InProcessAgent:
             cancel(self._session_id)
 
 
+async def _start(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log_dir: str | None,
+    session_id: str,
+    pass_fds: Sequence[int] = (),
+) -> asyncio.subprocess.Process:
+    """A session's agent process, in a process group of its own, its output to
+    `log_dir/<session_id>.log`, else to a pipe."""
+    out = _agent_output(log_dir, session_id)
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            pass_fds=pass_fds,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        if not isinstance(out, int):
+            out.close()  # the child has it
+
+
 def _agent_output(log_dir: str | None, session_id: str) -> int | IO[bytes]:
-    """`log_dir/<session_id>.log` (closed by the caller once the child has it), else a pipe."""
     if not log_dir:
         return asyncio.subprocess.PIPE
     os.makedirs(log_dir, exist_ok=True)

@@ -1,10 +1,12 @@
-"""The local stack's settings: the `local` and `train` sections of the CLI's config file.
+"""The local stack's settings: the `local` and `train` sections of the CLI's config file, and
+the emulator's.
 
 `EmulatorSettings` is the one definition of what the AgentCore Runtime emulator simulates
 (quotas, time caps, cold start) and how it runs agents: `LocalConfig` inherits it, so its keys
-are `local.<key>`, and the emulator takes it (`runtime.EmulatorConfig`) from flags derived from
-these same fields (`serving.flags`), which the stack writes from its own values.
-`TrainConfig` is what `train`'s loop (`trainer.py`) reads.
+are `local.<key>`, and the emulator takes it (`EmulatorConfig`, which adds its agent, its
+runtimes and what tests vary) from flags derived from these same fields (`serving.flags`),
+which the stack writes from its own values. `TrainConfig` is what `train`'s loop
+(`trainer.py`) reads.
 """
 
 from __future__ import annotations
@@ -15,9 +17,17 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from .._agentcore import DATA_PLANE_TPS, IDLE_TIMEOUT_S, MAX_LIFETIME_S, NEW_SESSIONS_PER_SECOND
+from .._agentcore import (
+    DATA_PLANE_TPS,
+    IDLE_TIMEOUT_S,
+    MAX_LIFETIME_S,
+    NEW_SESSIONS_PER_SECOND,
+    SYNC_TIMEOUT_S,
+)
 from ..config import BucketName, Section
 
+DEFAULT_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
+STREAM_TIMEOUT = 60 * 60.0  # the service's cap on a streaming invocation
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 
 
@@ -77,6 +87,72 @@ class EmulatorSettings(Section):
     agent_log_dir: str | None = Field(
         default=None, description="write each agent process's output here"
     )
+
+
+class EmulatorConfig(EmulatorSettings):
+    """What the emulator runs: the simulated service's settings (`EmulatorSettings`, those of
+    `local.*`), the agent, its runtimes, and what tests vary. Each field but `app`, `command`
+    and `env` is also a flag of its `main`."""
+
+    app: str = Field(
+        default="",
+        description="module:attr of the app each session runs: any BedrockAgentCoreApp "
+        "(RolloutApp included) or ASGI app serving POST /invocations and GET /ping",
+    )
+    command: tuple[str, ...] = Field(
+        default=(), description="instead of app: a command serving the contract on $PORT"
+    )
+    image: str = Field(
+        default="",
+        description="the image each session runs as a container (mode container; app unused)",
+    )
+    host_urls: tuple[str, ...] = Field(
+        default=(),
+        description="loopback services of the host agents are told of in their invocations "
+        "(the gateway, the policy), besides the URLs of their environment: Docker's "
+        "containers reach them through the emulator's relay",
+        json_schema_extra={"flag": "--host-url"},
+    )
+    runtime_arns: tuple[str, ...] = Field(
+        default=(),
+        description="the runtimes that exist (none: DEFAULT_RUNTIME_ARN alone); others are "
+        "not found",
+        json_schema_extra={"flag": "--runtime-arn"},
+    )
+    qualifiers: tuple[str, ...] = Field(
+        default=("DEFAULT",),
+        description="endpoint names each runtime has; a request without one means DEFAULT",
+        json_schema_extra={"flag": "--qualifier"},
+    )
+    service_quotas: bool = Field(
+        default=True,
+        description="answer ListServiceQuotas (no: AccessDeniedException, as for a caller "
+        "without servicequotas:ListServiceQuotas)",
+    )
+    sync_timeout: float = Field(default=SYNC_TIMEOUT_S, gt=0, description="a reply's cap, s")
+    stream_timeout: float = Field(default=STREAM_TIMEOUT, gt=0, description="a stream's cap, s")
+    throttle_every: int = Field(
+        default=0, ge=0, description="fault injection: every k-th invocation answers 429 (0: never)"
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="extra environment of agent processes"
+    )
+    agent_ready_timeout: float = Field(
+        default=60.0, gt=0, description="seconds a new session's agent may take to be ready"
+    )
+
+    @model_validator(mode="after")
+    def _runnable(self) -> EmulatorConfig:
+        """A config no emulator can run is refused when made."""
+        if self.mode == "container":
+            if not self.image or self.command:
+                raise ValueError("mode='container' needs an image and no command")
+            return self
+        if bool(self.app) == bool(self.command):
+            raise ValueError("EmulatorConfig needs exactly one of app and command")
+        if self.command and self.mode != "process":
+            raise ValueError("a command agent needs mode='process'")
+        return self
 
 
 class LocalConfig(EmulatorSettings):

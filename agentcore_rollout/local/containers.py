@@ -171,13 +171,9 @@ def loopback_ports(urls: Iterable[str]) -> set[int]:
 
 
 def build_image(
-    dockerfile: str | Path,
-    image: str = AGENT_IMAGE,
-    context: str | Path = ".",
-    engine: ContainerEngine | None = None,
+    dockerfile: str | Path, image: str, context: str | Path = ".", *, engine: ContainerEngine
 ) -> str:
     """Build `image` from `dockerfile` for this machine; returns the base image used."""
-    engine = engine or container_engine()
     lines = Path(dockerfile).read_text().splitlines(keepends=True)
     base = _first_from(lines, dockerfile)[1][0]
     with tempfile.TemporaryDirectory(prefix="agentcore-rollout-build-") as tmp:
@@ -206,20 +202,16 @@ def build_image(
     return base
 
 
-def ensure_image(
-    dockerfile: str | Path, image: str = AGENT_IMAGE, engine: ContainerEngine | None = None
-) -> None:
+def ensure_image(dockerfile: str | Path, image: str, engine: ContainerEngine) -> None:
     """Build `image` unless it exists (built once; `local build` rebuilds it)."""
-    engine = engine or container_engine()
     if not engine.image_exists(image):
         print(f"building {image} from {dockerfile} (once)", file=sys.stderr)
         build_image(dockerfile, image, engine=engine)
 
 
-def debian_base(engine: ContainerEngine | None = None) -> str:
+def debian_base(engine: ContainerEngine) -> str:
     """`BASE_IMAGE`, built from Debian's packages the first time. The machine's CA bundle goes
     in, so pip inside a build trusts what the host trusts (a proxy's CA included)."""
-    engine = engine or container_engine()
     if engine.image_exists(BASE_IMAGE):
         return BASE_IMAGE
     if shutil.which("mmdebstrap") is None:

@@ -55,14 +55,20 @@ class UpdateTally:
     ratio_sum: float = 0.0
     ratio_max: float = 0.0
 
-    def add_run(self, ratio: np.ndarray, clipped: np.ndarray, diff: float | None) -> None:
-        """A run of sampled tokens: ratios, which clipped, max |recomputed - captured| or None."""
+    def add_run(
+        self, ratio: np.ndarray, advantage: float, clip: float, diff: float | None
+    ) -> np.ndarray:
+        """A run of sampled tokens (ratios, max |recomputed - captured| or None); returns the
+        tokens the clip takes out of the gradient, their ratio out of range the advantage's way."""
+        a = advantage
+        out = (ratio > 1 + clip) if a > 0 else (ratio < 1 - clip) if a < 0 else ratio < 0
         self.tokens += len(ratio)
-        self.clipped += int(clipped.sum())
+        self.clipped += int(out.sum())
         self.ratio_sum += float(ratio.sum())
         self.ratio_max = max(self.ratio_max, float(ratio.max()))
         if diff is not None:
             self.max_diff = diff if self.max_diff is None else max(self.max_diff, diff)
+        return out
 
     def stats(self, samples: int, grad_norm: float) -> UpdateStats:
         return UpdateStats(
@@ -99,14 +105,12 @@ def grpo_update(
             behaviour = np.asarray(sample.logprobs[start:end])
             now, _ = policy.logprobs_and_grad(context, run, temperature=temperature)
             ratio = np.exp(now - behaviour)
-            a = sample.advantage
-            out = (ratio > 1 + clip) if a > 0 else (ratio < 1 - clip) if a < 0 else ratio < 0
-            weights = np.where(out, 0.0, a * ratio)
+            diff = float(np.max(np.abs(now - behaviour))) if fresh else None
+            out = tally.add_run(ratio, sample.advantage, clip, diff)
+            weights = np.where(out, 0.0, sample.advantage * ratio)
             _, g = policy.logprobs_and_grad(context, run, weights, temperature)
             for name, value in g.items():
                 grads[name] += value
-            diff = float(np.max(np.abs(now - behaviour))) if fresh else None
-            tally.add_run(ratio, out, diff)
     if tally.tokens:
         for value in grads.values():
             value /= tally.tokens

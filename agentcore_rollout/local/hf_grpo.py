@@ -38,9 +38,11 @@ from .policy.hf import load_causal_lm
 from .policy.sampling import SamplingParams, sampling_logprobs
 
 _WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "config.json")
-
-
 OPTIMIZER = "optimizer.pt"  # the AdamW state, beside the weights it goes with
+MAX_GRAD_NORM = 1.0
+# One thread: on 2 cores shared with the policy workers (load average 5-6), SmolLM2's forward
+# + backward of a 58-token sample took 1.8 s on one thread and 6-28 s on two.
+THREADS = 1
 
 
 class HFLearner:
@@ -53,8 +55,6 @@ class HFLearner:
         lr: float,
         clip: float = 0.2,
         sampling: SamplingParams | None = None,
-        max_grad_norm: float = 1.0,
-        threads: int = 1,
     ) -> None:
         sampling = sampling or SamplingParams()
         if sampling.greedy:
@@ -65,10 +65,6 @@ class HFLearner:
         self.model_dir, self.model = load_causal_lm(model_dir)
         self.sampling = sampling
         self.clip = clip
-        self.max_grad_norm = max_grad_norm
-        # One thread: on 2 cores shared with the policy workers (load average 5-6), SmolLM2's
-        # forward + backward of a 58-token sample took 1.8 s on one thread and 6-28 s on two.
-        self.threads = threads
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
 
     def token_logprobs(self, sample: TrainingSample) -> torch.Tensor:
@@ -90,7 +86,7 @@ class HFLearner:
         """One AdamW step of the clipped objective over `samples` (gradients accumulated a
         sample at a time, so memory holds one sequence's activations). `weight_version` labels
         the weights held now: samples all of whose turns it sampled are on-policy."""
-        torch.set_num_threads(self.threads)  # per thread: the caller may be a worker thread
+        torch.set_num_threads(THREADS)  # per thread: the caller may be a worker thread
         tokens = sum(sum(s.loss_mask) for s in samples)
         tally = UpdateTally()
         self.optimizer.zero_grad(set_to_none=True)
@@ -107,14 +103,12 @@ class HFLearner:
             a = sample.advantage
             surrogate = torch.minimum(ratio * a, ratio.clamp(1 - self.clip, 1 + self.clip) * a)
             (-surrogate.sum() / tokens).backward()
-            r = ratio.detach()
-            out = (r > 1 + self.clip) if a > 0 else (r < 1 - self.clip) if a < 0 else r < 0
             diff = float((now.detach() - behaviour).abs().max()) if fresh else None
-            tally.add_run(r.numpy(), out.numpy(), diff)
+            tally.add_run(ratio.detach().numpy(), a, self.clip, diff)
         grad_norm = 0.0
         if tokens:
             params = [p for p in self.model.parameters() if p.grad is not None]
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM))
             self.optimizer.step()
         return tally.stats(len(samples), grad_norm)
 

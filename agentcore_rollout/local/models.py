@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import ConfigError
+
 CACHE_ENV = "AGENTCORE_ROLLOUT_CACHE"
 MARKER = "agentcore-rollout-model.json"  # written last: its presence means complete
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -102,12 +104,6 @@ KNOWN: Mapping[str, KnownModel] = {
 }
 
 
-def cache_root() -> Path:
-    """Where converted models live: `$AGENTCORE_ROLLOUT_CACHE`, else the user's cache."""
-    root = os.environ.get(CACHE_ENV)
-    return Path(root) if root else Path.home() / ".cache" / "agentcore-rollout" / "models"
-
-
 def ready_model(name: str | os.PathLike[str], *, cache: Path | None = None) -> Path:
     """A local Hugging Face model directory for `name`: a directory is returned unchanged; a
     known name (`KNOWN`) is converted on first use and reused after. Raises ValueError (one
@@ -129,7 +125,8 @@ def ready_model(name: str | os.PathLike[str], *, cache: Path | None = None) -> P
     source = gguf_path(known)
     _require("gguf")
     marker = _marker(source, known)
-    root = cache or cache_root()
+    user_cache = Path.home() / ".cache" / "agentcore-rollout" / "models"
+    root = cache or Path(os.environ.get(CACHE_ENV) or user_cache)
     target = root / str(name)
     if _complete(target, marker):
         return target
@@ -150,6 +147,15 @@ def ready_model(name: str | os.PathLike[str], *, cache: Path | None = None) -> P
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def model_of(policy: str) -> Path:
+    """`local.policy`'s model directory; a name neither known nor a directory is a config
+    error."""
+    try:
+        return ready_model(policy)
+    except ValueError as exc:
+        raise ConfigError(f"config: local.policy: {exc}") from None
 
 
 def _require(*modules: str) -> None:

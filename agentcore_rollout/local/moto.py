@@ -61,62 +61,46 @@ class ResultsChannel:
 
 
 def provision_results_channel(
-    s3: Any, sqs: Any, *, bucket: str, prefix: str, queue: str, max_receive_count: int = 5
+    s3: Any, sqs: Any, *, bucket: str, prefix: str, queue: str
 ) -> ResultsChannel:
-    """Create bucket, queue and DLQ, and notify the queue of objects created under `prefix/`."""
+    """Create bucket, queue and DLQ (a message received 5 times goes there), and notify the
+    queue of objects created under `prefix/`."""
     s3.create_bucket(Bucket=bucket)
     dlq_url = sqs.create_queue(QueueName=f"{queue}-dlq")["QueueUrl"]
-    dlq_arn = _queue_arn(sqs, dlq_url)
-    queue_url = sqs.create_queue(
-        QueueName=queue,
-        Attributes={
-            "RedrivePolicy": json.dumps(
-                {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(max_receive_count)}
-            )
-        },
-    )["QueueUrl"]
+    redrive = {"deadLetterTargetArn": _queue_arn(sqs, dlq_url), "maxReceiveCount": "5"}
+    attributes = {"RedrivePolicy": json.dumps(redrive)}
+    queue_url = sqs.create_queue(QueueName=queue, Attributes=attributes)["QueueUrl"]
     queue_arn = _queue_arn(sqs, queue_url)
-    policy = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "AllowResultBucketOnly",
-                "Effect": "Allow",
-                "Principal": {"Service": "s3.amazonaws.com"},
-                "Action": "sqs:SendMessage",
-                "Resource": queue_arn,
-                "Condition": {"ArnEquals": {"aws:SourceArn": f"arn:aws:s3:::{bucket}"}},
-            }
-        ],
+    only_the_bucket = {
+        "Sid": "AllowResultBucketOnly",
+        "Effect": "Allow",
+        "Principal": {"Service": "s3.amazonaws.com"},
+        "Action": "sqs:SendMessage",
+        "Resource": queue_arn,
+        "Condition": {"ArnEquals": {"aws:SourceArn": f"arn:aws:s3:::{bucket}"}},
     }
-    sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
+    policy = json.dumps({"Version": "2012-10-17", "Statement": [only_the_bucket]})
+    sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": policy})
+    # as infra/ sets it: result objects under the prefix
+    rules = [
+        {"Name": "prefix", "Value": listing_prefix(prefix)},
+        {"Name": "suffix", "Value": ".json"},
+    ]
+    notify = {
+        "Id": "rollout-results",
+        "QueueArn": queue_arn,
+        "Events": ["s3:ObjectCreated:*"],
+        "Filter": {"Key": {"FilterRules": rules}},
+    }
     s3.put_bucket_notification_configuration(
-        Bucket=bucket,
-        NotificationConfiguration={
-            "QueueConfigurations": [
-                {
-                    "Id": "rollout-results",
-                    "QueueArn": queue_arn,
-                    "Events": ["s3:ObjectCreated:*"],
-                    "Filter": {  # as infra/ sets it: result objects under the prefix
-                        "Key": {
-                            "FilterRules": [
-                                {"Name": "prefix", "Value": listing_prefix(prefix)},
-                                {"Name": "suffix", "Value": ".json"},
-                            ]
-                        }
-                    },
-                }
-            ]
-        },
+        Bucket=bucket, NotificationConfiguration={"QueueConfigurations": [notify]}
     )
     return ResultsChannel(bucket, prefix, queue_url, queue_arn, dlq_url)
 
 
 def _queue_arn(sqs: Any, url: str) -> str:
-    return sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
+    return attributes["Attributes"]["QueueArn"]
 
 
 def _retention_check_in_constant_time() -> None:

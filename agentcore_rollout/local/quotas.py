@@ -12,8 +12,8 @@ as it would on AWS:
 A rate of N per second is a token bucket holding one second's worth: N at once from rest, N a
 second after (how AWS's API rate limits are commonly enforced; AgentCore does not say). The
 defaults are the published quotas (`_agentcore`); each can be changed or switched off (None)
-for tests. `listed` answers Service Quotas' ListServiceQuotas with them, as the engine reads
-them at start-up.
+for tests. `list_service_quotas` answers Service Quotas' ListServiceQuotas with them, as the
+engine reads them at start-up.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +29,13 @@ from aiohttp import web
 
 from .._agentcore import SERVICE_QUOTAS_CODE
 from .._limits import TokenBucket
-from .wire import REQUEST_ID_HEADER, ApiError
+from .wire import REQUEST_ID_HEADER, ApiError, check_signed
 
 # Service Quotas' wire (botocore/data/service-quotas/*/service-2.json): JSON 1.1, `POST /`, the
 # operation in X-Amz-Target, signed for `servicequotas`; errors 400 with their code in `__type`.
-SERVICE_QUOTAS_SIGNING_NAME = "servicequotas"
-SERVICE_QUOTAS_TARGET = "ServiceQuotasV20190624"
-JSON_11 = "application/x-amz-json-1.1"
+_SIGNING_NAME = "servicequotas"
+_LIST = "ServiceQuotasV20190624.ListServiceQuotas"
+_JSON_11 = "application/x-amz-json-1.1"
 
 # Names as AgentCore's quotas are listed (quota codes are not published: these are the
 # emulator's own), and what the emulator's each is.
@@ -126,12 +126,39 @@ class Quotas:
         return buckets[account].try_acquire()
 
 
+async def list_service_quotas(
+    request: web.Request, quotas: Quotas, runtimes: Iterable[str], *, denied: bool
+) -> web.Response:
+    """ListServiceQuotas for `bedrock-agentcore`: `quotas`, as the account of the first of
+    `runtimes` in the signing region (else the first) has them; `denied`: as for a caller
+    without the permission."""
+    region = check_signed(request, _SIGNING_NAME)
+    target = request.headers.get("X-Amz-Target", "")
+    if target != _LIST:
+        raise ApiError("UnknownOperationException", f"{target or 'no X-Amz-Target'}")
+    if denied:
+        raise ApiError(
+            "AccessDeniedException", "not authorized to perform: servicequotas:ListServiceQuotas"
+        )
+    asked = json.loads(await request.read() or b"{}")
+    if asked.get("ServiceCode") != SERVICE_QUOTAS_CODE:
+        raise ApiError("NoSuchResourceException", f"No service {asked.get('ServiceCode')!r}")
+    arn = min(runtimes, key=lambda arn: arn.split(":")[3] != region)
+    listed = quotas.listed(arn.split(":")[4], region)
+    start = int(asked.get("NextToken") or 0)
+    end = start + int(asked.get("MaxResults") or 100)
+    page: dict[str, object] = {"Quotas": listed[start:end]}
+    if end < len(listed):
+        page["NextToken"] = str(end)
+    return web.json_response(page, content_type=_JSON_11)
+
+
 def json11_error(error: ApiError, request_id: str) -> web.Response:
     """An error as a JSON 1.1 service answers it."""
     return web.Response(
         body=json.dumps({"__type": error.code, "message": error.message}).encode(),
         status=400,
-        content_type=JSON_11,
+        content_type=_JSON_11,
         headers={REQUEST_ID_HEADER: request_id},
     )
 

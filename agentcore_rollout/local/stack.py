@@ -36,12 +36,12 @@ from ..config import ConfigError, EngineConfig, GatewayConfig, GatewayReplica
 from ..contract import LLMSettings
 from ..serving.flags import to_flags
 from ..serving.process import ServiceProcess
+from .config import DEFAULT_RUNTIME_ARN as LOCAL_RUNTIME_ARN  # the emulator's default
 from .config import EmulatorSettings, LocalConfig
 from .containers import container_engine, container_url, ensure_image
-from .models import ready_model
+from .models import model_of
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
-from .policy.server import MODEL_NAME as TOY_MODEL_NAME
-from .runtime import DEFAULT_RUNTIME_ARN as LOCAL_RUNTIME_ARN  # the emulator's default
+from .policy.worker import MODEL_NAME as TOY_MODEL_NAME
 
 LOCAL_REGION = "us-east-1"
 CHAR_RENDERER = "agentcore_rollout.local.policy.render:CharRenderer"  # the gateway's --renderer
@@ -71,7 +71,7 @@ class LocalStack:
             # Found before anything starts: an app that does not load, a model that cannot.
             checks = [] if self._containers else [asyncio.to_thread(self._check_app)]
             if self.config.policy != TOY:  # a known name may convert first (once, ~30 s)
-                checks.append(self._resolve_model())
+                checks.append(asyncio.to_thread(self._resolve_model))
             await _together(*checks)
             if self._containers:  # built once, before anything starts
                 engine = await asyncio.to_thread(container_engine, self.config.container_engine)
@@ -87,10 +87,10 @@ class LocalStack:
             # policy path's too: Docker's containers reach those through its relay.
             starts = [self._start_policy_path(), asyncio.to_thread(self._provision)]
             if not self._containers:
-                starts.append(self._start_emulator())
+                starts.append(asyncio.to_thread(self._start_emulator))
             await _together(*starts)
             if self._containers:
-                await self._start_emulator()
+                await asyncio.to_thread(self._start_emulator)
         except BaseException:
             await self.__aexit__()
             raise
@@ -130,8 +130,8 @@ class LocalStack:
             said = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
             raise ConfigError(f"config: local.app: {said[-1]}")
 
-    async def _resolve_model(self) -> None:
-        self.model_dir = str(await asyncio.to_thread(_resolve, self.config.policy))
+    def _resolve_model(self) -> None:
+        self.model_dir = str(model_of(self.config.policy))
 
     def _workers(self) -> list[ServiceProcess]:
         cfg = self.config
@@ -150,16 +150,12 @@ class LocalStack:
             for i in range(cfg.policy_workers)
         ]
 
-    async def _start_emulator(self) -> None:
-        self.emulator = self._emulator()
-        await asyncio.to_thread(self.emulator.start)
-
-    def _emulator(self) -> ServiceProcess:
+    def _start_emulator(self) -> None:
         cfg = self.config
         containers = ["--image", cfg.image]
         for url in [self.policy_url, *(gateway.url for gateway in self.gateways)]:
             containers += ["--host-url", url]
-        return ServiceProcess(
+        self.emulator = ServiceProcess(
             "runtime emulator",
             "agentcore_rollout.local.runtime",
             cfg.app,
@@ -169,6 +165,7 @@ class LocalStack:
             *(containers if self._containers else []),
             env=self.agent_env(),  # agents inherit the emulator's environment
         )
+        self.emulator.start()
 
     def _provision(self) -> None:
         """The bucket, queue and notification on moto (blocking boto3 calls)."""
@@ -182,7 +179,6 @@ class LocalStack:
 
     async def _start_policy_path(self) -> None:
         """sglang-router in front of the workers (if more than one), the gateway in front."""
-        backend = self.workers[0].url
         if len(self.workers) > 1:
             if importlib.util.find_spec("sglang_router") is None:
                 raise RuntimeError(
@@ -193,7 +189,6 @@ class LocalStack:
 
             self.router = SGLangRouter([w.url for w in self.workers])
             await self.router.start()
-            backend = self.router.url
         if not self.config.gateway:
             return
         renderer = self.model_dir or CHAR_RENDERER  # a model dir: HFRenderer, family detected
@@ -201,7 +196,7 @@ class LocalStack:
             ServiceProcess(
                 f"gateway {i}",
                 "agentcore_rollout.gateway",
-                *("--backend", "sglang", "--backend-url", backend, "--renderer", renderer),
+                *("--backend", "sglang", "--backend-url", self.policy_url, "--renderer", renderer),
                 env={"AGENTCORE_GATEWAY_ADMIN_TOKEN": self._admin_token},
             )
             for i in range(self.config.gateway_replicas)
@@ -218,7 +213,10 @@ class LocalStack:
         """Agents run in containers: they reach the host's loopback at another address."""
         return self.config.mode == "container"
 
-    def _container_url(self, url: str) -> str:
+    def _public_url(self, url: str) -> str | None:
+        """A loopback `url` as agents in containers reach it (None: agents reach it as is)."""
+        if not self._containers:
+            return None
         assert self._container_host is not None, "stack is not started"
         return container_url(url, self._container_host)
 
@@ -248,15 +246,6 @@ class LocalStack:
             "bucket": self.channel.bucket,
             "prefix": self.prefix,
             "queue_url": self.channel.queue_url,
-            **(
-                {"runtime_arn": LOCAL_RUNTIME_ARN}
-                if len(self.qualifiers) == 1
-                else {
-                    "runtimes": [
-                        {"arn": LOCAL_RUNTIME_ARN, "qualifier": q} for q in self.qualifiers
-                    ]
-                }
-            ),
             "service_urls": {
                 "s3": self.moto.url,
                 "sqs": self.moto.url,
@@ -264,29 +253,22 @@ class LocalStack:
                 "service_quotas": self.emulator.url,  # its quotas, as Service Quotas tells them
             },
         }
+        if len(self.qualifiers) == 1:
+            fill["runtime_arn"] = LOCAL_RUNTIME_ARN
+        else:
+            fill["runtimes"] = [{"arn": LOCAL_RUNTIME_ARN, "qualifier": q} for q in self.qualifiers]
         if self.gateways and base.gateway is None:
             replicas = [
-                GatewayReplica(
-                    url=gateway.url,
-                    public_url=self._container_url(gateway.url) if self._containers else None,
-                )
-                for gateway in self.gateways
+                GatewayReplica(url=g.url, public_url=self._public_url(g.url)) for g in self.gateways
             ]
-            one = replicas[0]
+            one = replicas[0].model_dump() if len(replicas) == 1 else {"replicas": replicas}
             fill["gateway"] = GatewayConfig(  # the engine points agents at one, per session
-                **(
-                    {"url": one.url, "public_url": one.public_url}
-                    if len(replicas) == 1
-                    else {"replicas": replicas}
-                ),
-                admin_token=self._admin_token,
-                max_context=self.config.max_context,
+                **one, admin_token=self._admin_token, max_context=self.config.max_context
             )
         elif base.llm is None:
             model = Path(self.model_dir).name if self.model_dir else TOY_MODEL_NAME
             base_url = f"{self.policy_url}/v1"
-            base_url = self._container_url(base_url) if self._containers else base_url
-            fill["llm"] = LLMSettings(base_url=base_url, model=model)
+            fill["llm"] = LLMSettings(base_url=self._public_url(base_url) or base_url, model=model)
         return EngineConfig.model_validate(base.model_dump() | fill | overrides)
 
     def env_lines(self) -> list[str]:
@@ -319,14 +301,6 @@ class LocalStack:
 def _agent_path() -> str:
     """Agents import their app from the current directory (the repository's examples)."""
     return os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-
-
-def _resolve(policy: str) -> Path:
-    """`local.policy`'s model directory; a name neither known nor a directory is a config error."""
-    try:
-        return ready_model(policy)
-    except ValueError as exc:
-        raise ConfigError(f"config: local.policy: {exc}") from None
 
 
 async def _together(*steps: Awaitable[object]) -> None:

@@ -80,13 +80,6 @@ _FAILED = (
 )
 
 
-class Learner(Protocol):
-    """The trainer's copy of the policy: one update per step, then weights for the workers."""
-
-    def update(self, samples: Sequence[TrainingSample], weight_version: str) -> UpdateStats: ...
-    def save(self, out: Path, step: int) -> Path: ...
-
-
 class TrainerConfig(Protocol):
     """The sections `train` reads: the CLI's `Config` is one (local/ imports no cli/)."""
 
@@ -284,21 +277,15 @@ def _weights(out: Path, step: int, suffix: str) -> Path:
     return (out / "weights" / f"step-{step:04d}{suffix}").resolve()
 
 
-def make_learner(config: TrainerConfig, resume_from: Path | None = None) -> Learner:
-    """The learner `config.local.policy` names: the toy, or a Hugging Face model; from the
-    weights a previous run saved at `resume_from`, if given."""
-    name = config.local.policy
-    if name == "toy":
-        learner = _ToyLearner(config)
-        if resume_from is not None:
-            learner.policy.load(resume_from)
-        return learner
-    from .models import ready_model
+def make_learner(config: TrainerConfig, resume_from: Path | None = None) -> _ToyLearner | _HFSteps:
+    """The trainer's copy of the policy `config.local.policy` names (the toy, or a Hugging Face
+    model), from the weights a previous run saved at `resume_from`, if given: one `update` a
+    step, then `save` its weights for the workers."""
+    if config.local.policy == "toy":
+        return _ToyLearner(config, resume_from)
+    from .models import model_of
 
-    try:
-        model_dir = resume_from or ready_model(name)
-    except ValueError as exc:
-        raise ConfigError(f"config: local.policy: {exc}") from None
+    model_dir = resume_from or model_of(config.local.policy)
     from .hf_grpo import HFLearner  # torch and transformers: only for a Hugging Face policy
 
     llm = config.engine.llm
@@ -315,10 +302,10 @@ _TRANSFORM = ("temperature", "top_p", "top_k", "min_p")
 
 
 class _ToyLearner:
-    def __init__(self, config: TrainerConfig) -> None:
+    def __init__(self, config: TrainerConfig, resume_from: Path | None) -> None:
         self.policy = TinyPolicy(seed=config.local.policy_seed)
-        if config.local.policy_params:
-            self.policy.load(config.local.policy_params)
+        if weights := resume_from or config.local.policy_params:
+            self.policy.load(weights)
         self.lr, self.clip = config.train.lr, config.train.clip
 
     def update(self, samples: Sequence[TrainingSample], weight_version: str) -> UpdateStats:

@@ -1,5 +1,6 @@
 """The AgentCore Runtime data plane as botocore's service model describes it: header names,
-error shapes, request identity (ARN or agent id + account), request signing.
+error shapes, request identity (ARN or agent id + account), request signing, the payload's
+limit, and the headers the service passes on to the container.
 
 Everything a client can observe about the wire lives here, apart from the emulator's
 behaviour, so it can be read side by side with `botocore/data/bedrock-agentcore/*/service-2.json`
@@ -17,6 +18,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+from .._agentcore import MAX_PAYLOAD_BYTES
 
 # Request and response headers (the model's `locationName`s).
 SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
@@ -176,3 +179,41 @@ def check_headers(request: web.Request, *, invoke: bool) -> str:
             if value is not None and not lo <= len(value) <= hi:
                 raise invalid(member, f"{member} must be {lo}-{hi} characters")
     return sid
+
+
+async def read_payload(request: web.Request) -> bytes:
+    """The body, up to the model's limit; an oversized one is read to the end (so the client,
+    still sending, gets the answer) and refused as the service does."""
+    declared = request.content_length
+    if declared is None or declared <= MAX_PAYLOAD_BYTES:
+        body = bytearray()
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > MAX_PAYLOAD_BYTES:
+                break
+        else:
+            return bytes(body)
+    async for _ in request.content.iter_any():
+        pass
+    raise invalid("payload", f"payload must be at most {MAX_PAYLOAD_BYTES} bytes")
+
+
+def container_headers(
+    request: web.Request, session_id: str, request_id: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(headers for the agent, headers echoed to the caller). The agent gets the session and
+    request ids, the trace headers (a trace id is started if the caller sent none), the user
+    id, custom headers, MCP headers, and Content-Type and Accept as sent; never the caller's
+    signature."""
+    src = request.headers
+    trace = {h: src[h] for h in TRACE_HEADERS if h in src}
+    trace.setdefault(TRACE_ID_HEADER, new_trace_id())
+    headers = {
+        SESSION_HEADER: session_id,
+        CONTAINER_REQUEST_ID_HEADER: request_id,
+        **trace,
+        **{h: src[h] for h in (USER_ID_HEADER, *MCP_HEADERS, "Content-Type", "Accept") if h in src},
+        **{k: v for k, v in src.items() if k.lower().startswith(CUSTOM_HEADER_PREFIX.lower())},
+    }
+    echoed = {SESSION_HEADER: session_id, **trace}
+    return headers, echoed

@@ -9,7 +9,8 @@ without a GPU, with true sampling log-probs and real (CPU) policy-gradient updat
     python -m agentcore_rollout.local.policy --port 30000 [--params FILE] [--seed S] [--record]
 
 See `model` for what the policy is (and is not), `sampling` for what the log-probs mean,
-`server` for the endpoints, and `render` for `CharRenderer`, the gateway's renderer for it.
+`server` (and `openai_api`) for the endpoints, `worker` for how generations, weight loads and
+aborts run, and `render` for `CharRenderer`, the gateway's renderer for it.
 """
 
 from .model import Generation, TinyPolicy

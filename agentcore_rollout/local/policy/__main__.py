@@ -16,12 +16,10 @@ from ...serving.process import serve_until_signalled
 from .server import PolicyServer
 
 
-class _NoHttp2Probes(logging.Filter):
+def _no_http2_probes(record: logging.LogRecord) -> bool:
     """sglang-router probes each new worker with an HTTP/2 preface (for gRPC); aiohttp logs
     every probe as a bad request. Harmless, and noise in every local run."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "PRI/Upgrade" not in str(record.exc_info[1] if record.exc_info else "")
+    return "PRI/Upgrade" not in str(record.exc_info[1] if record.exc_info else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--params is the toy's; a model's weights are its directory (--model)")
     if args.threads is not None and not args.model:
         parser.error("--threads needs --model (the toy is numpy, single-threaded)")
-    logging.getLogger("aiohttp.server").addFilter(_NoHttp2Probes())
+    logging.getLogger("aiohttp.server").addFilter(_no_http2_probes)
     policy = None
     if args.model:
         from .hf import HFPolicy  # torch and transformers: only for a real model

@@ -42,6 +42,7 @@ torch and transformers are imported here only: `local.policy` does not import th
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import threading
 from collections import deque
@@ -60,8 +61,10 @@ from transformers.utils import logging as hf_logging
 
 from .model import Generation
 from .sampling import SamplingParams, draw, sampling_logprobs
+from .tokenizer import CharTokenizer
 
 ABORTED = {"type": "abort", "message": "aborted"}
+MAX_BATCH = 64  # rows decoded together; more wait for a free one
 
 
 def load_causal_lm(model_dir: str | PathLike[str]) -> tuple[Path, Any]:
@@ -92,12 +95,7 @@ class HFTokenizer:
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id])
 
-    def check_ids(self, ids: Sequence[Any], what: str = "token id") -> None:
-        for i in ids:
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.vocab_size:
-                raise ValueError(
-                    f"{what} {i!r:.40} is not in the vocabulary [0, {self.vocab_size})"
-                )
+    check_ids = CharTokenizer.check_ids  # the same check, over this vocabulary
 
     def apply_chat_template(self, messages: Any) -> list[int]:
         if not isinstance(messages, list) or not messages:
@@ -135,9 +133,7 @@ class HFPolicy:
     row), `prefills`, `tokens` (sampled).
     """
 
-    def __init__(
-        self, model_dir: str | PathLike[str], *, max_batch: int = 64, threads: int | None = None
-    ) -> None:
+    def __init__(self, model_dir: str | PathLike[str], *, threads: int | None = None) -> None:
         self.model_dir, self.model = load_causal_lm(model_dir)
         path = self.model_dir
         config = self.model.config
@@ -147,7 +143,6 @@ class HFPolicy:
         self.eos_ids = frozenset(_eos_ids(path, config))
         self.context_length = int(getattr(config, "max_position_embeddings", 0) or 32768)
         self.name = path.name
-        self.max_batch = max_batch
         self.threads = threads or 1  # see the module docstring
         self.version = 0
         self.weight_version = "0"
@@ -165,10 +160,10 @@ class HFPolicy:
 
     # -- the caller's side (any thread) -------------------------------------------------------
 
-    def submit(
+    async def generate_async(
         self, prompt: Sequence[int], sp: SamplingParams, top_n: int, rid: str, seed: int | None
-    ) -> cf.Future[Generation]:
-        """Queue one generation; its Future resolves to a Generation (`weight_version` set)."""
+    ) -> Generation:
+        """One generation, queued for the scheduler thread (`weight_version` set)."""
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
         self.tokenizer.check_ids(prompt, "input_ids entry")
@@ -178,16 +173,8 @@ class HFPolicy:
         request = _Request(list(prompt), sp, top_n, rid, rng, stops)
         request.out.finish_reason = {"type": "length", "length": sp.max_new_tokens}
         self._put(lambda: self._waiting.append(request))
-        return request.future
-
-    async def generate_async(
-        self, prompt: Sequence[int], sp: SamplingParams, top_n: int, rid: str, seed: int | None
-    ) -> Generation:
-        import asyncio
-
-        future = self.submit(prompt, sp, top_n, rid, seed)
         try:
-            return await asyncio.shield(asyncio.wrap_future(future))
+            return await asyncio.shield(asyncio.wrap_future(request.future))
         except asyncio.CancelledError:  # the client went away: free its batch row
             self._put(lambda: self._aborts.append(rid))
             raise
@@ -204,10 +191,6 @@ class HFPolicy:
         load = _Load(str(path), weight_version, abort_all)
         self._put(lambda: self._loads.append(load))
         return load.future
-
-    def load(self, path: str | PathLike[str], weight_version: str | None = None) -> None:
-        """Blocking `submit_load` (TinyPolicy's signature); ValueError if the dir is unusable."""
-        self.submit_load(path, weight_version).result()
 
     def close(self) -> None:
         self._put(lambda: setattr(self, "_closed", True))
@@ -271,7 +254,7 @@ class HFPolicy:
             return
         admitted = []
         with self._lock:
-            while self._waiting and len(self._running) + len(admitted) < self.max_batch:
+            while self._waiting and len(self._running) + len(admitted) < MAX_BATCH:
                 admitted.append(self._waiting.popleft())
         for request in admitted:
             self._prefill(request)

@@ -219,33 +219,24 @@ class TinyPolicy:
 
     # -- persistence --------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {name: value.copy() for name, value in self.params.items()}
-
-    def load_state_dict(
-        self, state: Mapping[str, np.ndarray], weight_version: str | None = None
-    ) -> None:
-        """Replace all parameters (validated first; on error nothing changes)."""
-        missing = set(PARAM_SHAPES) - set(state)
-        if missing:
-            raise ValueError(f"parameters missing: {sorted(missing)}")
-        for name, value in state.items():
-            _check_param(name, np.asarray(value))
-        self.params = {name: np.array(state[name], dtype=np.float64) for name in PARAM_SHAPES}
-        self._bump(weight_version)
-
     def save(self, path: str | PathLike[str]) -> None:
         """Write the parameters as an uncompressed .npz (numpy appends .npz if missing)."""
         np.savez(path, **self.params)
 
     def load(self, path: str | PathLike[str], weight_version: str | None = None) -> None:
-        """Load parameters written by `save`; ValueError (one line) if the file is unusable."""
+        """Replace every parameter with those `save` wrote; ValueError (one line) if the file
+        is unusable, checked first, so nothing changes then."""
         try:
             with np.load(path, allow_pickle=False) as data:
                 state = {name: data[name] for name in data.files}
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
             raise ValueError(f"cannot load parameters from {path!s}: {exc}") from None
-        self.load_state_dict(state, weight_version)
+        if missing := set(PARAM_SHAPES) - set(state):
+            raise ValueError(f"parameters missing: {sorted(missing)}")
+        for name, value in state.items():
+            _check_param(name, value)
+        self.params = {name: np.array(state[name], dtype=np.float64) for name in PARAM_SHAPES}
+        self._bump(weight_version)
 
     def _bump(self, weight_version: str | None) -> None:
         self.version += 1

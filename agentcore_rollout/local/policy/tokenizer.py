@@ -72,8 +72,10 @@ class CharTokenizer:
     def check_ids(self, ids: Iterable[Any], what: str = "token id") -> None:
         """Raise ValueError naming the first element that is not an id of this vocabulary."""
         for i in ids:
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < VOCAB_SIZE:
-                raise ValueError(f"{what} {i!r:.40} is not in the vocabulary [0, {VOCAB_SIZE})")
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.vocab_size:
+                raise ValueError(
+                    f"{what} {i!r:.40} is not in the vocabulary [0, {self.vocab_size})"
+                )
 
     def render_chat(self, messages: Messages, add_generation_prompt: bool = True) -> str:
         """The ChatML text of `messages`: `<|im_start|>{role}\\n{content}<|im_end|>\\n` each.
