@@ -1,27 +1,13 @@
-"""RequestDispatcher: starts one sandbox session per rollout on one of several endpoints
-without breaking any of their accounts' quotas, and stops it where it started.
+"""RequestDispatcher: a rollout's sandbox session from its live-session slot to its stop.
 
-Why: a rollout's session costs from its start to its stop, and every account caps how fast
-sessions start, how many live at once and how fast its data plane is called
-(`_runtime_endpoints`: the endpoints and their accounts' budgets). This module holds a
-session's life from its slot to its stop; where each attempt goes is the start queue's
-(`_start_queue`).
-
-A request first takes a slot of the overall live bound (what the accounts can hold together:
-`live_session`), then each attempt to start takes an endpoint from the start queue (a start
-slot, a live slot and its account's tokens free, the least loaded, lowest step first). A retry
-after a clear refusal may go to another endpoint; once an attempt may have created the session
-(sent, no clear answer), every retry and the stop go where it was sent.
-
-Stops have their own rate (`stop_rate`, with a second of burst; each also takes its account's
-data-plane token), so a burst of results ending together is stopped at once, and a stop never
-holds up anyone's outcome.
-
-And it fails fast, per endpoint: one that keeps failing with outage errors (unreachable, 5xx)
-for longer than the retry budget is declared down; requests waiting to start go to the others,
-and only when every endpoint is down does every waiting request end at once with the cause.
-While an endpoint is in doubt and sessions live there, it is probed (a stop of a session that
-never existed), so that it is declared down even when nothing else calls it (`lost`).
+A request first takes a slot of the overall live bound (what the accounts hold together:
+`live_session`), then each attempt to start asks the start queue for an endpoint
+(`_start_queue`), within its account's budgets (`_runtime_endpoints`). Stops run behind the
+outcome's hand-off at their own rate (`stop_rate`, a second of burst, each also taking its
+account's data-plane token), so a burst of results is stopped at once and a stop never holds
+up an outcome; a slot frees only once its session is stopped. An endpoint in doubt with
+sessions living there is probed (a stop of a session that never existed), so it is declared
+down even when nothing else calls it, and the requests of its sessions learn it (`lost`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""The places rollouts' sessions start (`RuntimeEndpoint`) and what the dispatcher keeps of
-each: its account's budgets, its starts in flight and live sessions, and whether it is down.
-
-Why a module of its own: these are the facts both halves of the dispatcher read, the start
-queue choosing where an attempt goes (`_start_queue`) and the dispatcher spending invokes,
-stops and probes (`_dispatcher`), so each half reads without the other's machinery.
+"""The places sessions start (`RuntimeEndpoint`) and what the dispatcher keeps of each: the
+facts both its halves read (the start queue and the session's life).
 
 AgentCore's quotas are per account and region (`RuntimeEndpoint.account`), shared by every
-endpoint and runtime there, so each account has (`Account`, from `_quotas.Limits`: the
-configured values, else the account's quotas):
-- a start rate (token bucket, adapted down on throttling and back up on success),
-- a data-plane rate that every invoke and every stop takes from,
-- at most `max_live_sessions` sessions alive; a slot frees only once the session is stopped,
-  which runs behind the outcome's hand-off (`RequestDispatcher.live_session`), never before.
-More endpoints in one account add no start rate; more accounts or regions do. Each endpoint
-(`EndpointState`; on AgentCore, one runtime ARN + qualifier) has its own outage state
-(`Outage`), its own optional live bound, and at most `ceil(start_rate * session_start_time)`
-starts in flight (Little's law, at its account's rate), so a cold-start wave cannot pile up
-connections on it.
+endpoint there, so each account (`Account`, from `_quotas.Limits`) has a start rate (cut on
+throttling, raised on success), a data-plane rate every invoke and stop takes from, and a live
+bound; more endpoints in one account add no start rate, more accounts do. Each endpoint
+(`EndpointState`) has its own outage state (`Outage`), optional live bound, and at most
+`ceil(start_rate * session_start_time)` starts in flight (Little's law), so a cold-start wave
+cannot pile up connections on it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""StartQueue: the line of start attempts waiting for an endpoint, and the choice of where
-each goes.
+"""StartQueue: the line of start attempts waiting for an endpoint, and where each goes.
 
-Why a module of its own: which attempt goes next and to which endpoint is one decision, made
-each time a slot or a token frees, apart from a session's life (its live slot, retries, stop:
-`_dispatcher`), which only asks it for an endpoint (`claim`) and gives back what it took.
-
-Each attempt to start takes an endpoint where a start slot, a live slot and its account's
-start and data-plane tokens are free (`_runtime_endpoints`), the least loaded of those
-(`_pick`); waiters are served lowest step first, and woken when the first token they wait for
-is due. A retry after a clear refusal may go to another endpoint; once an attempt may have
-created the session (sent, no clear answer), every retry goes where it was sent. An endpoint
-declared down sends its waiters to the others, and only when every endpoint is down does every
-waiting request end at once with the cause; while down, one attempt per `backoff_max` seconds
-probes whether it is back.
+Which attempt goes next and where is one decision, made each time a slot or a token frees,
+apart from a session's life (`_dispatcher`), which only asks for an endpoint (`claim`). Each
+attempt takes the least loaded endpoint whose start slot, live slot and account's tokens are
+free (`_pick`), waiters lowest step first, woken when the first token they wait for is due. A
+retry after a clear refusal may go elsewhere; once an attempt may have created the session,
+every retry goes where it was sent. An endpoint declared down sends its waiters to the others;
+only with every endpoint down do they all fail at once with the cause, and a down endpoint is
+probed by one attempt per `backoff_max` seconds.
 """
 
 from __future__ import annotations
