@@ -85,30 +85,31 @@ async def _spread(moto, channel, emu, arns: list[str], n: int, **overrides):
 async def test_an_accounts_endpoints_share_its_start_rate_another_account_doubles_it(
     moto, channel, emulator
 ):
-    # 10 new sessions a second per account (kept low, so a busy machine keeps up with two)
+    # 5 new sessions a second per account: low, so a machine busy with other tests keeps up
+    # with two accounts (at 10/s, once in a full parallel run it did not: the ratio fell short)
     emu = await emulator(
         runtime_arns=(ARNS[0], OTHER_ACCOUNT),
         qualifiers=("DEFAULT", "endpoint_2"),
-        new_sessions_per_second=10,
+        new_sessions_per_second=5,
     )
-    one = await _spread(moto, channel, emu, [ARNS[0]], 40)
+    one = await _spread(moto, channel, emu, [ARNS[0]], 30)
     most, one_rate = _per_second([t for t, _, _ in emu.sessions.created])
-    assert most <= 10 + 1  # the account's second, and the engine's one token of burst
-    assert one_rate <= 10 * 1.05, one_rate
+    assert most <= 5 + 1  # the account's second, and the engine's one token of burst
+    assert one_rate <= 5 * 1.05, one_rate
     assert one.stats.account_limits == {
-        "123456789012:us-east-1/start_rate": 10.0,
+        "123456789012:us-east-1/start_rate": 5.0,
         "123456789012:us-east-1/data_plane_tps": 1000.0,
         "123456789012:us-east-1/max_live_sessions": 64.0,
     }
-    assert sum(one.stats.starts_by_endpoint.values()) == 40
+    assert sum(one.stats.starts_by_endpoint.values()) == 30
     emu.sessions.created.clear()
     # Credentials are one account's: Service Quotas says nothing of the other (the published
     # 25/s there), so the rate is set, and holds in each account.
     two = await _spread(
-        moto, channel, emu, [ARNS[0], OTHER_ACCOUNT], 40, exp_id="two", start_rate=10.0
+        moto, channel, emu, [ARNS[0], OTHER_ACCOUNT], 30, exp_id="two", start_rate=5.0
     )
     _, two_rate = _per_second([t for t, _, _ in emu.sessions.created])
-    assert two.stats.start_rate == 20.0
+    assert two.stats.start_rate == 10.0
     assert two_rate >= 1.5 * one_rate, (one_rate, two_rate)
     assert {a.split(":")[4] for _, a, _ in emu.sessions.created} == {"123456789012", "210987654321"}
 

@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from agentcore_rollout.gateway import GatewayAdmin
-from agentcore_rollout.integrations.verl import agent_loop, replicas
+from agentcore_rollout.integrations.verl import replicas
 from agentcore_rollout.integrations.verl.agent_loop import (
     SERVICE_NAME,
     EngineService,
@@ -160,7 +160,7 @@ def test_replica_settings_are_checked_in_one_line(replica_count, port, public_ur
             RENDERER,
             port=port,
             public_url=public_url,
-            replicas=agent_loop._replica_count(gateway["replicas"]),
+            replicas=gateway["replicas"],
         )
     assert "\n" not in str(caught.value)
     assert str(caught.value).startswith("actor_rollout_ref.rollout.custom.agentcore.gateway.")

@@ -194,8 +194,7 @@ def _output_fields(output: Any) -> dict[str, Any]:
         output = dict(vars(output))  # shallow: a trajectory can be large
     if not isinstance(output, Mapping) or "rewards" not in output:
         return _invalid("rollout must return RolloutOutput or a dict with 'rewards'")
-    unknown = set(output) - {"rewards", "trajectory", "metrics", "stop_reason"}
-    if unknown:
+    if unknown := set(output) - {"rewards", "trajectory", "metrics", "stop_reason"}:
         return _invalid(f"unknown output keys {sorted(unknown)}")
     return {"status": "ok", "stop_reason": "done", **output}
 
@@ -203,11 +202,8 @@ def _output_fields(output: Any) -> dict[str, Any]:
 def _failure(status: str, stop_reason: str, type_: str, message: str) -> dict[str, Any]:
     # An exception's message may hold a lone surrogate, which no UTF-8 result can carry.
     message = message[:_MAX_ERROR_CHARS].encode("utf-8", "backslashreplace").decode()
-    return {
-        "status": status,
-        "stop_reason": stop_reason,
-        "error": ErrorInfo(type=type_, message=message),
-    }
+    error = ErrorInfo(type=type_, message=message)
+    return {"status": status, "stop_reason": stop_reason, "error": error}
 
 
 def _invalid(why: str) -> dict[str, Any]:
@@ -215,14 +211,8 @@ def _invalid(why: str) -> dict[str, Any]:
 
 
 def _build(control: RolloutControl, fields: dict[str, Any], timings: Timings) -> RolloutResult:
-    base = {
-        "exp_id": control.exp_id,
-        "step": control.step,
-        "request_id": control.request_id,
-        "input_id": control.input_id,
-        "session_id": control.session_id,
-        "timings": timings,
-    }
+    ids = ("exp_id", "step", "request_id", "input_id", "session_id")
+    base = {name: getattr(control, name) for name in ids} | {"timings": timings}
     try:
         # Numbers first, so a NaN reward reads `rewards: non-finite number nan`, not pydantic's
         # error for each branch of the Rewards union. The trajectory is the writer's to check.

@@ -53,8 +53,7 @@ class ResultWriter:
     def _in_this_loop(self) -> None:
         """Clients keep connections alive in the event loop they were made in; made in another
         one (an app served again in a new loop, as tests do), they are left to it."""
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
+        if (loop := asyncio.get_running_loop()) is not self._loop:
             self._loop, self._clients, self._lock = loop, {}, asyncio.Lock()
 
     async def _client(self, service: str) -> Any:
@@ -90,13 +89,8 @@ class ResultWriter:
             body = _body(_rejected(result, why), control)
         s3 = await self._client("s3")
         try:
-            await s3.put_object(
-                Bucket=control.result.bucket,
-                Key=control.result.key,
-                Body=body,
-                ContentType="application/json",
-                IfNoneMatch="*",
-            )
+            where = {"Bucket": control.result.bucket, "Key": control.result.key}
+            await s3.put_object(**where, Body=body, ContentType="application/json", IfNoneMatch="*")
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
                 log.info("result already written request_id=%s", control.request_id)
@@ -140,16 +134,9 @@ def _body(result: RolloutResult, control: RolloutControl) -> bytes:
 
 def _rejected(result: RolloutResult, why: str) -> RolloutResult:
     """The `agent_error` result written instead of one that cannot go on the wire."""
-    return result.model_copy(
-        update={
-            "status": "agent_error",
-            "stop_reason": "error",
-            "rewards": None,
-            "trajectory": None,
-            "metrics": {},
-            "error": ErrorInfo(type="InvalidOutput", message=why),
-        }
-    )
+    error = ErrorInfo(type="InvalidOutput", message=why)
+    cleared = {"rewards": None, "trajectory": None, "metrics": {}, "error": error}
+    return result.model_copy(update={"status": "agent_error", "stop_reason": "error", **cleared})
 
 
 def _leaked(strings: Iterable[str], control: RolloutControl) -> str | None:

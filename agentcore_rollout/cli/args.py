@@ -113,8 +113,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     takes_overrides = hasattr(args, "overrides")
-    unknown = [a for a in extra if not takes_overrides or a.startswith("-") or "=" not in a]
-    if unknown:
+    if unknown := [a for a in extra if not takes_overrides or a.startswith("-") or "=" not in a]:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
@@ -230,25 +229,26 @@ def _load(args: argparse.Namespace) -> Config:
     built-in defaults; then the env file, the flags and the dotted overrides."""
     overrides = list(args.overrides)
     section = "train" if args.command == "train" else "run"
-    for key in ("data", "n", "out", "steps"):
+    dotted = {key: f"{section}.{key}" for key in ("data", "n", "out", "steps")}
+    dotted["max_staleness"] = "engine.limits.max_staleness"
+    for key, name in dotted.items():
         if getattr(args, key, None) is not None:
-            overrides.append(f"{section}.{key}={getattr(args, key)}")
-    if getattr(args, "max_staleness", None) is not None:
-        overrides.append(f"engine.limits.max_staleness={args.max_staleness}")
+            overrides.append(f"{name}={getattr(args, key)}")
     if getattr(args, "asynchronous", False):  # first, so a dotted stale_policy override wins
         overrides[:0] = ["engine.limits.stale_policy=keep"]
         overrides.append("train.asynchronous=true")
     if args.env_file and not Path(args.env_file).is_file():  # only the default may be absent
         raise UsageError(f"--env-file {args.env_file}: not a file")
+    env_file = args.env_file or "agentcore.env"
     default = TRAIN_CONFIG if args.command == "train" else DEFAULT_CONFIG
     path = args.config or os.environ.get("AGENTCORE_ROLLOUT_CONFIG")
     path = path or (str(default) if default.is_file() else None)
-    config = load_config(path, env_file=args.env_file or "agentcore.env", overrides=overrides)
+    config = load_config(path, env_file=env_file, overrides=overrides)
     unbounded = not config.engine.limits.max_staleness and getattr(args, "max_staleness", 0) is None
     if config.train.asynchronous and unbounded:  # --async's bound, unless one is set
         overrides.append("engine.limits.max_staleness=1")
-        config = load_config(path, env_file=args.env_file or "agentcore.env", overrides=overrides)
-    _export_aws(args.env_file or "agentcore.env")
+        config = load_config(path, env_file=env_file, overrides=overrides)
+    _export_aws(env_file)
     return config
 
 

@@ -5,7 +5,6 @@ core's, `local` and `train` the local stack's; `stack` and `run` are the CLI's o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,12 +44,7 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
 
 
-def load_config(
-    path: str | Path | None = None,
-    *,
-    env_file: str | Path | None = "agentcore.env",
-    environ: Mapping[str, str] | None = None,
-    overrides: Iterable[str] | Mapping[str, Any] = (),
-) -> Config:
-    """The whole file at `path`, then the environment, then `key.path=value` overrides."""
-    return load_sections(Config, path, env_file=env_file, environ=environ, overrides=overrides)
+def load_config(path: str | Path | None = None, **options: Any) -> Config:
+    """The whole file at `path`, then the environment, then `key.path=value` overrides
+    (`load_sections`' keywords: `env_file`, `environ`, `overrides`)."""
+    return load_sections(Config, path, **options)

@@ -86,10 +86,8 @@ class RuntimeSpec:
                 f"container URI {self.container_uri!r} is not an ECR image (REPO_URI:TAG)"
             )
         self._validate_network()
-        for label, value in (
-            ("idle timeout", self.idle_timeout_s),
-            ("max lifetime", self.max_lifetime_s),
-        ):
+        lifecycle = {"idle timeout": self.idle_timeout_s, "max lifetime": self.max_lifetime_s}
+        for label, value in lifecycle.items():
             if not LIFECYCLE_MIN_S <= value <= LIFECYCLE_MAX_S:
                 raise InfraError(
                     f"{label} {value}s is outside {LIFECYCLE_MIN_S}..{LIFECYCLE_MAX_S}s"
@@ -115,8 +113,7 @@ class RuntimeSpec:
         ):
             if not values:
                 raise InfraError(f"network mode VPC needs at least one {label}")
-            bad = [v for v in values if not pattern.fullmatch(v)]
-            if bad:
+            if bad := [v for v in values if not pattern.fullmatch(v)]:
                 raise InfraError(f"invalid {label} id {bad[0]!r}")
 
     def environment_variables(self) -> dict[str, str]:
@@ -270,8 +267,7 @@ def deploy_runtime(
     if check_role:
         _check_role_exists(iam_client or aws_client("iam", region), spec.role_arn)
     wanted = spec.request()
-    existing = find_runtime(client, spec.name)
-    if existing is None:
+    if (existing := find_runtime(client, spec.name)) is None:
         with _aws(f"create agent runtime {spec.name}"):
             created = client.create_agent_runtime(agentRuntimeName=spec.name, **wanted)
         runtime_id = str(created["agentRuntimeId"])
@@ -332,8 +328,7 @@ def stack_outputs(
     """The outputs of a deployed (or updated) CloudFormation stack."""
     client = client or aws_client("cloudformation", region)
     with _aws(f"describe stack {stack_name}"):
-        stacks = client.describe_stacks(StackName=stack_name)["Stacks"]
-    stack = stacks[0]
+        stack = client.describe_stacks(StackName=stack_name)["Stacks"][0]
     status = str(stack.get("StackStatus", ""))
     if not status.endswith("_COMPLETE") or status.startswith(("ROLLBACK", "DELETE")):
         raise InfraError(f"stack {stack_name} is {status}, not deployed")
@@ -345,14 +340,12 @@ def env_from_outputs(
 ) -> dict[str, str]:
     """The agentcore.env entries for a stack's outputs. ``runtime_arn`` (from `deploy_runtime`)
     wins over the stack's RuntimeArn output; with neither, the runtime entry is left out."""
-    missing = [key for key in STACK_OUTPUT_ENV if not outputs.get(key)]
-    if missing:
+    if missing := [key for key in STACK_OUTPUT_ENV if not outputs.get(key)]:
         raise InfraError(
             f"stack outputs lack {', '.join(missing)}: is it an agentcore-rollout stack?"
         )
     env = {name: outputs[key] for key, name in STACK_OUTPUT_ENV.items()}
-    arn = runtime_arn or outputs.get("RuntimeArn")
-    if arn:
+    if arn := runtime_arn or outputs.get("RuntimeArn"):
         env["AGENTCORE_ROLLOUT_RUNTIME_ARN"] = arn
     return env | {"AWS_REGION": region}
 
@@ -397,9 +390,8 @@ def write_stack_env(
 ) -> dict[str, str]:
     """Write the agentcore.env entries of a deployed stack into ``path``; return them."""
     client = client or aws_client("cloudformation", region)
-    env = env_from_outputs(
-        stack_outputs(stack_name, client=client), client.meta.region_name, runtime_arn
-    )
+    outputs = stack_outputs(stack_name, client=client)
+    env = env_from_outputs(outputs, client.meta.region_name, runtime_arn)
     write_env_file(path, env)
     return env
 

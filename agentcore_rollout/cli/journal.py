@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -75,13 +75,8 @@ class Journal:
 
     def started(self, start: RolloutStart) -> None:
         self.started_ids.add(start.request.request_id)
-        self._lines.write(
-            {
-                "kind": "started",
-                "request_id": start.request.request_id,
-                **{name: getattr(start, name) for name in _STARTED},
-            }
-        )
+        line = {"kind": "started", "request_id": start.request.request_id}
+        self._lines.write(line | {name: getattr(start, name) for name in _STARTED})
 
 
 @dataclass
@@ -157,9 +152,7 @@ def journaled_requests(path: Path, count: int) -> Iterator[Journaled]:
 
 
 def _journaled(event: dict[str, Any]) -> Journaled:
-    request = RolloutRequest(
-        event["payload"], event["input_id"], event["sample_index"], event["request_id"]
-    )
+    request = RolloutRequest(**{f.name: event[f.name] for f in fields(RolloutRequest)})
     return Journaled(request, event["step"])
 
 

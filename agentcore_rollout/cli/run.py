@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -17,13 +17,7 @@ from .. import EngineStats, Outcome, RolloutEngine, RolloutHandle
 from ..contract import new_run_secret
 from .config import Config
 from .dataset import journal_requests
-from .errors import (
-    EXIT_INTERRUPTED,
-    EXIT_TOO_FEW_OK,
-    EXIT_WRITE_FAILED,
-    Interrupted,
-    UsageError,
-)
+from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, Interrupted, UsageError
 from .feed import Feed
 from .journal import (
     INTERRUPTED,
@@ -32,6 +26,7 @@ from .journal import (
     STAGED_JOURNAL,
     Journal,
     Journaled,
+    LeftOpen,
     Lines,
     journaled_requests,
     left_open,
@@ -47,7 +42,7 @@ def run_command(config: Config, resume: str | None, overwrite: bool = False) -> 
     out = Path(config.run.out if resume is None else resume)
     with locked(out, "run.out" if resume is None else "--resume"):
         begin = _fresh(config, out, overwrite) if resume is None else _resumed(config, out)
-        run = RunState(out, begin.ended_before, begin.run_again)
+        run = RunState(out, begin.left)
         try:
             summary = run_async(
                 lambda stop: roll_out(config, begin, run, interrupted=stop), forced=run.forced
@@ -67,9 +62,7 @@ class Begin:
     total: int
     secret: str
     commit: Callable[[], Iterable[Journaled]]
-    resumed: bool = False
-    ended_before: list[str] = field(default_factory=list)
-    run_again: int = 0  # requests the user's interrupt had cancelled, run again
+    left: LeftOpen | None = None  # a resumed run's: what its crashed run left open
 
 
 def _fresh(config: Config, out: Path, overwrite: bool) -> Begin:
@@ -96,14 +89,7 @@ def _resumed(config: Config, out: Path) -> Begin:
         left.keep_rows(out)
         return left.jobs
 
-    return Begin(
-        len(left.jobs),
-        secret,
-        commit,
-        resumed=True,
-        ended_before=left.ended,
-        run_again=left.run_again,
-    )
+    return Begin(len(left.jobs), secret, commit, left)
 
 
 def journal_dataset(config: Config, path: Path) -> int:
@@ -138,8 +124,8 @@ class RunState:
     """What a run has so far, so that even a forced exit writes its summary: the figures of the
     outcomes (in rollouts.jsonl as they arrive), the first write error, the engine's figures."""
 
-    def __init__(self, out: Path, ended_before: list[str], run_again: int = 0) -> None:
-        self.out, self.ended_before, self.run_again = out, ended_before, run_again
+    def __init__(self, out: Path, left: LeftOpen | None) -> None:
+        self.out, self.left = out, left
         self.tally = Tally()
         self.write_error: str | None = None
         self.unwritten = 0  # outcomes that ended after a write failed
@@ -157,11 +143,9 @@ class RunState:
         """The figures so far, written to summary.json if it can be."""
         stats, wall_time = self.figures()
         summary = RunSummary.of(self.tally, stats, wall_time, interrupted=interrupted)
-        summary = replace(
-            summary.counting_in(self.ended_before),
-            write_error=self.write_error,
-            run_again=self.run_again,
-        )
+        if self.left is not None:  # resumed: the whole run's counts
+            summary = replace(summary.counting_in(self.left.ended), run_again=self.left.run_again)
+        summary = replace(summary, write_error=self.write_error)
         try:
             (self.out / SUMMARY).write_text(summary.to_json())
         except OSError as e:
@@ -235,7 +219,7 @@ async def roll_out(
 
         def submit(j: Journaled) -> RolloutHandle:
             started: dict[str, Any] = {"timeout": config.run.timeout, "on_start": journal.started}
-            if not begin.resumed:
+            if begin.left is None:
                 return engine.submit(j.request, **started)
             if j.start is None:  # its session's start was never recorded
                 return engine.resume(j.request, step=j.step, **started)
@@ -255,8 +239,7 @@ def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
         return EXIT_WRITE_FAILED
     if summary.interrupted:
         return EXIT_INTERRUPTED
-    ok_fraction = summary.ok / summary.requests
-    return 0 if ok_fraction >= min_ok_fraction else EXIT_TOO_FEW_OK
+    return 0 if summary.ok / summary.requests >= min_ok_fraction else EXIT_TOO_FEW_OK
 
 
 async def _collect(

@@ -94,12 +94,8 @@ class RunSummary:
         outcomes = dict(self.outcomes)
         for outcome in ended:
             outcomes[outcome] += 1
-        return replace(
-            self,
-            requests=self.requests + len(ended),
-            outcomes=outcomes,
-            resumed_after=len(ended),
-        )
+        n = len(ended)
+        return replace(self, requests=self.requests + n, outcomes=outcomes, resumed_after=n)
 
     def to_json(self) -> str:
         """summary.json's text: `resumed_after`, `run_again` and `write_error` only when they
@@ -111,11 +107,9 @@ class RunSummary:
 def _cost(cost: RolloutCost, ok: int) -> dict[str, Any]:
     """This run's cost (a resumed run's: what ran after the restart), with the dollars per
     rollout and per ok rollout: what one training sample cost, failures included."""
-    per = {
-        "usd_per_rollout": cost.usd / cost.rollouts if cost.rollouts else None,
-        "usd_per_ok": cost.usd / ok if ok else None,
-    }
-    return cost.to_dict() | per
+    per_rollout = cost.usd / cost.rollouts if cost.rollouts else None
+    per_ok = cost.usd / ok if ok else None
+    return cost.to_dict() | {"usd_per_rollout": per_rollout, "usd_per_ok": per_ok}
 
 
 def _group(members: list[tuple[Outcome, float | None]]) -> GroupFigures:

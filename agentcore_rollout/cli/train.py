@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .. import Outcome
@@ -23,7 +22,7 @@ from .dataset import read_rows
 from .errors import EXIT_INTERRUPTED, EXIT_STACK_FAILED, UsageError
 from .journal import JOURNAL
 from .outdir import locked
-from .views import console, run_async
+from .views import console, run_async, status_bar
 
 CURVE = "reward_curve.png"
 
@@ -99,10 +98,8 @@ def _train(
         f"lr {tc.lr}, max_staleness {config.engine.limits.max_staleness}"
     )
     drew = draw_curve(rows, out / CURVE, title)
-    console.print(
-        f"wrote {out / METRICS}"
-        + (f" and {out / CURVE}" if drew else " (no plot: matplotlib is not installed)")
-    )
+    plot = f" and {out / CURVE}" if drew else " (no plot: matplotlib is not installed)"
+    console.print(f"wrote {out / METRICS}{plot}")
     if failed is not None:
         print(f"error: {failed}; {len(rows)} steps trained, kept in {out}", file=sys.stderr)
         return EXIT_STACK_FAILED
@@ -120,14 +117,8 @@ class StepProgress:
 
     def __init__(self, steps: int) -> None:
         self._steps = steps
-        self.bar = Progress(
-            TextColumn("[bold]step {task.fields[step]}/{task.fields[steps]}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} groups"),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-            console=console,
-        )
+        step = "[bold]step {task.fields[step]}/{task.fields[steps]}"
+        self.bar = status_bar(step, "{task.completed}/{task.total} groups")
         self._task: Any = None
         self._ok = self._failed = 0
         self._rewards: list[float] = []
@@ -204,26 +195,23 @@ def draw_curve(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
         from matplotlib.ticker import MaxNLocator
     except ImportError:
         return False
-    points = [(r["step"], r["reward_mean"]) for r in rows if r["reward_mean"] is not None]
+    rewarded = [r for r in rows if r["reward_mean"] is not None]
+    values = [r["reward_mean"] for r in rewarded]
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label="reward")
+    ax.plot([r["step"] for r in rewarded], values, marker="o", label="reward")
     # The agent's named components that are rates (in [0, 1]) and move, e.g. the math agent's
     # `correct` and `format`: what the reward is made of, step by step.
     names = {n for r in rows for n in r.get("reward_components", {})} - {"reward"}
     for name in sorted(names):
-        series = [
-            (r["step"], r["reward_components"][name])
-            for r in rows
-            if name in r.get("reward_components", {})
-        ]
-        if all(0 <= v <= 1 for _, v in series) and len({v for _, v in series}) > 1:
-            ax.plot([p[0] for p in series], [p[1] for p in series], "--", alpha=0.7, label=name)
+        named = [r for r in rows if name in r.get("reward_components", {})]
+        series = [r["reward_components"][name] for r in named]
+        if all(0 <= v <= 1 for v in series) and len(set(series)) > 1:
+            ax.plot([r["step"] for r in named], series, "--", alpha=0.7, label=name)
     if len(ax.get_lines()) > 1:
         ax.legend(fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("mean over ok rollouts")
-    values = [p[1] for p in points]
     ax.set_ylim(min([0.0, *values]), max([1.05, *(v * 1.05 for v in values)]))
     ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=10)

@@ -55,17 +55,17 @@ def run_async(
     return asyncio.run(body())
 
 
+def status_bar(label: str, count: str) -> Progress:
+    """A progress bar on the console: `label`, the bar, `count`, the task's `status`, time."""
+    status = TextColumn("{task.fields[status]}")
+    bar = (TextColumn(label), BarColumn(), TextColumn(count), status, TimeElapsedColumn())
+    return Progress(*bar, console=console)
+
+
 @contextmanager
 def progress_bar(total: int) -> Iterator[Callable[[RolloutOutcome, int], None]]:
-    """A rich progress bar: submitted / running / done / failed; yields its update."""
-    bar = Progress(
-        TextColumn("[bold]rollouts"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
+    """`run`'s progress bar: submitted / running / done / failed; yields its update."""
+    bar = status_bar("[bold]rollouts", "{task.completed}/{task.total}")
     task = bar.add_task("rollouts", total=total, status="")
     done = failed = 0
 

@@ -19,24 +19,17 @@ T = TypeVar("T")
 
 
 def add_flags(
-    parser: argparse.ArgumentParser,
-    config: Callable[..., Any],
-    *,
-    exclude: Collection[str] = (),
+    parser: argparse.ArgumentParser, config: Callable[..., Any], *, exclude: Collection[str] = ()
 ) -> None:
     """A flag per field of `config` (a model's field or a parameter with a default), but
     `exclude`; a model's field's description is its help, its `json_schema_extra` may give
     another `flag` name."""
     for name, flag, default, hint, help in _parameters(config):
-        if name in exclude:
-            continue
-        parser.add_argument(
-            flag,
-            dest=name,
-            default=argparse.SUPPRESS,
-            help=f"{help} (default: {default})".lstrip(),
-            **_kind(hint),
-        )
+        if name not in exclude:
+            text = f"{help} (default: {default})".lstrip()
+            parser.add_argument(
+                flag, dest=name, default=argparse.SUPPRESS, help=text, **_kind(hint)
+            )
 
 
 def from_flags(config: Callable[..., T], args: argparse.Namespace, /, **given: Any) -> T:

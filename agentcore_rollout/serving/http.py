@@ -3,6 +3,7 @@ and the gateway): the same JSON-object bodies, flags and OpenAI-style SSE stream
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -39,11 +40,8 @@ def dumps(data: Any) -> str:
 
 
 def openai_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    return usage | {"total_tokens": prompt_tokens + completion_tokens}
 
 
 def chat_chunks(
@@ -74,13 +72,7 @@ async def sse_response(
     request: web.Request, events: Iterable[dict[str, Any]]
 ) -> web.StreamResponse:
     """Stream `events` as `data:` lines, closed by `data: [DONE]`, as OpenAI streams are."""
-    return await sse_events(request, _openai_stream(events))
-
-
-def _openai_stream(events: Iterable[dict[str, Any]]) -> Iterator[tuple[None, Any]]:
-    for event in events:
-        yield None, event
-    yield None, "[DONE]"
+    return await sse_events(request, ((None, e) for e in itertools.chain(events, ["[DONE]"])))
 
 
 async def sse_events(

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import suppress
 from typing import Any
 
 
@@ -75,11 +76,9 @@ class ServiceProcess:
 
 
 def _forward(stdout: Any) -> None:
-    try:
+    with suppress(OSError, ValueError):  # closed by stop()
         for line in stdout:
             sys.stderr.write(line)
-    except (OSError, ValueError):  # closed by stop()
-        pass
 
 
 def exit_with_parent() -> None:

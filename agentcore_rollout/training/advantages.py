@@ -20,11 +20,9 @@ def grpo_advantages(
     """One advantage per reward. `scale_by_std=False` keeps only the mean baseline (Dr. GRPO),
     which does not up-weight groups whose rewards barely differ."""
     values = [float(r) for r in rewards]
-    if not values:
-        return []
     if not all(math.isfinite(r) for r in values):
         raise ValueError(f"rewards must be finite numbers, got {values}")
-    if len(values) == 1:
+    if len(values) < 2:  # none, or one member: its raw reward
         return values
     mean = sum(values) / len(values)
     centered = [r - mean for r in values]

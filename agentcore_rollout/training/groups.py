@@ -129,15 +129,9 @@ def collect_groups(
     by_key: dict[tuple[str, int], list[RolloutOutcome]] = {}
     for o in outcomes:
         by_key.setdefault((o.request.input_id, o.step), []).append(o)
-    return [
-        Group.judge(
-            sorted(members, key=lambda m: m.finished_at),
-            policy,
-            current_step=current_step,
-            max_staleness=max_staleness,
-        )
-        for members in by_key.values()
-    ]
+    bound = {"current_step": current_step, "max_staleness": max_staleness}
+    ordered = (sorted(members, key=lambda m: m.finished_at) for members in by_key.values())
+    return [Group.judge(members, policy, **bound) for members in ordered]
 
 
 class GroupRollout:
@@ -175,14 +169,8 @@ class GroupRollout:
 
     def submit(self, input_id: str, payload: dict[str, Any], *, step: int | None = None) -> None:
         """Submit one group: `n + extra` requests of `payload`, sample indexes 0, 1, ..."""
-        handles = [
-            self._engine.submit(
-                RolloutRequest(payload, input_id=input_id, sample_index=k),
-                step=step,
-                timeout=self._timeout,
-            )
-            for k in range(self._policy.size)
-        ]
+        requests = [RolloutRequest(payload, input_id, k) for k in range(self._policy.size)]
+        handles = [self._engine.submit(r, step=step, timeout=self._timeout) for r in requests]
         watcher = asyncio.create_task(self._watch(handles))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)

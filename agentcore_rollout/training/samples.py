@@ -124,19 +124,15 @@ def within_staleness(
         ]
         if not any(mask):
             continue
-        if mask == sample.loss_mask:
-            kept.append(sample)
-            continue
-        kept.append(
-            replace(
+        if mask != sample.loss_mask:  # tokens out of the bound: context now, not trained
+            versions = zip(sample.token_versions, mask, strict=False)
+            sample = replace(
                 sample,
                 loss_mask=mask,
                 logprobs=[lp if m else 0.0 for lp, m in zip(sample.logprobs, mask, strict=True)],
-                token_versions=tuple(
-                    v if m else None for v, m in zip(sample.token_versions, mask, strict=False)
-                ),
+                token_versions=tuple(v if m else None for v, m in versions),
             )
-        )
+        kept.append(sample)
     return kept
 
 
@@ -151,11 +147,7 @@ def _step_of(version: str | None, sample: TrainingSample) -> int:
 
 
 def _row(
-    outcome: RolloutOutcome,
-    sample: Mapping[str, Any],
-    reward: float,
-    advantage: float,
-    index: int,
+    outcome: RolloutOutcome, sample: Mapping[str, Any], reward: float, advantage: float, index: int
 ) -> TrainingSample:
     rid = outcome.request.request_id
     try:

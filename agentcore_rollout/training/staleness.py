@@ -32,15 +32,10 @@ def staleness_report(
     for group in groups:
         kept = {m.request.request_id for m in group.kept}
         for member in group.members:
-            verdict = _verdict(member, group, kept, trained)
-            if verdict is None:
-                continue
-            for table, key in (
-                (by_staleness, str(step - member.step)),
-                (by_duration, _bucket(member)),
-            ):
-                counts = table.setdefault(key, {"delivered": 0, "dropped": 0})
-                counts[verdict] += 1
+            if (verdict := _verdict(member, group, kept, trained)) is not None:
+                lag, bucket = str(step - member.step), _bucket(member)
+                for table, key in ((by_staleness, lag), (by_duration, bucket)):
+                    table.setdefault(key, {"delivered": 0, "dropped": 0})[verdict] += 1
     return {
         "by_staleness": dict(sorted(by_staleness.items(), key=lambda kv: int(kv[0]))),
         "by_duration": {b: by_duration[b] for b in _BUCKETS if b in by_duration},
@@ -50,17 +45,12 @@ def staleness_report(
 def _verdict(
     member: RolloutOutcome, group: Group, kept: set[str], trained: Collection[str] | None
 ) -> str | None:
+    if member.outcome is not Outcome.OK:  # stale: dropped; failed or cancelled: neither
+        return "dropped" if member.outcome is Outcome.STALE else None
     rid = member.request.request_id
-    if member.outcome is Outcome.STALE:
-        return "dropped"
-    if member.outcome is not Outcome.OK:
-        return None
-    if group.status is GroupStatus.STALE:
-        return "dropped"
     trainable = group.status is GroupStatus.TRAIN and rid in kept
-    if trained is not None and trainable and rid not in trained:
-        return "dropped"
-    return "delivered"
+    untrained = trained is not None and trainable and rid not in trained  # no token in bound
+    return "dropped" if group.status is GroupStatus.STALE or untrained else "delivered"
 
 
 _BUCKETS = [

@@ -61,6 +61,7 @@ import asyncio
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,9 @@ class HostedGateway:
     replicas: int = 1  # 1: in the engine service's process; N >= 2: N Ray actors (`replicas`)
 
     def __post_init__(self) -> None:
+        n = self.replicas  # as the YAML gives it
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{_WHERE}.gateway.replicas: an integer >= 1; got {n!r}")
         if self.replicas == 1 and not isinstance(self.public_url, tuple):
             return
         if self.replicas == 1 or isinstance(self.public_url, str):
@@ -226,17 +230,16 @@ class EngineService:
         async with self._starting:
             if self._engine is None:
                 config = load_config(self._config_path)
+                update: dict[str, Any] = {}
                 if self._reissue is not None and config.run_secret is None:
-                    secret = _run_secret(Path(self._reissue.secret_dir))
-                    config = config.model_copy(update={"run_secret": secret})
+                    update["run_secret"] = _run_secret(Path(self._reissue.secret_dir))
                 if self._limits is not None:
-                    limits = LimitsConfig(**{**config.limits.model_dump(), **self._limits})
-                    config = config.model_copy(update={"limits": limits})
+                    limits = config.limits.model_dump() | self._limits
+                    update["limits"] = LimitsConfig(**limits)
                 try:
                     if self._hosted is not None:
-                        gateway = await self._host(self._hosted)
-                        config = config.model_copy(update={"gateway": gateway})
-                    engine = RolloutEngine(config)
+                        update["gateway"] = await self._host(self._hosted)
+                    engine = RolloutEngine(config.model_copy(update=update))
                     await engine.start()
                 except BaseException:
                     await self.close()  # the next call starts anew: nothing hosted may leak
@@ -246,7 +249,7 @@ class EngineService:
 
     async def _host(self, hosted: HostedGateway) -> GatewayConfig:
         if hosted.replicas > 1:
-            replicas = await HostedGateways.start(
+            self._gateway = replicas = await HostedGateways.start(
                 hosted.replicas,
                 hosted.server_manager,
                 hosted.renderer,
@@ -254,19 +257,12 @@ class EngineService:
                 port=hosted.port,
                 public_urls=hosted.public_url or (),
             )
-            self._gateway = replicas
             return replicas.config
-        from ...gateway import Gateway, load_renderer
-        from .backend import VerlServerBackend
+        from .backend import start_gateway
 
-        gateway = Gateway(
-            VerlServerBackend(hosted.server_manager),
-            load_renderer(hosted.renderer),
-            host=hosted.host,
-            port=hosted.port,
+        self._gateway = gateway = await start_gateway(
+            hosted.server_manager, hosted.renderer, host=hosted.host, port=hosted.port
         )
-        await gateway.start()
-        self._gateway = gateway
         return GatewayConfig(
             url=f"http://127.0.0.1:{gateway.port}",  # the engine is in this process
             admin_token=gateway.admin_token,
@@ -318,11 +314,8 @@ def _run_secret(folder: Path) -> str:
     results an earlier one's agents signed; made by the first engine of the run."""
     path = folder / "agentcore_run_secret"
     folder.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as f:
+    exclusive = os.O_WRONLY | os.O_CREAT | os.O_EXCL  # FileExistsError: an earlier engine's
+    with suppress(FileExistsError), os.fdopen(os.open(path, exclusive, 0o600), "w") as f:
         f.write(new_run_secret())
     return path.read_text().strip()
 
@@ -330,12 +323,6 @@ def _run_secret(folder: Path) -> str:
 def request_id(uid: str, session_id: int, step: int) -> str:
     """The same trajectory of the same prompt and step gets the same id, in any process."""
     return hashlib.sha256(f"{uid}/{session_id}/{step}".encode()).hexdigest()[:32]
-
-
-def _replica_count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{_WHERE}.gateway.replicas: an integer >= 1; got {value!r}")
-    return value
 
 
 def _known_keys(where: str, given: Iterable[str], known: Iterable[str]) -> None:
@@ -383,8 +370,7 @@ async def _call_service(
         return await _actors[path].rollout.remote(*args)
     if path not in _local_services:
         _local_services[path] = EngineService(path, hosted, limits, reissue)
-    service = _local_services[path]
-    return await service.rollout(*args)
+    return await _local_services[path].rollout(*args)
 
 
 class AgentCoreAgentLoop(AgentLoopBase):
@@ -407,7 +393,7 @@ class AgentCoreAgentLoop(AgentLoopBase):
                 host=gateway.get("host") or "127.0.0.1",
                 port=int(gateway.get("port") or 0),
                 public_url=public_url,
-                replicas=_replica_count(gateway.get("replicas", 1)),
+                replicas=gateway.get("replicas", 1),
             )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
@@ -419,22 +405,10 @@ class AgentCoreAgentLoop(AgentLoopBase):
             )
         uid, session_id = str(kwargs["uid"]), int(kwargs["session_id"])
         step = int(_jsonable(kwargs.get("global_steps", 0)) or 0)
-        request = RolloutRequest(
-            payload,
-            input_id=uid,
-            sample_index=session_id,
-            request_id=request_id(uid, session_id, step),
-        )
-        outcome, group_ok = await _call_service(
-            s.config_path,
-            self._hosted,
-            self._limits,
-            self._reissue,
-            request,
-            step,
-            self._policy,
-            s.timeout,
-        )
+        rid = request_id(uid, session_id, step)
+        request = RolloutRequest(payload, input_id=uid, sample_index=session_id, request_id=rid)
+        service = (s.config_path, self._hosted, self._limits, self._reissue)
+        outcome, group_ok = await _call_service(*service, request, step, self._policy, s.timeout)
         if not group_ok:
             raise GroupFailed(
                 f"group {request.input_id} (step {step}): fewer than min_group_ok="

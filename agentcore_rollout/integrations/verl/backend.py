@@ -22,6 +22,7 @@ from typing import Any
 
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 
+from ...gateway import Gateway, load_renderer
 from ...gateway.backends import Backend, BackendError, Completion, TurnRequest
 
 # veRL's sampling_params take the gateway's checked sampling fields by the same names, but these.
@@ -43,8 +44,7 @@ class VerlServerBackend(Backend):
     async def complete(self, request: TurnRequest) -> Completion:
         if request.prompt_ids is None:
             raise ValueError("the veRL backend needs rendered prompt ids")
-        refused = _UNSUPPORTED.intersection(request.sampling)
-        if refused:
+        if refused := _UNSUPPORTED.intersection(request.sampling):
             raise BackendError(f"veRL backend: unsupported sampling fields {sorted(refused)}", 400)
         if request.json_schema is not None or request.top_logprobs:
             what = "response_format" if request.json_schema is not None else "top_logprobs"
@@ -82,3 +82,11 @@ class VerlServerBackend(Backend):
             completion_tokens=len(ids),
             weight_version=None if version is None else str(version),
         )
+
+
+async def start_gateway(server_manager: Any, renderer: str, **options: Any) -> Gateway:
+    """The hosted gateway, started: sampling through `server_manager`, rendering with
+    `renderer` (a tokenizer directory or `module:attr`); `options` are the Gateway's."""
+    gateway = Gateway(VerlServerBackend(server_manager), load_renderer(renderer), **options)
+    await gateway.start()
+    return gateway

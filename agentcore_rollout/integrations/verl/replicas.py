@@ -51,18 +51,11 @@ class GatewayActor:
         self, server_manager: Any, renderer: str, host: str, port: int, admin_token: str
     ) -> str:
         """Serve a Gateway sampling through `server_manager`; return the URL it is reached at."""
-        from ...gateway import Gateway, load_renderer
-        from .backend import VerlServerBackend
+        from .backend import start_gateway
 
-        gateway = Gateway(
-            VerlServerBackend(server_manager),
-            load_renderer(renderer),
-            host=host,
-            port=port,
-            admin_token=admin_token,
+        self._gateway = gateway = await start_gateway(
+            server_manager, renderer, host=host, port=port, admin_token=admin_token
         )
-        await gateway.start()
-        self._gateway = gateway
         if host in _WILDCARDS:
             return f"http://{ray.util.get_node_ip_address()}:{gateway.port}"
         return gateway.url
@@ -103,17 +96,11 @@ class HostedGateways:
         actors = [actor_class.remote() for _ in range(count)]
         token = secrets.token_urlsafe(32)
         try:
-            urls = await asyncio.wait_for(
-                asyncio.gather(
-                    *(
-                        actor.start.remote(
-                            server_manager, renderer, host, port + i if port else 0, token
-                        )
-                        for i, actor in enumerate(actors)
-                    )
-                ),
-                START_TIMEOUT,
-            )
+            starts = [
+                actor.start.remote(server_manager, renderer, host, port + i if port else 0, token)
+                for i, actor in enumerate(actors)
+            ]
+            urls = await asyncio.wait_for(asyncio.gather(*starts), START_TIMEOUT)
         except BaseException:
             for actor in actors:
                 ray.kill(actor)
