@@ -255,13 +255,12 @@ class RolloutEngine:
             if held is not None and url is not None:
                 await self._runner.drop_gateway_session(request.request_id, url, held.session_id)
             return None
-        earlier = None  # stored: its gateway session is found again by request id
-        if not stored and held is not None:
-            wait = self.config.limits.rollout_timeout if timeout is None else timeout
-            sid = session_id(self.config.exp_id, step, request.request_id)
-            earlier = RolloutStart(
-                request, step, sid, None, time.time() + wait, held.session_id, url, self._first
-            )
+        # Stored: nothing to wait for (a deadline of now); else its session runs: wait for it.
+        wait = self.config.limits.rollout_timeout if timeout is None else timeout
+        sid = session_id(self.config.exp_id, step, request.request_id)
+        held_id = held.session_id if held is not None else None
+        deadline = time.time() + (0.0 if stored else wait)
+        earlier = RolloutStart(request, step, sid, None, deadline, held_id, url, self._first)
         job = self._job(request, step, timeout, None, None, checked_step=False)
         job.resuming, job.earlier = True, earlier
         return self._run(job)
@@ -310,8 +309,9 @@ class RolloutEngine:
         task = asyncio.create_task(self._runner.run(job))
         self._requests[task] = job
         task.add_done_callback(self._requests.__delitem__)
-        cancelled = asyncio.CancelledError()
-        return RolloutHandle(task, job.request, lambda: self._runner.unresolved(job, cancelled))
+        return RolloutHandle(
+            task, job.request, lambda: self._runner.unresolved(job, asyncio.CancelledError())
+        )
 
     async def stream(
         self,
