@@ -35,8 +35,9 @@ class RolloutCost:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reused_prompt_tokens: int | None = None
-    """Of `prompt_tokens`, those each turn took from the session's earlier turns (the gateway
-    did not re-encode them; a backend's prefix cache holds them)."""
+    """Of `prompt_tokens`, those each turn took from earlier renders: the session's earlier
+    turns, or the system prompt and tools another session sent first (the gateway did not
+    re-encode them; a backend's prefix cache, shared across requests, holds them)."""
     sandbox_usd: float = 0.0
     token_usd: float | None = None
     rollouts: int = 1

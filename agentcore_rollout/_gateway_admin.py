@@ -17,15 +17,15 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
       "created": unix s, "finished": unix s,
       "num_turns": int, "num_samples": int,
       "usage": {"prompt_tokens": int, "completion_tokens": int,   # over the turns
-                "reused_prompt_tokens": int},   # of prompt_tokens, taken from earlier turns
+                "reused_prompt_tokens": int},   # of prompt_tokens, taken from earlier renders
       "limits": {"max_turns", "max_context", "rejected_turns", "context_limited_turns"},
       "in_flight_at_finish": int,     # turns still running when finished (not recorded)
       "truncated": bool, "ill_formed": bool,   # any turn
-      "render": {"incremental": int, "fallback": int, "full": int},   # turns by render kind
+      "render": {"incremental": int, "shared": int, "fallback": int, "full": int},  # by kind
       "turns": [{"index", "rid", "sample" (int | null), "prompt_tokens", "completion_tokens",
                  "finish_reason" ("stop" | "length" | "tool_calls"), "truncated",
                  "context_limited", "ill_formed", "error", "weight_version", "latency_s",
-                 "render" ("incremental" | "fallback" | "full" | null: no renderer),
+                 "render" ("incremental" | "shared" | "fallback" | "full" | null: none),
                  "reused_prompt_tokens": int,     # prompt ids not re-encoded this turn
                  "version_runs": [[str | null, int]] | null,   # per output token (runs)
                  "min_weight_version", "max_weight_version",  # over its tokens
@@ -43,7 +43,10 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
 
 `response_ids`, `loss_mask` and `logprobs` have the same length. Turns merge into one sample
 when a prompt extends an earlier sample's prompt + response exactly (see `trajectory`); the
-render kinds are the gateway's (see `gateway.pipeline`), and give the same ids.
+render kinds are the gateway's (see `gateway.pipeline`), and give the same ids: `incremental`
+reused the ids of the session's earlier render, `shared` those of another session's render of
+the same start (the system prompt and tools a batch shares), `fallback` and `full` reused none.
+`reused_prompt_tokens` counts the ids reused either way (a prefix cache's hits, for `_cost`).
 """
 
 from __future__ import annotations
@@ -158,7 +161,8 @@ class GatewayAdmin:
 
     async def stats(self) -> dict[str, Any]:
         """The gateway's counters: {"sessions": live, "turns": rendered since start,
-        "render": {"incremental", "fallback", "full"}, "prompt_tokens": {"reused", "encoded"},
+        "render": {"incremental", "shared", "fallback", "full"},
+        "prompt_tokens": {"reused", "encoded"},
         "ignored_fields": {field name: turns that sent it with no effect}}."""
         return await self._call("GET", "/admin/stats")
 

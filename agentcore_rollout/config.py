@@ -335,8 +335,9 @@ class CostConfig(Section):
     reused_usd_per_mtok: float | None = Field(
         default=None,
         ge=0,
-        description="per million prompt tokens the gateway reused from the session's earlier "
-        "turns (a prefix cache's hits); None: the prompt price",
+        description="per million prompt tokens the gateway reused from earlier renders (the "
+        "session's earlier turns, or the system prompt and tools another session sent: a prefix "
+        "cache's hits); None: the prompt price",
     )
 
     @property

@@ -31,12 +31,21 @@ aiohttp. Three parts:
    2-core machine the client and the backend share the cores with the gateways, so a second
    replica buys what the first left idle, not a second core's worth.
 
+6. `shared_prefix`: the gateway's CPU for a Claude-Code-sized first turn (the captured Claude
+   Code request's system prompt and 24 tools, about 47,000 prompt tokens with the fixture
+   tokenizer, and a task of its own), sent to /v1/messages one session at a time against the
+   instant backend: `cold`, each session's system prompt made unique, so nothing is shared;
+   `warm`, the same system prompt another session rendered before (`SharedPrefixes`). Each
+   trace's prompt is checked to equal a full render, and `render_ms` times the parts in this
+   process (template text, full encode, a render reusing the prefix). Target: warm <= 10 ms.
+
 The client encodes and parses JSON with orjson on every arm, so that its own CPU, which competes
 with the servers for the same cores, stays small. Arms alternate in rounds to cancel drift.
 Absolute numbers are a 2-core machine's, shared with
 this client; the point is the gateway's share.
 
     python bench/gateway.py [--sessions 1 16 64] [--turns 8] [--rounds 2] [--replicas-only]
+                            [--prefix-only]
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ SAMPLING = {"temperature": 1.0, "max_tokens": 8}
 MIN_TURNS = 256  # per arm and concurrency in part 3: enough for a p99 at 1 session too
 JSON = {"Content-Type": "application/json"}
 TOKENIZER_DIR = ROOT / "tests" / "fixtures" / "tokenizer"
+CLAUDE_CODE = ROOT / "tests" / "fixtures" / "clients" / "claude-code-2.1.197.json"
+PREFIX_TARGET_MS = 10.0
 CHAR_RENDERER = "agentcore_rollout.local.policy.render:CharRenderer"
 TOOLS = [
     {
@@ -627,6 +638,179 @@ async def replicas_part(
     }
 
 
+def claude_code_first_turn(task: str, mark: str = "") -> dict[str, Any]:
+    """A Claude Code first turn: the captured request's system prompt (its first block prefixed
+    with `mark`, to make it unique) and 24 tools, then `task`."""
+    body = json.loads(CLAUDE_CODE.read_text())["body"]
+    system = [dict(block) for block in body["system"]]
+    system[0]["text"] = mark + system[0]["text"]
+    return {
+        "model": "policy",
+        "max_tokens": SAMPLING["max_tokens"],
+        "system": system,
+        "tools": body["tools"],
+        "messages": [{"role": "user", "content": task}],
+    }
+
+
+def as_chat(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
+    """A Messages body as the gateway renders it."""
+    from agentcore_rollout.gateway.messages import MessagesDialect
+    from agentcore_rollout.gateway.sessions import Session
+    from agentcore_rollout.gateway.turns import Ignored
+
+    turn = MessagesDialect().convert(body, Session("s", "r", {}, None, None), Ignored())
+    return turn.messages, turn.tools
+
+
+def render_ms(renderer: HFRenderer, repeat: int = 20) -> dict[str, float]:
+    """In this process: the template's text, the full encode, and a render reusing the prefix
+    another render left in a store, for the Claude Code first turn (CPU ms, the median)."""
+    from agentcore_rollout.gateway.prefixes import SharedPrefixes
+    from agentcore_rollout.gateway.render import normalize_messages
+
+    messages, tools = as_chat(claude_code_first_turn("Fix the failing test."))
+    normalized = normalize_messages(messages)
+    text = renderer.render_text(normalized, tools)
+    shared = SharedPrefixes()
+    renderer.render_from(messages, tools, [], shared)
+    other, _ = as_chat(claude_code_first_turn("Add a README section."))
+
+    def median(run: Callable[[], Any]) -> float:
+        times = []  # CPU, not wall: the machine's other processes take turns on the cores
+        for _ in range(repeat):
+            t0 = time.process_time()
+            run()
+            times.append((time.process_time() - t0) * 1000)
+        return round(float(np.median(times)), 3)
+
+    return {
+        "template_text": median(lambda: renderer.render_text(normalized, tools)),
+        "full_encode": median(lambda: renderer.encode(text)),
+        "render_reusing_prefix": median(lambda: renderer.render_from(other, tools, [], shared)),
+    }
+
+
+async def prefix_turns(
+    http: aiohttp.ClientSession, gateway: ServiceProcess, admin: GatewayAdmin, bodies: list[Any]
+) -> tuple[float, list[float], list[dict[str, Any]]]:
+    """Send each first turn in its own session, one at a time: the gateway's CPU seconds over
+    the turns, each turn's latency (ms), and the traces."""
+    assert gateway.pid is not None
+    created = [await admin.create_session(f"p-{i}", sampling=SAMPLING) for i in range(len(bodies))]
+    latencies = []
+    before = cpu_seconds(gateway.pid)
+    for session, body in zip(created, bodies, strict=True):
+        headers = {**JSON, "x-api-key": session.api_key}
+        t0 = time.perf_counter()
+        async with http.post(f"{gateway.url}/v1/messages", data=body, headers=headers) as r:
+            data = orjson.loads(await r.read())
+        latencies.append((time.perf_counter() - t0) * 1000)
+        assert r.status == 200, data
+    used = cpu_seconds(gateway.pid) - before
+    traces = [await admin.finish_session(s.session_id) for s in created]
+    return used, latencies, traces
+
+
+async def shared_prefix_part(sessions: int = 32, rounds: int = 3) -> dict[str, Any]:
+    """Part 6: the gateway's CPU for a Claude Code first turn, cold and with the prefix rendered
+    by another session, in alternating rounds; every trace's prompt checked against a full
+    render."""
+    token = secrets.token_urlsafe(32)
+    backend = ServiceProcess(
+        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
+    )
+    backend.start()
+    gateway: ServiceProcess | None = None
+    renderer = HFRenderer.from_pretrained(TOKENIZER_DIR)
+    used = {"cold": 0.0, "warm": 0.0}
+    latency: dict[str, list[float]] = {"cold": [], "warm": []}
+    reused: list[int] = []
+    prompt_tokens = 0
+    try:
+        gateway = start_gateway(backend.url, str(TOKENIZER_DIR), token)
+        async with aiohttp.ClientSession() as http, GatewayAdmin(gateway.url, token) as admin:
+            for round_ in range(rounds + 1):  # round 0 warms up, and renders the shared prefix
+                for arm in ("cold", "warm"):
+                    bodies = [
+                        claude_code_first_turn(
+                            f"Task {round_}-{i}: fix the failing test in module_{i}.py.",
+                            mark=f"[{arm} {round_}-{i}] " if arm == "cold" else "",
+                        )
+                        for i in range(sessions)
+                    ]
+                    wire = [orjson.dumps(b) for b in bodies]
+                    if arm == "warm":  # the cold arm's renders may have pushed it out: primed
+                        primer = claude_code_first_turn("Say hello.")
+                        await prefix_turns(http, gateway, admin, [orjson.dumps(primer)])
+                    cpu, took, traces = await prefix_turns(http, gateway, admin, wire)
+                    kinds = {t["turns"][0]["render"] for t in traces}
+                    assert kinds == ({"full"} if arm == "cold" else {"shared"}), kinds
+                    for body, trace in zip(bodies, traces, strict=True):  # traces unchanged
+                        assert trace["samples"][0]["prompt_ids"] == renderer.render(*as_chat(body))
+                    if round_:
+                        used[arm] += cpu
+                        latency[arm] += took
+                        if arm == "warm":
+                            reused += [t["turns"][0]["reused_prompt_tokens"] for t in traces]
+                        prompt_tokens = traces[0]["turns"][0]["prompt_tokens"]
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        backend.stop()
+    turns = sessions * rounds
+    cpu_ms = {arm: round(v * 1000 / turns, 3) for arm, v in used.items()}
+    return {
+        "setup": f"a Claude Code first turn (the captured request's system prompt and 24 tools, "
+        f"a task of its own) to /v1/messages, {sessions} sessions one at a time per arm, "
+        f"{rounds} alternating rounds after a warm-up; HF renderer (tests/fixtures/tokenizer), "
+        "instant backend; gateway utime+stime over the turns; cold: each system prompt made "
+        "unique; warm: the system prompt another session rendered first; every trace's turn "
+        "kind checked (full / shared) and its prompt ids against a full render",
+        "prompt_tokens": prompt_tokens,
+        "reused_prompt_tokens": int(np.median(reused)),
+        "cpu_ms_per_first_turn": cpu_ms,
+        "speedup": round(cpu_ms["cold"] / cpu_ms["warm"], 2),
+        "latency_ms": {arm: pct(v) for arm, v in latency.items()},
+        "target_ms": PREFIX_TARGET_MS,
+        "met": cpu_ms["warm"] <= PREFIX_TARGET_MS,
+        "render_ms": render_ms(renderer),
+    }
+
+
+def plot_prefix(figures: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    cpu = figures["cpu_ms_per_first_turn"]
+    labels = ["cold (nothing shared)", "warm (prefix rendered)"]
+    bars = left.bar(labels, [cpu["cold"], cpu["warm"]], 0.5, color=["tab:grey", "tab:green"])
+    left.bar_label(bars, fmt="%.1f ms")
+    left.axhline(
+        PREFIX_TARGET_MS, color="tab:red", linestyle="--", linewidth=1, label="target 10 ms"
+    )
+    left.set(ylabel="gateway CPU ms per first turn", title="gateway CPU, Claude Code first turn")
+    left.set_ylim(top=1.12 * cpu["cold"])
+    left.legend(fontsize=8)
+    parts = figures["render_ms"]
+    names = ["template text", "full encode", "render reusing prefix"]
+    bars = right.bar(names, list(parts.values()), 0.5, color="tab:blue")
+    right.bar_label(bars, fmt="%.2f")
+    right.set(ylabel="CPU ms (median, in process)", title="where a first turn's render goes")
+    right.tick_params(axis="x", labelsize=8)
+    tokens = figures["prompt_tokens"]
+    fig.suptitle(
+        f"A shared prefix rendered once: {tokens} prompt tokens, "
+        f"{figures['reused_prompt_tokens']} reused from another session",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def plot_replicas(figures: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -662,6 +846,7 @@ async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
     cpu = instant["cpu"]
     dialects = await dialect_part(turns, cpu_sessions, max(rounds, 3))
     replicas = await replicas_part([1, 2], 64, turns, max(rounds, 3))
+    shared_prefix = await shared_prefix_part(rounds=max(rounds, 3))
     return {
         "setup": "policy server and gateway in separate processes on 127.0.0.1, aiohttp client, "
         f"{turns} turns per session, {rounds} alternating rounds, max_tokens 8",
@@ -683,6 +868,7 @@ async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
         },
         "dialects": dialects,
         "replicas": replicas,
+        "shared_prefix": shared_prefix,
     }
 
 
@@ -789,6 +975,12 @@ def main() -> None:
         action="store_true",
         help="only part 5: turns/s with 1 and 2 replicas (gateway_replicas.json and .png)",
     )
+    parser.add_argument(
+        "--prefix-only",
+        action="store_true",
+        help="only part 6: a first turn's CPU with and without a shared prefix "
+        "(key shared_prefix of gateway.json, gateway_prefix.png)",
+    )
     args = parser.parse_args()
     if args.serve_instant:  # the instant backend's own process
         serve_instant()
@@ -803,7 +995,16 @@ def main() -> None:
         (args.out / "gateway_replicas.json").write_text(json.dumps(replicas, indent=2) + "\n")
         print(json.dumps(replicas, indent=2))
         return
+    if args.prefix_only:
+        prefix = asyncio.run(shared_prefix_part(rounds=max(args.rounds, 3)))
+        plot_prefix(prefix, args.out / "gateway_prefix.png")
+        path = args.out / "gateway.json"
+        figures = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps(figures | {"shared_prefix": prefix}, indent=2) + "\n")
+        print(json.dumps(prefix, indent=2))
+        return
     figures = asyncio.run(run(args.sessions, args.turns, args.rounds))
+    plot_prefix(figures["shared_prefix"], args.out / "gateway_prefix.png")
     plot_replicas(figures["replicas"], args.out / "gateway_replicas.png")
     plot(figures, args.out / "gateway.png")
     (args.out / "gateway.json").write_text(json.dumps(figures, indent=2) + "\n")

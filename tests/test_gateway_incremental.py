@@ -82,11 +82,11 @@ async def test_char_policy_conversations_render_incrementally_and_exactly() -> N
         for turn, messages in zip(turns, sent[trace["request_id"]], strict=True):
             assert by_rid[turn["rid"]]["input_ids"] == full.render(messages, None)
         assert [t["render"] for t in turns] == ["full", "incremental", "incremental"]
-        assert trace["render"] == {"incremental": 2, "fallback": 0, "full": 1}
+        assert trace["render"] == {"incremental": 2, "shared": 0, "fallback": 0, "full": 1}
         assert all(t["reused_prompt_tokens"] > 0 for t in turns[1:])
         total = sum(t["reused_prompt_tokens"] for t in turns)  # the trace's total, for cost
         assert trace["usage"]["reused_prompt_tokens"] == total > 0
-    assert stats["render"] == {"incremental": 12, "fallback": 0, "full": 6}
+    assert stats["render"] == {"incremental": 12, "shared": 0, "fallback": 0, "full": 6}
     assert stats["turns"] == 18 and stats["sessions"] == 0
     reused = sum(t["reused_prompt_tokens"] for tr in traces for t in tr["turns"])
     assert stats["prompt_tokens"]["reused"] == reused
@@ -137,7 +137,7 @@ async def test_hf_tool_calls_drift_and_fallbacks_are_exact_and_counted() -> None
             main.append({"role": "user", "content": "Go on."})
             await turn(main)  # 4 incremental: the edit is after the last anchor it reuses
             edited = [main[0], {"role": "user", "content": "What is 2 + 4?"}, *main[2:]]
-            await turn(edited)  # 5 fallback: an earlier message changed
+            await turn(edited)  # 5 shared: an earlier message changed; turn 0's start is kept
             await turn(main, OTHER_TOOLS)  # 6 fallback: other tools, another system header
             await turn([{"role": "user", "content": "Summarize: 2 + 3 = 5."}])  # 7 fallback
             await turn([*main, {"role": "assistant", "content": "Ok."}, main[-1]])  # 8 main again
@@ -150,8 +150,8 @@ async def test_hf_tool_calls_drift_and_fallbacks_are_exact_and_counted() -> None
     for call_, (messages, tools) in zip(worker.calls, sent, strict=True):
         assert call_["input_ids"] == renderer.render(messages, tools)
     kinds = [t["render"] for t in trace["turns"]]
-    assert kinds == ["full", *["incremental"] * 4, *["fallback"] * 3, "incremental"]
-    assert trace["render"] == {"incremental": 5, "fallback": 3, "full": 1}
+    assert kinds == ["full", *["incremental"] * 4, "shared", "fallback", "fallback", "incremental"]
+    assert trace["render"] == {"incremental": 5, "shared": 1, "fallback": 2, "full": 1}
     assert stats["render"] == trace["render"]
     # Exact ids change nothing about merging: the drifted and the edited replies end samples.
     assert [s["turns"] for s in trace["samples"]][:2] == [[0, 1, 2], [3]]
@@ -211,7 +211,7 @@ async def test_stats_need_the_admin_token() -> None:
         assert await admin.stats() == {
             "sessions": 0,
             "turns": 0,
-            "render": {"incremental": 0, "fallback": 0, "full": 0},
+            "render": {"incremental": 0, "shared": 0, "fallback": 0, "full": 0},
             "prompt_tokens": {"reused": 0, "encoded": 0},
             "ignored_fields": {},
         }

@@ -8,9 +8,14 @@ turn gets an empty answer with finish_reason `length` (unrecorded; the trace cou
 max_tokens capped to what fits.
 
 Each render is counted as one of `trajectory.RENDER_KINDS` (incremental when the renderer can:
-`render.IncrementalRenderer`), in the trace's turns and in /admin/stats. The backend call is not
-streamed: the whole turn is needed to parse tool calls and to record it atomically. A generation
-the backend aborts for a weight update is resumed (`resume`): the agent gets one answer.
+`render.IncrementalRenderer`), in the trace's turns and in /admin/stats: `incremental` reused
+the session's own earlier render, `shared` reused another session's (the system prompt and
+tools a batch shares: `prefixes.SharedPrefixes`, one store per gateway), `fallback` and `full`
+encoded it all. A turn's `reused_prompt_tokens` counts the ids taken either way.
+
+The backend call is not streamed: the whole turn is needed to parse tool calls and to record it
+atomically. A generation the backend aborts for a weight update is resumed (`resume`): the
+agent gets one answer.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .backends import Backend, Completion
-from .render import IncrementalRenderer, Parsed, Renderer, TextRenderer
+from .prefixes import SharedPrefixes
+from .render import IncrementalRenderer, Parsed, Rendered, Renderer, TextRenderer
 from .resume import ResumePolicy, complete
 from .sessions import Session
 from .trajectory import RENDER_KINDS, Turn
@@ -41,6 +47,7 @@ class TurnPipeline:
         self.resume = resume
         # An isinstance check against a Protocol is slow: decided once, not per turn.
         self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
+        self.prefixes = SharedPrefixes()  # full encodes any session's first turn may reuse
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
         self.ignored_fields: Counter[str] = Counter()  # per field name, the turns that sent it
@@ -96,9 +103,11 @@ class TurnPipeline:
         if self._incremental is None:
             ids, render, reused = self.renderer.render(messages, tools), "full", 0
         else:
-            rendered = self._incremental.render_from(messages, tools, session.render_states)
+            rendered = self._incremental.render_from(
+                messages, tools, session.render_states, self.prefixes
+            )
             ids, reused = rendered.ids, rendered.reused
-            render = "incremental" if reused else "fallback" if session.render_states else "full"
+            render = _render_kind(rendered, bool(session.render_states))
             session.remember_render(rendered)
         self.render_counts[render] += 1
         self.prompt_tokens["reused"] += reused
@@ -188,6 +197,12 @@ class TurnPipeline:
             {**entry(text(t), lp), "top_logprobs": [entry(text(i), x) for i, x in alt]}
             for t, lp, alt in pairs
         ]
+
+
+def _render_kind(rendered: Rendered, had_states: bool) -> str:
+    if rendered.reused:
+        return "shared" if rendered.shared else "incremental"
+    return "fallback" if had_states else "full"
 
 
 def _broken_rule(parsed: Parsed, choice: ToolChoice, parallel: bool) -> str | None:

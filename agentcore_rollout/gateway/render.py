@@ -38,9 +38,13 @@ the new text repeats. Exactness, i.e. the same ids as `render`, rests on two che
     for which that provably holds are anchors (no lstrip / single_word / normalization, no other
     added token overlapping one), and the HF renderer also checks it on a probe conversation.
 
-Cuts are kept only in the part a render encoded (its last few anchors), so a turn reuses an
-earlier render when it continues that conversation; an edit further back, other tools or another
-conversation are a full encode (`Rendered.reused == 0`), which the gateway counts as a fallback.
+A session's states keep cuts only in the part a render encoded (its last few anchors), so a turn
+reuses an earlier render when it continues that conversation. Across sessions, `render_from`
+also takes a `prefixes.SharedPrefixes` store of recent full encodes with a cut at every anchor:
+a turn that extends none of its session's renders (a first turn, a sub-agent) reuses the
+longest of those it repeats up to a cut, e.g. the system prompt and tools every session of a
+batch sends (`Rendered.shared`); the same two checks make it exact. Anything else is a full
+encode (`Rendered.reused == 0`), which the gateway counts as a fallback.
 The ids the earlier turn *sampled* are never spliced in: they may differ from what re-tokenizing
 the assistant's text gives, and the prompt must be what a full render gives; the trajectory's
 exact prefix test then decides whether the turn extends the earlier sample.
@@ -56,9 +60,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .parsers import HERMES, Family, Parsed, detect_family, family
+
+if TYPE_CHECKING:
+    from .prefixes import SharedPrefixes
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +109,15 @@ class RenderState:
 @dataclass(frozen=True, slots=True)
 class Rendered:
     """A prompt from `render_from`: its ids (equal to `render`'s), how many of them were reused
-    (0: fully encoded), the earlier state they were reused from, and the state to pass to the
-    next turn (None when the text has no anchor)."""
+    (0: fully encoded), the earlier state they were reused from, the state to pass to the
+    next turn (None when the text has no anchor), and whether that earlier state came from the
+    shared store (a full encode kept for every session) rather than the session's own states."""
 
     ids: list[int]
     reused: int
     base: RenderState | None
     state: RenderState | None
+    shared: bool = False
 
 
 @runtime_checkable
@@ -116,10 +125,15 @@ class IncrementalRenderer(Renderer, Protocol):
     """A renderer that can reuse the tokens of earlier renders of the same session."""
 
     def render_from(
-        self, messages: Messages, tools: Tools, earlier: Sequence[RenderState]
+        self,
+        messages: Messages,
+        tools: Tools,
+        earlier: Sequence[RenderState],
+        shared: SharedPrefixes | None = None,
     ) -> Rendered:
         """`render(messages, tools)`, token for token, reusing as many ids as one of the
-        `earlier` renders of the session allows. Raises as `render` does."""
+        `earlier` renders of the session allows, else one of `shared`'s (which a full encode
+        joins). Raises as `render` does."""
         ...
 
 
@@ -237,48 +251,77 @@ class AnchoredRenderer(TextRenderer):
         return self.encode(self.render_text(normalize_messages(messages), tools))
 
     def render_from(
-        self, messages: Messages, tools: Tools, earlier: Sequence[RenderState]
+        self,
+        messages: Messages,
+        tools: Tools,
+        earlier: Sequence[RenderState],
+        shared: SharedPrefixes | None = None,
     ) -> Rendered:
         text = self.render_text(normalize_messages(messages), tools)
-        best: tuple[int, int, RenderState] | None = None  # the longest reuse (n, offset, state)
-        for state in earlier:
+        best = self._best(text, earlier)
+        from_shared = False
+        if best is None and shared is not None:
+            best = self._best(text, shared.states())
+            if best is not None:
+                shared.used(best[2])
+                from_shared = True
+        if best is None:
+            ids = self.encode(text)
+            cuts = self._cuts(text, ids, 0, 0)
+            if shared is not None and cuts:
+                shared.add(RenderState(text, ids, cuts))  # every cut: any prefix may be shared
+            return Rendered(ids, 0, None, self._state(text, ids, cuts))
+        n, offset, base = best
+        ids = base.ids[:n] + self.encode(text[offset:])
+        state = self._state(text, ids, self._cuts(text, ids, offset, n))
+        return Rendered(ids, n, base, state, from_shared)
+
+    def _best(
+        self, text: str, states: Sequence[RenderState]
+    ) -> tuple[int, int, RenderState] | None:
+        """The longest reuse `states` allow for `text`: (ids reused, offset, state)."""
+        best: tuple[int, int, RenderState] | None = None
+        for state in states:
             cut = self._cut(text, state)
             if cut is not None and (best is None or cut[1] > best[0]):
                 best = (cut[1], cut[0], state)
-        if best is None:
-            ids = self.encode(text)
-            return Rendered(ids, 0, None, self._state(text, ids, 0, 0))
-        n, offset, base = best
-        ids = base.ids[:n] + self.encode(text[offset:])
-        return Rendered(ids, n, base, self._state(text, ids, offset, n))
+        return best
 
     def _cut(self, text: str, state: RenderState) -> tuple[int, int] | None:
         """The last of `state`'s cuts up to which `text` equals `state.text` and at which an
         anchor starts in `text`; None if there is none. Compares each stretch of text once."""
+        anchor = self._anchor_re
+        if anchor is None or not self._anchors:
+            return None
         found = None
         done = 0
         for offset, n in state.cuts:
             if text[done:offset] != state.text[done:offset]:
                 break
             done = offset
-            if any(text.startswith(anchor, offset) for anchor in self._anchors):
+            if anchor.match(text, offset):
                 found = (offset, n)
         return found
 
-    def _state(self, text: str, ids: list[int], offset: int, n: int) -> RenderState | None:
-        """The state of a render whose text from `offset` was encoded into `ids[n:]`. Each
+    def _cuts(self, text: str, ids: list[int], offset: int, n: int) -> tuple[tuple[int, int], ...]:
+        """The cuts of a render whose text from `offset` was encoded into `ids[n:]`. Each
         occurrence of an anchor string there is exactly one anchor token (the anchor rules), so
         the k-th anchor occurrence in that text is the k-th anchor id in those ids."""
         if self._anchor_re is None or not self._anchors:
-            return None
+            return ()
         found = [(m.start(), m.group()) for m in self._anchor_re.finditer(text, offset)]
         anchor_ids = self._anchor_ids
         at = [i for i in range(n, len(ids)) if ids[i] in anchor_ids]
         if len(at) != len(found) or any(
             ids[i] != self._anchors[a] for i, (_, a) in zip(at, found, strict=True)
         ):
-            return None  # not for a sound anchor set: no reuse rather than a wrong one
-        cuts = tuple((o, i) for i, (o, _) in zip(at, found, strict=True) if i)  # i: reuse some
+            return ()  # not for a sound anchor set: no reuse rather than a wrong one
+        return tuple((o, i) for i, (o, _) in zip(at, found, strict=True) if i)  # i: reuse some
+
+    def _state(
+        self, text: str, ids: list[int], cuts: tuple[tuple[int, int], ...]
+    ) -> RenderState | None:
+        """The state a session keeps: its last `max_cuts` cuts."""
         return RenderState(text, ids, cuts[-self.max_cuts :]) if cuts else None
 
     def check_incremental(self, conversation: Messages, tools: Tools = None) -> bool:

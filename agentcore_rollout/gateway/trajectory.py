@@ -60,9 +60,10 @@ def version_bounds(runs: VersionRuns) -> dict[str, str | None]:
     return {"min_weight_version": low, "max_weight_version": high}
 
 
-# How a turn's prompt was rendered: reusing an earlier render's ids, fully although the session
-# had earlier renders (none of which it extends), or fully with nothing to extend.
-RENDER_KINDS = ("incremental", "fallback", "full")
+# How a turn's prompt was rendered: reusing an earlier render's ids of the session, or of
+# another session (a shared system prompt and tools), fully although the session had earlier
+# renders (none of which it extends), or fully with nothing to extend.
+RENDER_KINDS = ("incremental", "shared", "fallback", "full")
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Turn:
     completion_tokens: int | None = None
     sample: int | None = None  # index of the sample this turn went into
     render: str | None = None  # one of RENDER_KINDS; None without a renderer (pass-through)
-    reused_prompt_tokens: int = 0  # prompt ids taken from an earlier render, not re-encoded
+    reused_prompt_tokens: int = 0  # prompt ids taken from an earlier render (shared too)
     version_runs: VersionRuns | None = None  # per output token, the version that sampled it
     resumed: int = 0  # times the gateway continued it after the backend aborted it
     ignored: list[str] = field(default_factory=list)  # request fields accepted with no effect

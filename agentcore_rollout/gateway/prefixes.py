@@ -1,0 +1,72 @@
+"""SharedPrefixes: the renders one session's prompts may reuse from another's.
+
+Every session of a batch sends the same system prompt and tools (Claude Code: 24 tools and a long
+system prompt, about 50,000 tokens) before its own task, so without sharing the gateway encodes
+that prefix once per session, and a session's first turn costs tens of milliseconds of CPU. The
+store keeps the states of recent full encodes, each with a cut at every anchor of its text (a
+session's own states keep only their last few): a first turn, or one that extends none of its
+session's renders (a sub-agent, a compacted history), reuses the ids of the longest text it
+repeats up to a cut, and encodes only the rest.
+
+Exactness is `render.AnchoredRenderer`'s, unchanged: reuse needs the new text to equal the stored
+one up to a cut where an anchor starts in both, and at an anchor a text's ids are the ids of its
+two halves, whichever render produced the first half. Which session rendered it does not enter.
+
+Bounded by entries and by tokens, least recently used first out; a state too big for the token
+bound is not kept. Renders run in a thread pool, so every access holds a lock; states are
+immutable (their ids are never mutated), so a snapshot of the list is safe to read unlocked.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .render import RenderState
+
+MAX_ENTRIES = 32
+MAX_TOKENS = 500_000  # about 10 Claude Code first turns; at most some tens of MB with their text
+
+
+class SharedPrefixes:
+    """A bounded, thread-safe LRU of full renders' states, newest first."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES, max_tokens: int = MAX_TOKENS) -> None:
+        if max_entries < 1 or max_tokens < 1:
+            raise ValueError("max_entries and max_tokens must be positive")
+        self.max_entries = max_entries
+        self.max_tokens = max_tokens
+        self._states: list[RenderState] = []
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    @property
+    def tokens(self) -> int:
+        """The ids held, over all entries (what the token bound limits)."""
+        return self._tokens
+
+    def states(self) -> list[RenderState]:
+        """A snapshot, most recently used first."""
+        with self._lock:
+            return list(self._states)
+
+    def add(self, state: RenderState) -> None:
+        """Keep `state` as the most recently used; evict the least recently used past the
+        bounds. A state bigger than the token bound is not kept."""
+        if len(state.ids) > self.max_tokens:
+            return
+        with self._lock:
+            self._states.insert(0, state)
+            self._tokens += len(state.ids)
+            while len(self._states) > self.max_entries or self._tokens > self.max_tokens:
+                self._tokens -= len(self._states.pop().ids)
+
+    def used(self, state: RenderState) -> None:
+        """Mark `state` most recently used (if it is still held)."""
+        with self._lock:
+            for i, held in enumerate(self._states):
+                if held is state:
+                    self._states.insert(0, self._states.pop(i))
+                    return
