@@ -1,9 +1,9 @@
 """GatewayAdmin: the engine's client for the gateway's admin API (one session per rollout).
 
-    async with GatewayAdmin(gateway_url, admin_token) as admin:
+    async with GatewayAdmin(admin_url, admin_token) as admin:   # the gateway's admin listener
         s = await admin.create_session(request_id, sampling={"temperature": 1.0},
                                        max_context=8192, max_turns=20)
-        # _rollout.llm = {"base_url": f"{gateway_url}/v1", "api_key": s.api_key, ...}
+        # _rollout.llm = {"base_url": f"{s.url}/v1", "api_key": s.api_key, ...}
         ...dispatch, wait for the result...
         trace = await admin.finish_session(s.session_id)   # attach to the outcome
         # or, when the request failed: usage = await admin.drop_session(s.session_id)
@@ -68,15 +68,19 @@ class GatewayError(Exception):
 
 @dataclass(frozen=True)
 class GatewaySession:
-    """A created session. The key is secret: pass it to the agent, never log it."""
+    """A created session. The key is secret: pass it to the agent, never log it. `url` is the
+    gateway's agents' API as the gateway knows it (its own listener's address): what agents call
+    unless the config names another (`public_url`)."""
 
     session_id: str
     api_key: str
     model: str = ""
+    url: str = ""
 
     def __repr__(self) -> str:
         return (
-            f"GatewaySession(session_id={self.session_id!r}, api_key='***', model={self.model!r})"
+            f"GatewaySession(session_id={self.session_id!r}, api_key='***', model={self.model!r}"
+            f", url={self.url!r})"
         )
 
 
@@ -93,6 +97,7 @@ class GatewayAdmin:
     """Async client for the admin routes; one pooled HTTP session, `async with` or `close()`."""
 
     def __init__(self, url: str, admin_token: str, *, timeout: float = 60.0) -> None:
+        """`url`: the gateway's admin listener (`Gateway.admin_url`), not the agents' one."""
         self.url = url.rstrip("/")
         self._token = admin_token
         # A replica that is down answers nothing: the engine moves on after 5 s, not `timeout`.
@@ -129,7 +134,9 @@ class GatewayAdmin:
             "max_turns": max_turns,
         }
         data = await self._call("POST", "/admin/sessions", body)
-        return GatewaySession(data["session_id"], data["api_key"], data.get("model", ""))
+        return GatewaySession(
+            data["session_id"], data["api_key"], data.get("model", ""), data.get("url", "")
+        )
 
     async def finish_session(self, session_id: str) -> dict[str, Any]:
         """Close the session and return its trace (shape in the module docstring)."""

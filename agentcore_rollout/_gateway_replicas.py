@@ -46,10 +46,12 @@ class GatewayReplicas:
     def urls(self) -> list[str]:
         return list(self._replicas)
 
-    def agent_url(self, url: str) -> str:
-        """What agents of a session on replica `url` call."""
+    def agent_url(self, url: str, session: GatewaySession) -> str:
+        """What agents of `session`, on replica `url`, call: the replica's `public_url` if the
+        config gives one, else the agents' URL the replica answered with."""
         replica = self._replicas.get(url)
-        return replica.agent_url if replica is not None else url
+        public = replica.public_url if replica is not None else None
+        return (public or session.url or url).rstrip("/")
 
     async def open(self, request_id: str, **settings: Any) -> tuple[str, GatewaySession]:
         """A new session on the least-loaded replica that answers: (its URL, the session).

@@ -364,8 +364,9 @@ class RequestRunner:
         cfg, llm, request = self._cfg, self._cfg.llm, job.request
         if gateway_session is not None:  # agents call their session's replica with its key
             assert self._gateway is not None and job.gateway_url is not None
+            agents = self._gateway.agent_url(job.gateway_url, gateway_session)
             llm = LLMSettings(
-                base_url=f"{self._gateway.agent_url(job.gateway_url).rstrip('/')}/v1",
+                base_url=f"{agents}/v1",
                 model=llm.model if llm else (gateway_session.model or "policy"),
                 api_key=gateway_session.api_key,
                 sampling=llm.sampling if llm else {},

@@ -119,15 +119,14 @@ class ServiceUrls(Section):
     )
 
 
+_PUBLIC_URL = "what agents call; default: the agents' URL the gateway reports (its own listener)"
+
+
 class GatewayReplica(Section):
     """One gateway process: where the engine reaches its admin API, and what agents call."""
 
     url: str = Field(description="where the engine reaches its admin API")
-    public_url: str | None = Field(default=None, description="what agents call; default url")
-
-    @property
-    def agent_url(self) -> str:
-        return self.public_url or self.url
+    public_url: str | None = Field(default=None, description=_PUBLIC_URL)
 
 
 class GatewayConfig(Section):
@@ -139,12 +138,13 @@ class GatewayConfig(Section):
     `dispatch.backoff_max` seconds; the sessions it held end `invalid_result` (trace lost)."""
 
     url: str | None = Field(
-        default=None, description="the one gateway's URL, where the engine reaches its admin API"
+        default=None,
+        description="the one gateway's admin listener, where the engine reaches its admin API",
     )
     admin_token: str = Field(
         repr=False, description="token of the admin API; every replica shares it"
     )
-    public_url: str | None = Field(default=None, description="what agents call; default url")
+    public_url: str | None = Field(default=None, description=_PUBLIC_URL)
     replicas: list[GatewayReplica] = Field(
         default_factory=list, description="several gateway replicas, instead of url"
     )

@@ -350,7 +350,7 @@ async def policy_part(sessions: list[int], turns: int, rounds: int) -> dict[str,
         limits = aiohttp.TCPConnector(limit=0)
         async with (
             aiohttp.ClientSession(connector=limits) as http,
-            GatewayAdmin(gateway.url, token) as admin,
+            GatewayAdmin(gateway.urls[1], token) as admin,
         ):
             await drive(http, f"{policy.url}/v1/chat/completions", [None] * 4, 2)  # warm up
             for n in sessions:
@@ -411,7 +411,7 @@ async def instant_part(
         limits = aiohttp.TCPConnector(limit=0)
         async with (
             aiohttp.ClientSession(connector=limits) as http,
-            GatewayAdmin(gateway.url, token) as admin,
+            GatewayAdmin(gateway.urls[1], token) as admin,
         ):
             chat = f"{gateway.url}/v1/chat/completions"
             extra = {"tools": TOOLS}
@@ -508,7 +508,7 @@ async def dialect_part(turns: int, sessions: int, rounds: int) -> dict[str, Any]
     try:
         gateway = start_gateway(backend.url, str(TOKENIZER_DIR), token)
         assert gateway.pid is not None
-        async with aiohttp.ClientSession() as http, GatewayAdmin(gateway.url, token) as admin:
+        async with aiohttp.ClientSession() as http, GatewayAdmin(gateway.urls[1], token) as admin:
             for round_ in range(rounds + 1):  # round 0 warms up
                 for dialect in DIALECT_PATHS:
                     created = [
@@ -560,7 +560,7 @@ async def replicas_part(
         async with aiohttp.ClientSession(connector=limits) as http:
             for round_ in range(rounds + 1):  # round 0 warms every replica up
                 for n in counts:
-                    replicas = [GatewayReplica(url=g.url) for g in gateways[:n]]
+                    replicas = [GatewayReplica(url=g.urls[1]) for g in gateways[:n]]
                     pool = GatewayReplicas(replicas, token, retry_after=20.0)
                     opened = [await pool.open(f"r-{i}", sampling=SAMPLING) for i in range(sessions)]
                     by_url: dict[str, list[str | None]] = {}

@@ -68,7 +68,7 @@ class Calls:
 async def wire() -> AsyncIterator[Wire]:
     async with ScriptedWorker() as worker:
         gateway = Gateway(SGLangBackend(worker.url), hf_renderer())
-        async with gateway, GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+        async with gateway, GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             yield Wire(worker, gateway, admin)
 
 

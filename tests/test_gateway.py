@@ -85,7 +85,7 @@ async def char_gateway(policy: PolicyServer) -> AsyncIterator[Gateway]:
 
 @pytest.fixture
 async def admin(char_gateway: Gateway) -> AsyncIterator[GatewayAdmin]:
-    async with GatewayAdmin(char_gateway.url, char_gateway.admin_token) as client:
+    async with GatewayAdmin(char_gateway.admin_url, char_gateway.admin_token) as client:
         yield client
 
 
@@ -128,7 +128,7 @@ async def test_multi_turn_traces_equal_what_two_workers_sampled_through_the_rout
         second as w1,
         SGLangRouter([w0.url, w1.url], policy="round_robin") as router,
         Gateway(SGLangBackend(router.url), renderer) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         traces = await asyncio.gather(*(exactness_rollout(gateway, admin, i) for i in range(6)))
         records = await recorded(w0.url) + await recorded(w1.url)
@@ -174,7 +174,7 @@ async def test_drift_keeps_the_sampled_ids_and_the_next_turn_starts_a_new_sample
     assert tok.decode(chars) == "hello" and canonical != chars  # re-tokenizing changes the ids
     async with ScriptedWorker([[*chars, tok.eos_token_id], [tok.eos_token_id]]) as worker:
         gateway = await scripted_gateway(worker)
-        async with GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+        async with GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             session = await admin.create_session("drift")
             client = agent(gateway, session.api_key)
             messages = [{"role": "user", "content": "Say hello"}]
@@ -238,7 +238,7 @@ async def test_streamed_tool_call_round_trips_and_merges_with_the_tool_result() 
     answer_ids = [*tok.encode("The answer is 5.", add_special_tokens=False), tok.eos_token_id]
     async with ScriptedWorker([call_ids, answer_ids]) as worker:
         gateway = await scripted_gateway(worker)
-        async with GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+        async with GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             session = await admin.create_session("tools", sampling={"temperature": 0.7})
             client = agent(gateway, session.api_key)
             messages: list[dict[str, Any]] = [
@@ -291,7 +291,7 @@ async def test_an_ill_formed_tool_call_is_returned_as_text_and_flagged() -> None
     bad = '<tool_call>{"name": add}</tool_call>'
     async with ScriptedWorker([[*tok.encode(bad, add_special_tokens=False)]]) as worker:
         gateway = await scripted_gateway(worker)
-        async with GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+        async with GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             session = await admin.create_session("bad-tool")
             client = agent(gateway, session.api_key)
             reply = await client.chat.completions.create(
@@ -384,16 +384,16 @@ async def test_keys_isolate_sessions_and_placeholders_are_rejected(
 
 async def test_admin_routes_need_the_admin_token(char_gateway: Gateway) -> None:
     session_key = None
-    async with GatewayAdmin(char_gateway.url, char_gateway.admin_token) as good:
+    async with GatewayAdmin(char_gateway.admin_url, char_gateway.admin_token) as good:
         session_key = (await good.create_session("ok")).api_key
     for token in ("wrong-token", "", session_key):
-        async with GatewayAdmin(char_gateway.url, token) as bad:
+        async with GatewayAdmin(char_gateway.admin_url, token) as bad:
             with pytest.raises(GatewayError) as denied:
                 await bad.create_session("nope")
             assert denied.value.status == 401
     async with aiohttp.ClientSession() as http:
         for method, path in (("POST", "/admin/sessions"), ("DELETE", "/admin/sessions/x")):
-            async with http.request(method, char_gateway.url + path, json={}) as response:
+            async with http.request(method, char_gateway.admin_url + path, json={}) as response:
                 assert response.status == 401
     assert len(char_gateway.sessions) == 1
 
@@ -436,7 +436,7 @@ async def test_context_limit_caps_max_tokens_and_a_full_context_finishes_with_le
     script = r.tokenizer.encode("1 2 3 4 5", add_special_tokens=False)
     async with ScriptedWorker([script]) as worker:
         gateway = await scripted_gateway(worker)
-        async with GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+        async with GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             capped = await admin.create_session("cap", max_context=n_prompt + 2)
             full = await admin.create_session("full", max_context=n_prompt)
             client = agent(gateway, capped.api_key)
@@ -468,7 +468,7 @@ async def test_openai_pass_through_has_no_token_capture_and_never_forwards_agent
         assert "upstream-key" not in repr(backend)
         async with (
             Gateway(backend) as gateway,
-            GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+            GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
         ):
             session = await admin.create_session("eval", sampling={"temperature": 0.2})
             client = agent(gateway, session.api_key)
@@ -490,7 +490,7 @@ async def test_an_unreachable_backend_is_a_one_line_502() -> None:
         url = dead.url
     async with (
         Gateway(SGLangBackend(url), CharRenderer()) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         session: GatewaySession = await admin.create_session("down")
         client = agent(gateway, session.api_key, max_retries=0)

@@ -72,7 +72,7 @@ async def stack(
 ) -> AsyncIterator[tuple[ScriptedWorker, Gateway, Any, Any]]:
     async with ScriptedWorker(scripts) as worker:
         gw = Gateway(SGLangBackend(worker.url), renderer or hf_renderer(), **gateway)
-        async with gw, GatewayAdmin(gw.url, gw.admin_token) as admin:
+        async with gw, GatewayAdmin(gw.admin_url, gw.admin_token) as admin:
             session = await admin.create_session("fields")
             yield worker, gw, admin, session
 

@@ -61,7 +61,7 @@ async def turns() -> AsyncIterator[Turns]:
     async with (
         ScriptedWorker() as worker,
         Gateway(SGLangBackend(worker.url), hf_renderer()) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         yield Turns(worker, gateway, admin)
 
@@ -142,7 +142,7 @@ async def char_gateway() -> AsyncIterator[tuple[Gateway, str]]:
     async with (
         PolicyServer(seed=1) as policy,
         Gateway(SGLangBackend(policy.url), CharRenderer()) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         session = await admin.create_session("char")
         yield gateway, session.api_key
@@ -218,5 +218,5 @@ async def test_an_unknown_route_is_a_404_naming_the_routes(turns: Turns) -> None
     ):
         error = (await response.json())["error"]
     assert response.status == 404
-    assert error["message"].startswith("no route POST /v1/completions: the gateway serves")
+    assert error["message"].startswith("no route POST /v1/completions: this listener serves")
     assert "POST /v1/chat/completions" in error["message"]

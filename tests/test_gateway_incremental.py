@@ -58,7 +58,7 @@ async def test_char_policy_conversations_render_incrementally_and_exactly() -> N
     async with (
         PolicyServer(seed=0, record=True) as policy,
         Gateway(SGLangBackend(policy.url), CharRenderer()) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         sent: dict[str, list[list[dict[str, Any]]]] = {}
 
@@ -111,7 +111,7 @@ async def test_hf_tool_calls_drift_and_fallbacks_are_exact_and_counted() -> None
     async with ScriptedWorker(scripts) as worker:
         gateway = Gateway(SGLangBackend(worker.url), hf_renderer())
         await gateway.start()
-        async with GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+        async with GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             session = await admin.create_session("hf")
             client = agent(gateway, session.api_key)
             sent: list[tuple[list[dict[str, Any]], Any]] = []
@@ -182,7 +182,7 @@ async def test_a_renderer_without_the_capability_gets_full_renders() -> None:
     async with (
         ScriptedWorker([reply_ids("One."), reply_ids("Two.")]) as worker,
         Gateway(SGLangBackend(worker.url), plain) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         session = await admin.create_session("plain")
         client = agent(gateway, session.api_key)
@@ -200,13 +200,16 @@ async def test_a_renderer_without_the_capability_gets_full_renders() -> None:
 async def test_stats_need_the_admin_token() -> None:
     async with (
         Gateway(SGLangBackend("http://127.0.0.1:9"), CharRenderer()) as gateway,
-        GatewayAdmin(gateway.url, "not-the-admin-token") as stranger,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, "not-the-admin-token") as stranger,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         with pytest.raises(GatewayError) as denied:
             await stranger.stats()
         assert denied.value.status == 401
-        async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/admin/stats") as r:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{gateway.admin_url}/admin/stats") as r,
+        ):
             assert r.status == 401
         assert await admin.stats() == {
             "sessions": 0,

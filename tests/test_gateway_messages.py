@@ -50,7 +50,7 @@ async def stack(scripts: list[list[int]]) -> AsyncIterator[tuple[ScriptedWorker,
         gateway = Gateway(SGLangBackend(worker.url), hf_renderer(), model_name="policy")
         await gateway.start()
         try:
-            async with GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+            async with GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
                 yield worker, gateway, admin
         finally:
             await gateway.stop()

@@ -42,7 +42,7 @@ def ids(text: str) -> list[int]:
 async def stack() -> Any:
     async with ScriptedWorker([ids(CALL), ids(ANSWER)]) as worker:
         gateway = Gateway(SGLangBackend(worker.url), hf_renderer(), model_name="policy")
-        async with gateway, GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+        async with gateway, GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             session = await admin.create_session("non-ascii")
             yield worker, gateway, admin, session
 

@@ -106,11 +106,11 @@ async def test_sessions_spread_over_replicas_and_every_turn_lands_on_its_own() -
             body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
             headers = {"Authorization": f"Bearer {session.api_key}"}
             async with http.post(
-                f"{urls[1]}/v1/chat/completions", json=body, headers=headers
+                f"{stack.gateways[1].url}/v1/chat/completions", json=body, headers=headers
             ) as wrong:
                 assert wrong.status == 401
             async with http.post(
-                f"{urls[0]}/v1/chat/completions", json=body, headers=headers
+                f"{stack.gateways[0].url}/v1/chat/completions", json=body, headers=headers
             ) as right:
                 assert right.status == 200
 
@@ -149,14 +149,14 @@ async def test_a_dead_replica_loses_its_sessions_and_the_survivor_takes_the_rest
             os.kill(stack.gateways[0].pid or 0, signal.SIGKILL)
             [none_left] = (await engine.rollout([_request("none-left")])).outcomes
 
-    lost = [o for o in first_outcomes if o.gateway_url == dead.url]
+    lost = [o for o in first_outcomes if o.gateway_url == dead.urls[1]]
     kept = [o for o in first_outcomes if o.gateway_url == survivor]
     assert len(lost) == 3 and len(kept) == 3  # least loaded first: one each in turn
     assert [o.outcome for o in lost] == ["invalid_result"] * 3
     for outcome in lost:
         assert outcome.trace is None and outcome.result is None
-        assert f"gateway replica {dead.url} lost its trace" in (outcome.error or "")
-        assert outcome.to_dict()["gateway_url"] == dead.url  # rollouts.jsonl names it
+        assert f"gateway replica {dead.urls[1]} lost its trace" in (outcome.error or "")
+        assert outcome.to_dict()["gateway_url"] == dead.urls[1]  # rollouts.jsonl names it
     assert [o.outcome for o in kept] == ["ok"] * 3, [o.error for o in kept]
     assert all(o.trace is not None and o.trace["num_turns"] == 1 for o in kept)
     assert [(o.outcome, o.gateway_url) for o in later] == [("ok", survivor)] * 4, [
@@ -213,22 +213,22 @@ async def test_a_replica_that_is_down_is_skipped_then_probed_again_after_retry_a
     backend = SGLangBackend("http://127.0.0.1:9")  # never called: no turn is taken here
 
     def gateway(port: int = 0) -> Gateway:
-        return Gateway(backend, CharRenderer(), admin_token=token, port=port)
+        return Gateway(backend, CharRenderer(), admin_token=token, admin_port=port)
 
     async with gateway() as gone:
-        down, port = gone.url, gone.port
+        down, port = gone.admin_url, gone.admin.port  # the engine calls admin listeners
     async with gateway() as up:  # `down`'s port now has nothing listening
         replicas = GatewayReplicas(
-            [GatewayReplica(url=down), GatewayReplica(url=up.url)], token, retry_after=0.5
+            [GatewayReplica(url=down), GatewayReplica(url=up.admin_url)], token, retry_after=0.5
         )
         # Both empty: the lowest index is tried first, refuses, is marked down; `up` takes it.
-        assert (await replicas.open("req-1"))[0] == up.url
+        assert (await replicas.open("req-1"))[0] == up.admin_url
         async with gateway(port) as back:  # the replica restarts where it was
             # Marked down: skipped without a try, though it answers and holds fewer sessions.
-            assert (await replicas.open("req-2"))[0] == up.url
+            assert (await replicas.open("req-2"))[0] == up.admin_url
             await asyncio.sleep(0.6)  # its retry_after passed: the next open probes it
             opened = [(await replicas.open(f"req-{i}"))[0] for i in range(3, 7)]
-            assert opened == [down] * 3 + [up.url]  # least loaded first; a tie: lowest index
+            assert opened == [down] * 3 + [up.admin_url]  # least loaded first; a tie: lowest index
             assert (back.stats()["sessions"], up.stats()["sessions"]) == (3, 3)
             found = await replicas.session_of("req-4")  # every replica asked
             assert found is not None and found[0] == down
@@ -239,10 +239,10 @@ async def test_a_replica_that_is_down_is_skipped_then_probed_again_after_retry_a
             await replicas.finish(down, "any-session")
         assert lost.value.status == 0
         async with gateway(port):  # back at once: skipped until its retry_after passes
-            assert (await replicas.open("req-7"))[0] == up.url  # 2 there, 4 here
+            assert (await replicas.open("req-7"))[0] == up.admin_url  # 2 there, 4 here
             await asyncio.sleep(0.6)
             opened = [(await replicas.open(f"req-{i}"))[0] for i in range(8, 12)]
-            assert opened == [down] * 3 + [up.url]  # from 2 to 5 against 4: it kept its count
+            assert opened == [down] * 3 + [up.admin_url]  # from 2 to 5 against 4: it kept its count
     # Every replica down: one line.
     with pytest.raises(GatewayError, match=r"^no gateway replica answered"):
         await replicas.open("req-none")
@@ -256,9 +256,9 @@ def test_replicas_from_the_environment_are_admin_urls_separated_by_commas(tmp_pa
     }
     gateway = load_config(None, env_file=None, environ=environ).engine.gateway
     assert gateway is not None
-    assert [(r.url, r.agent_url) for r in gateway.all_replicas] == [
-        ("http://127.0.0.1:8001", "http://127.0.0.1:8001"),
-        ("http://127.0.0.1:8002", "http://127.0.0.1:8002"),
+    assert [(r.url, r.public_url) for r in gateway.all_replicas] == [
+        ("http://127.0.0.1:8001", None),  # agents: the URL each session's answer gives
+        ("http://127.0.0.1:8002", None),
     ]
     with pytest.raises(ValueError, match="set url \\(one gateway\\) or replicas, not both"):
         GatewayConfig(url="http://a", replicas="http://b", admin_token="t" * 16)

@@ -64,7 +64,7 @@ async def stack(scripts: list[list[int]], **session: Any) -> AsyncIterator[Stack
         gateway = Gateway(SGLangBackend(worker.url), hf_renderer())
         await gateway.start()
         try:
-            async with GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+            async with GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
                 opened = await admin.create_session("responses", **session)
                 sent: list[httpx.Request] = []
 

@@ -50,7 +50,7 @@ async def paced() -> AsyncIterator[PolicyServer]:
 async def gateway(paced: PolicyServer) -> AsyncIterator[tuple[Gateway, GatewayAdmin]]:
     async with (
         Gateway(SGLangBackend(paced.url), CharRenderer()) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         yield gateway, admin
 
@@ -228,7 +228,7 @@ async def one_turn(
     """One chat turn through a gateway on `worker`: status, answer body, trace."""
     async with (
         Gateway(SGLangBackend(worker.url), CharRenderer(), resume=policy) as gw,
-        GatewayAdmin(gw.url, gw.admin_token) as admin,
+        GatewayAdmin(gw.admin_url, gw.admin_token) as admin,
     ):
         session = await admin.create_session("canned", sampling=sampling)
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -305,7 +305,7 @@ async def test_resumed_hf_tokens_match_a_recomputation_under_the_version_that_sa
     async with (
         PolicyServer(HFPolicy(dirs["0"]), record=True) as server,
         Gateway(SGLangBackend(server.url), hf_renderer()) as gw,
-        GatewayAdmin(gw.url, gw.admin_token) as admin,
+        GatewayAdmin(gw.admin_url, gw.admin_token) as admin,
     ):
         assert isinstance(server.policy, HFPolicy)
         session = await admin.create_session("hf", sampling=sampling)

@@ -113,11 +113,11 @@ async def test_a_cancel_that_lands_while_the_trace_is_fetched_changes_nothing(
 ):
     emu = await emulator()
     async with Gateway(SGLangBackend("http://127.0.0.1:9"), CharRenderer()) as gateway:
-        gw = {"url": gateway.url, "admin_token": gateway.admin_token}
+        gw = {"url": gateway.admin_url, "admin_token": gateway.admin_token}
         async with RolloutEngine(engine_config(moto, channel, emu, gateway=gw)) as engine:
             admins = engine._gateway._admins  # the one replica's client, replaced
-            await admins[gateway.url].close()
-            admins[gateway.url] = held = _HeldTraces(gateway.url, gateway.admin_token)
+            await admins[gateway.admin_url].close()
+            admins[gateway.admin_url] = held = _HeldTraces(gateway.admin_url, gateway.admin_token)
             request = RolloutRequest({"a": 3, "b": 4}, input_id="q")
             handle = engine.submit(request)
             async with asyncio.timeout(20):

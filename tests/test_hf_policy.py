@@ -270,7 +270,7 @@ async def test_abort_in_flight_answers_with_the_tokens_so_far(server: PolicyServ
 async def test_gateway_traces_equal_what_the_hf_server_sampled(server: PolicyServer) -> None:
     async with (
         Gateway(SGLangBackend(server.url), hf_renderer()) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         traces = await asyncio.gather(*(exactness_rollout(gateway, admin, i) for i in range(4)))
         by_rid = {r["rid"]: r for r in await recorded(server.url)}

@@ -249,7 +249,7 @@ async def test_the_gateway_answers_a_family_tool_call_with_reasoning_over_the_wi
     async with (
         ScriptedWorker([sampled_ids(renderer, "qwen3"), answer]) as worker,
         Gateway(SGLangBackend(worker.url), renderer) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         session = await admin.create_session("qwen3-wire")
         client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=session.api_key)

@@ -136,7 +136,7 @@ async def gateway_for(worker: TaskWorker) -> AsyncIterator[tuple[Gateway, Gatewa
     """The gateway in front of `worker`, its admin client and a new session."""
     async with worker:
         gateway = Gateway(SGLangBackend(worker.url), worker.renderer, model_name="policy")
-        async with gateway, GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+        async with gateway, GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             yield gateway, admin, await admin.create_session("released-client")
 
 

@@ -46,7 +46,7 @@ async def _turn(
 ) -> tuple[dict, str | Exception]:
     async with (
         Gateway(VerlServerBackend(manager), CharRenderer(), resume=resume) as gateway,
-        GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+        GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
     ):
         session = await admin.create_session("r1", sampling={"temperature": 1.0})
         client = openai.AsyncOpenAI(

@@ -50,12 +50,13 @@ def _two_free_ports() -> int:
     raise AssertionError("no two consecutive free ports")
 
 
-async def _turn(replica, token: str, request_id: str) -> dict:
-    """One agent turn on `replica` through its public API; the session's trace."""
+async def _turn(replica, token: str, request_id: str) -> tuple[dict, str]:
+    """One agent turn on `replica` through its agents' API (the URL its admin API answers the
+    session with); the session's trace, and that URL."""
     async with GatewayAdmin(replica.url, token) as admin:
         session = await admin.create_session(request_id, sampling={"temperature": 1.0})
         client = openai.AsyncOpenAI(
-            base_url=f"{replica.url}/v1", api_key=session.api_key, max_retries=0
+            base_url=f"{session.url}/v1", api_key=session.api_key, max_retries=0
         )
         try:
             await client.chat.completions.create(
@@ -65,7 +66,7 @@ async def _turn(replica, token: str, request_id: str) -> dict:
             )
         finally:
             await client.close()
-        return await admin.finish_session(session.session_id)
+        return await admin.finish_session(session.session_id), session.url
 
 
 async def test_replicas_are_zero_cpu_actors_each_sampling_through_veRLs_server_manager(
@@ -94,10 +95,11 @@ async def test_replicas_are_zero_cpu_actors_each_sampling_through_veRLs_server_m
             config = await service._host(hosted)
             started = service._gateway.actors
             try:
-                traces = [
+                turns = [
                     await _turn(replica, config.admin_token, f"r{i}")
                     for i, replica in enumerate(config.replicas)
                 ]
+                traces = [trace for trace, _ in turns]
                 stats = [await _stats(r.url, config.admin_token) for r in config.replicas]
                 async with aiohttp.ClientSession() as http:
                     wrong = [
@@ -117,11 +119,12 @@ async def test_replicas_are_zero_cpu_actors_each_sampling_through_veRLs_server_m
                 await _wait_refused(replica.url)
     finally:
         ray.shutdown()
-    assert [r.url for r in config.replicas] == [
+    assert [agents for _, agents in turns] == [  # the agents' listeners; admin ones apart
         f"http://127.0.0.1:{port}",
         f"http://127.0.0.1:{port + 1}",
     ]
-    assert [r.agent_url for r in config.replicas] == list(public)
+    assert all(r.url.startswith("http://127.0.0.1:") for r in config.replicas)
+    assert [r.public_url for r in config.replicas] == list(public)
     assert [s["turns"] for s in stats] == [1, 1] and wrong == [401, 401]
     by_output = {tuple(s["output_ids"]): s for s in samples}
     assert len(samples) == 2

@@ -66,9 +66,13 @@ async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
         table.add_row("S3 + SQS (moto)", local.moto.url)
         table.add_row("AgentCore Runtime emulator", engine_cfg.service_urls.agentcore or "")
         table.add_row("policy (router or worker)", local.policy_url)
+        if local.gateways:
+            table.add_row(
+                "token-capture gateway (agents)", ", ".join(g.url for g in local.gateways)
+            )
         if engine_cfg.gateway is not None:
             urls = ", ".join(r.url for r in engine_cfg.gateway.all_replicas)
-            table.add_row("token-capture gateway", urls)
+            table.add_row("token-capture gateway (admin)", urls)
         table.add_row("bucket / prefix", f"{engine_cfg.bucket} / {engine_cfg.prefix}")
         table.add_row("queue", engine_cfg.queue_url or "")
         table.add_row("runtime ARN", engine_cfg.runtime_arn or "")

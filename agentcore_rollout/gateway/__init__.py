@@ -3,13 +3,13 @@
 
     backend = SGLangBackend(router.url)                  # or a worker URL; OpenAIBackend(url)
     async with Gateway(backend, HFRenderer.from_pretrained(path)) as gateway:
-        async with GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+        async with GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             session = await admin.create_session("req-1", sampling={"temperature": 1.0})
-            # the agent: OpenAI(base_url=f"{gateway.url}/v1", api_key=session.api_key)
+            # the agent: OpenAI(base_url=f"{session.url}/v1", api_key=session.api_key)
             trace = await admin.finish_session(session.session_id)
 
-Modules, one concept each: `server` (the aiohttp app and the agents' routes), `admin` (the
-admin routes), `_http` (what the routes share: refusals, JSON replies, bearer tokens),
+Modules, one concept each: `server` (the agents' listener and routes), `admin` (the admin
+API's listener and routes), `_http` (what the routes share: refusals, JSON replies, bearer tokens),
 `pipeline` (one turn: render, sample, parse, record), `turns` (one turn in the gateway's own
 terms, and the `Dialect` each API is), `chat`, `responses` and `messages` (the OpenAI chat,
 OpenAI Responses and Anthropic Messages dialects), `sessions` (per-session keys, limits,

@@ -4,8 +4,10 @@
         --backend sglang --backend-url http://127.0.0.1:30000 --renderer /path/to/tokenizer
 
 The admin token comes from the environment (never the command line, which `ps` shows to every
-user); the process prints only its URL, on one line, once it is listening, so a parent (the local
-stack, a benchmark) can wait for that line. `--renderer` is a local directory holding a Hugging
+user); once it is listening, the process prints one line, its two URLs: the agents' API, then
+the admin API (`--admin-host`, `--admin-port`; loopback by default), so a parent (the local stack,
+a benchmark) can wait for that line. `--tls-cert` and `--tls-key` (PEM files) put the agents' API
+on HTTPS. `--renderer` is a local directory holding a Hugging
 Face tokenizer with a chat template, or `module:attribute` naming a Renderer class or factory
 (the local stack passes `agentcore_rollout.local.policy.render:CharRenderer`). `--parser` names
 the model family whose tool-call and reasoning syntax the gateway parses (`parsers.FAMILIES`);

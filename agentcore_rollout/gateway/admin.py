@@ -2,8 +2,13 @@
 request, takes its trace, drops it, finds the one an earlier engine opened, and reads the
 gateway's counters. Every route takes the admin token as `Authorization: Bearer`.
 
+It is a listener of its own (`AdminAPI` is a `Server`), apart from the agents' API: whatever
+exposes the agents' port to a network exposes no admin route, and it binds 127.0.0.1 by
+default. It speaks plain HTTP: the engine reaches it on loopback, or through a tunnel it trusts.
+
   POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?}
-                                          -> 201 {"session_id", "api_key", "model"}
+                                          -> 201 {"session_id", "api_key", "model", "url"};
+                                          `url`: the agents' API the key opens
   POST   /admin/sessions/{id}/finish      -> 200 trace (see GatewayAdmin.finish_session);
                                           the session is closed, its key stops working
   DELETE /admin/sessions/{id}             -> 200 {"session_id", "dropped": true, "usage"}; no
@@ -19,11 +24,14 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from ..serving.http import read_json_object
+from ..serving.server import Server
 from . import _fastjson
 from ._http import GatewayHTTPError, bearer, json_response
 from .pipeline import TurnPipeline
@@ -32,26 +40,44 @@ from .sessions import Session, SessionStore
 log = logging.getLogger(__name__)
 
 
-class AdminAPI:
+class AdminAPI(Server):
     """The admin routes over a gateway's `sessions` and the counters of its `pipeline`, behind
-    `token`; `model` is the model name sessions and traces report."""
+    `token`, on `host:port`; `model` is the model name sessions and traces report, `agents_url`
+    where the gateway serves the agents (a created session's `url`), `errors` the gateway's
+    error middleware (one shape of error for both listeners)."""
 
     def __init__(
-        self, sessions: SessionStore, pipeline: TurnPipeline, *, token: str, model: str
+        self,
+        sessions: SessionStore,
+        pipeline: TurnPipeline,
+        *,
+        token: str,
+        model: str,
+        agents_url: Callable[[], str],
+        errors: Middleware,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
+        super().__init__(host, port)
         self.sessions = sessions
         self.pipeline = pipeline
         self.token = token
         self.model = model
+        self._agents_url = agents_url
+        self._errors = errors
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.post("/admin/sessions", self._create),
-            web.post("/admin/sessions/{session_id}/finish", self._finish),
-            web.delete("/admin/sessions/{session_id}", self._drop),
-            web.get("/admin/requests/{request_id}", self._session_of),
-            web.get("/admin/stats", self._stats),
-        ]
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors])
+        app.add_routes(
+            [
+                web.post("/admin/sessions", self._create),
+                web.post("/admin/sessions/{session_id}/finish", self._finish),
+                web.delete("/admin/sessions/{session_id}", self._drop),
+                web.get("/admin/requests/{request_id}", self._session_of),
+                web.get("/admin/stats", self._stats),
+            ]
+        )
+        return app
 
     def stats(self) -> dict[str, Any]:
         """The counters /admin/stats answers (see `GatewayAdmin.stats`)."""
@@ -72,7 +98,12 @@ class AdminAPI:
             max_context=body.get("max_context"),
             max_turns=body.get("max_turns"),
         )
-        answer = {"session_id": session.id, "api_key": key, "model": self.model}
+        answer = {
+            "session_id": session.id,
+            "api_key": key,
+            "model": self.model,
+            "url": self._agents_url(),
+        }
         return json_response(answer, status=201)
 
     async def _finish(self, request: web.Request) -> web.StreamResponse:

@@ -8,9 +8,13 @@ stream. The admin API the engine opens and finishes sessions with is `admin`.
 Built on aiohttp.web (`serving.Server`, as the local policy server and runtime emulator are):
 already a core dependency, and it runs inside the engine's event loop without uvicorn.
 
-Routes (agent routes take `Authorization: Bearer <per-session key>` or `x-api-key`, admin routes
-the admin token; every error is one line of JSON in the shape of the API called, and an unknown
-route's 404 names the routes served):
+Two listeners: the agents' API at `url` (`host:port`, HTTPS with `tls_cert` and `tls_key`), and
+the admin API at `admin_url` (`admin.AdminAPI`: `admin_host:admin_port`, loopback by default,
+plain HTTP), so exposing the agents' port exposes no admin route, and no agent's key opens one.
+
+The agents' routes (each takes `Authorization: Bearer <per-session key>` or `x-api-key`; every
+error is one line of JSON in the shape of the API called, and an unknown route's 404 names the
+routes of the listener asked):
 
   POST   /v1/chat/completions             OpenAI chat (`chat.ChatDialect`); every field honoured
                                           or refused
@@ -22,7 +26,6 @@ route's 404 names the routes served):
                                           `.../count_tokens` renders and counts the prompt
   GET    /v1/models                       the served model name
   GET    /health                          liveness, no auth: {"status": "ok", "sessions": n, ...}
-  /admin/...                              the admin API (`admin`)
 
 Refusals that retrying cannot change carry `x-should-retry: false`, which the OpenAI and
 Anthropic SDKs obey. The hot path does no per-turn logging and encodes JSON with orjson when
@@ -42,7 +45,7 @@ from typing import Any
 from aiohttp import web
 
 from ..serving.http import Handler, read_json_object, sse_events
-from ..serving.server import Server
+from ..serving.server import Server, tls_context
 from . import _fastjson
 from ._http import GatewayHTTPError, bearer, json_response
 from .admin import AdminAPI
@@ -66,8 +69,10 @@ class Gateway(Server):
     """The token-capture gateway; `async with Gateway(backend, renderer) as gw: gw.url`.
 
     `backend` samples turns (the gateway closes it on stop); `renderer` turns messages into ids
-    and is required when the backend captures tokens. `admin_token` protects the admin routes (a
-    random one is made if not given; read it from `.admin_token`). Sessions idle for longer
+    and is required when the backend captures tokens. Agents call `url` (`host:port`; HTTPS with
+    `tls_cert` and `tls_key`, PEM files); the engine calls `admin_url` (`admin_host:admin_port`,
+    plain HTTP), with `admin_token` (a random one is made if not given; read it from
+    `.admin_token`), which opens no agent route. Sessions idle for longer
     than `session_ttl` seconds are dropped, so a crashed engine cannot leak them forever.
     `resume` bounds how aborted turns are resumed (`resume.ResumePolicy`). `strict_fields`
     refuses the request fields that change nothing sampled, rather than ignoring them (`turns`).
@@ -81,6 +86,10 @@ class Gateway(Server):
         admin_token: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        admin_host: str = "127.0.0.1",
+        admin_port: int = 0,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
         model_name: str = "policy",
         session_ttl: float | None = DEFAULT_SESSION_TTL,
         resume: ResumePolicy | None = None,
@@ -90,13 +99,23 @@ class Gateway(Server):
             raise ValueError(f"the {backend.name} backend captures tokens and needs a renderer")
         if admin_token is not None and len(admin_token) < 16:
             raise ValueError("admin_token must be at least 16 characters")
-        super().__init__(host, port)
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("TLS needs both tls_cert and tls_key (PEM files), or neither")
+        tls = tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
+        super().__init__(host, port, ssl_context=tls)
         self.admin_token = admin_token or secrets.token_urlsafe(32)
         self.model_name = model_name
         self.sessions = SessionStore(ttl=session_ttl)
         self.pipeline = TurnPipeline(backend, renderer, resume or ResumePolicy())
         self.admin = AdminAPI(
-            self.sessions, self.pipeline, token=self.admin_token, model=model_name
+            self.sessions,
+            self.pipeline,
+            token=self.admin_token,
+            model=model_name,
+            agents_url=lambda: self.url,
+            errors=self._errors,
+            host=admin_host,
+            port=admin_port,
         )
         self._messages = MessagesDialect(strict_fields)
         self.dialects: tuple[Dialect, ...] = (
@@ -107,7 +126,19 @@ class Gateway(Server):
 
     def __repr__(self) -> str:
         backend = self.pipeline.backend.name
-        return f"Gateway(url={self.url!r}, backend={backend!r}, admin_token='***')"
+        return (
+            f"Gateway(url={self.url!r}, admin_url={self.admin_url!r}, backend={backend!r}, "
+            "admin_token='***')"
+        )
+
+    @property
+    def admin_url(self) -> str:
+        """Where the admin API listens (plain HTTP; loopback by default)."""
+        return self.admin.url
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url, self.admin_url)
 
     def stats(self) -> dict[str, Any]:
         """The counters /admin/stats answers (see `GatewayAdmin.stats`)."""
@@ -116,8 +147,22 @@ class Gateway(Server):
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """The agents' listener (its app runs the session reaper), then the admin's."""
         await super().start()
-        log.info("gateway listening on %s (backend %s)", self.url, self.pipeline.backend.name)
+        try:
+            await self.admin.start()
+        except BaseException:
+            await super().stop()
+            raise
+        backend = self.pipeline.backend.name
+        log.info("gateway: agents %s, admin %s (backend %s)", self.url, self.admin_url, backend)
+
+    async def stop(self) -> None:
+        """The admin listener first (no session opens while the agents' requests drain)."""
+        try:
+            await self.admin.stop()
+        finally:
+            await super().stop()
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY_BYTES)
@@ -127,7 +172,6 @@ class Gateway(Server):
         counts = [web.post(f"{p}/count_tokens", self._count_tokens) for p in self._messages.paths]
         app.add_routes(counts)
         app.add_routes([web.get("/v1/models", self._models), web.get("/health", self._health)])
-        app.add_routes(self.admin.routes())
         app.cleanup_ctx.append(self._lifespan)
         return app
 
@@ -212,7 +256,7 @@ class Gateway(Server):
                 raise
             reason = exc.reason
             if exc.status in (404, 405):
-                reason = f"no route {request.method} {request.path[:100]}: {self._route_list()}"
+                reason = f"no route {request.method} {request.path[:100]}: {_routes(request.app)}"
             return self._error(request, exc.status, reason, None)
         except ConnectionResetError:  # the agent went away mid-request (its session ended)
             log.info("%s %s: the client closed the connection", request.method, request.path)
@@ -234,6 +278,8 @@ class Gateway(Server):
         headers = {"x-should-retry": "false"} if final else None
         return json_response(dialect.error(status, line, code), status, headers)
 
-    def _route_list(self) -> str:
-        posts = [f"POST {p}" for d in self.dialects for p in d.paths]
-        return "the gateway serves " + ", ".join([*posts, "GET /v1/models", "GET /health"])
+
+def _routes(app: web.Application) -> str:
+    """The routes `app` serves (one listener's: the agents' never name the admin's)."""
+    routes = [f"{r.method} {r.resource.canonical}" for r in app.router.routes() if r.resource]
+    return "this listener serves " + ", ".join(r for r in routes if not r.startswith("HEAD "))

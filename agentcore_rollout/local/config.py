@@ -212,10 +212,20 @@ class LocalConfig(EmulatorSettings):
     gateway_replicas: int = Field(
         default=1, ge=1, description="gateway processes; each session on one (engine.gateway)"
     )
+    gateway_tls_cert: str | None = Field(
+        default=None,
+        description="PEM certificate (chain) the gateway's agents' API serves HTTPS with (its "
+        "names must include the host agents call); None: plain HTTP",
+    )
+    gateway_tls_key: str | None = Field(
+        default=None, description="PEM private key of gateway_tls_cert"
+    )
     max_context: int = Field(default=2048, ge=16, description="gateway context limit, tokens")
 
     @model_validator(mode="after")
     def _params_for_the_toy(self) -> LocalConfig:
+        if (self.gateway_tls_cert is None) != (self.gateway_tls_key is None):
+            raise ValueError("set both gateway_tls_cert and gateway_tls_key, or neither")
         if self.policy_params and self.policy != "toy":
             raise ValueError(
                 "policy_params is the toy's .npz; a model's weights are its directory "

@@ -4,7 +4,9 @@ moto (S3 + SQS, wired with the bucket notification the infra configures on AWS),
 AgentCore Runtime emulator running the agent app (a process of its own, like the real service,
 so agents never share the engine's event loop), and the policy path:
 agents -> token-capture gateway -> sglang-router -> local policy workers (the router
-only with more than one worker; the gateway only with the [gateway] extra). With
+only with more than one worker; the gateway only with the [gateway] extra). Agents call the
+gateway's agents' listener (HTTPS with `local.gateway_tls_cert` and `gateway_tls_key`), the
+engine its admin listener. With
 `local.gateway_replicas: N`, N gateway processes share one admin token and the backend; the
 engine opens each session on one of them and its agent calls that one.
 
@@ -192,11 +194,14 @@ class LocalStack:
         if not self.config.gateway:
             return
         renderer = self.model_dir or CHAR_RENDERER  # a model dir: HFRenderer, family detected
+        cert, key = self.config.gateway_tls_cert, self.config.gateway_tls_key
+        tls = ["--tls-cert", cert, "--tls-key", key] if cert and key else []
         self.gateways = [
             ServiceProcess(
                 f"gateway {i}",
                 "agentcore_rollout.gateway",
                 *("--backend", "sglang", "--backend-url", self.policy_url, "--renderer", renderer),
+                *tls,
                 env={"AGENTCORE_GATEWAY_ADMIN_TOKEN": self._admin_token},
             )
             for i in range(self.config.gateway_replicas)
@@ -257,9 +262,10 @@ class LocalStack:
             fill["runtime_arn"] = LOCAL_RUNTIME_ARN
         else:
             fill["runtimes"] = [{"arn": LOCAL_RUNTIME_ARN, "qualifier": q} for q in self.qualifiers]
-        if self.gateways and base.gateway is None:
+        if self.gateways and base.gateway is None:  # the engine calls each one's admin listener
             replicas = [
-                GatewayReplica(url=g.url, public_url=self._public_url(g.url)) for g in self.gateways
+                GatewayReplica(url=g.urls[1], public_url=self._public_url(g.url))
+                for g in self.gateways
             ]
             one = replicas[0].model_dump() if len(replicas) == 1 else {"replicas": replicas}
             fill["gateway"] = GatewayConfig(  # the engine points agents at one, per session

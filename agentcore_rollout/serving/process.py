@@ -19,7 +19,8 @@ from typing import Any
 
 
 class ServiceProcess:
-    """`python -m <module> <args>` that prints its URL as its first line of output."""
+    """`python -m <module> <args>` that prints its URL as its first line of output (a server
+    with several listeners prints them all on that line, its `url` first: `urls`)."""
 
     def __init__(self, name: str, module: str, *args: str, env: dict[str, str] | None = None):
         self.name = name
@@ -27,6 +28,7 @@ class ServiceProcess:
         self._env = env
         self._process: subprocess.Popen[str] | None = None
         self.url = ""
+        self.urls: tuple[str, ...] = ()
 
     @property
     def pid(self) -> int | None:
@@ -49,11 +51,12 @@ class ServiceProcess:
             line = self._process.stdout.readline().strip()
         finally:
             timer.cancel()
-        if not line.startswith("http://"):
+        urls = tuple(line.split())
+        if not urls or not all(url.startswith(("http://", "https://")) for url in urls):
             code = self._process.poll()
             self.stop()
             raise RuntimeError(f"{self.name} did not start (exit code {code}, printed {line!r})")
-        self.url = line
+        self.url, self.urls = urls[0], urls
         # What it prints later (an in_process agent's prints among it) goes where its stderr
         # goes: a pipe nobody read would fill and block the child at its next print.
         stdout = self._process.stdout
@@ -97,7 +100,7 @@ def exit_with_parent() -> None:
 
 
 async def serve_until_signalled(server: Any) -> None:
-    """In a child: run an `async with` server, print its URL (the line `ServiceProcess`
+    """In a child: run an `async with` server, print its URLs (the line `ServiceProcess`
     waits for), and stop cleanly on SIGINT or SIGTERM, or exit with the parent."""
     exit_with_parent()
     stop = asyncio.Event()
@@ -105,5 +108,5 @@ async def serve_until_signalled(server: Any) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with server:
-        print(server.url, flush=True)
+        print(*server.urls, flush=True)
         await stop.wait()

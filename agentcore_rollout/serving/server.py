@@ -5,6 +5,7 @@ as aiohttp's `on_startup`, `on_shutdown` and `cleanup_ctx` hooks, which start an
 
 from __future__ import annotations
 
+import ssl
 from typing import Self
 
 from aiohttp import web
@@ -14,10 +15,14 @@ class Server:
     """An aiohttp app on `host:port`; `async with server: server.url`.
 
     Binds 127.0.0.1 by default; port 0 picks a free port (read `.port` / `.url` after start).
+    With an `ssl_context` it serves HTTPS, and `url` says so.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.host, self.port = host, port
+        self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
@@ -27,14 +32,21 @@ class Server:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every URL it listens at, `url` first: the line a child prints for its parent."""
+        return (self.url,)
 
     async def start(self) -> None:
         """Run the app's startup hooks, then listen."""
         self._runner = web.AppRunner(self.app(), access_log=None)  # no request lines in logs
         try:
             await self._runner.setup()
-            await web.TCPSite(self._runner, self.host, self.port).start()
+            site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
+            await site.start()
         except BaseException:
             await self.stop()  # a port in use must not leave the startup hooks' work running
             raise
@@ -52,3 +64,14 @@ class Server:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """A server's TLS from a PEM certificate (chain) file and its private key file; a file that
+    cannot be read, or a key that does not fit the certificate, is a ValueError in one line."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # TLS 1.2+, safe ciphers
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"TLS certificate {cert!r} and key {key!r}: {exc}") from None
+    return context

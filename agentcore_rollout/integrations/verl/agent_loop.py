@@ -23,13 +23,14 @@ prefix): `config` (the engine's YAML; default `$AGENTCORE_ROLLOUT_CONFIG`), `pay
 
 `gateway` puts the token-capture gateway in front of veRL's own rollout servers: the engine
 service starts one (`host`, default 127.0.0.1; `port`, default any; `public_url`, what agents
-call; `renderer`, a tokenizer directory or `module:attr`, default the model's path) sampling
-through the agent loop's server manager (`backend.VerlServerBackend`), and the engine opens
-each rollout's session on it. Without it, the engine config's own `gateway` is used. With
-`replicas: N` (N >= 2; default 1, in the service's process) it starts N gateway replicas as Ray
-actors that take no CPU from veRL's plan (`replicas.HostedGateways`; a fixed `port` P puts
-replica i on P + i, and `public_url` is then a list, one URL per replica), and the engine spreads
-the sessions over them.
+call; `tls_cert` and `tls_key`, PEM files that put the agents' API on HTTPS; `renderer`, a
+tokenizer directory or `module:attr`, default the model's path) sampling through the agent
+loop's server manager (`backend.VerlServerBackend`), and the engine opens each rollout's
+session on it, through the gateway's admin listener (loopback). Without it, the engine
+config's own `gateway` is used. With `replicas: N` (N >= 2; default 1, in the service's
+process) it starts N gateway replicas as Ray actors that take no CPU from veRL's plan
+(`replicas.HostedGateways`; a fixed `port` P puts replica i on P + i, and `public_url` is then
+a list, one URL per replica), and the engine spreads the sessions over them.
 
 veRL's async trainers (`trainer.v1.trainer_mode` `colocate_async`, `separate_async`) keep
 prompts of several `global_steps` in flight: a step-k member may reach the engine after step
@@ -77,7 +78,7 @@ from .replicas import HostedGateways, check_replicas
 
 SERVICE_NAME = "agentcore_rollout_engine"
 _WHERE = "actor_rollout_ref.rollout.custom.agentcore"
-_GATEWAY_KEYS = ("host", "port", "public_url", "renderer", "replicas")
+_GATEWAY_KEYS = ("host", "port", "public_url", "renderer", "replicas", "tls_cert", "tls_key")
 
 
 class GroupFailed(RuntimeError):
@@ -129,6 +130,8 @@ class HostedGateway:
     port: int = 0
     public_url: str | tuple[str, ...] | None = None  # with replicas, one per replica
     replicas: int = 1  # 1: in the engine service's process; N >= 2: N Ray actors (`replicas`)
+    tls_cert: str | None = None  # with tls_key: the agents' API on HTTPS
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         n = self.replicas  # as the YAML gives it
@@ -248,6 +251,7 @@ class EngineService:
         return self._engine
 
     async def _host(self, hosted: HostedGateway) -> GatewayConfig:
+        tls = {"tls_cert": hosted.tls_cert, "tls_key": hosted.tls_key}
         if hosted.replicas > 1:
             self._gateway = replicas = await HostedGateways.start(
                 hosted.replicas,
@@ -256,17 +260,18 @@ class EngineService:
                 host=hosted.host,
                 port=hosted.port,
                 public_urls=hosted.public_url or (),
+                tls=tls,
             )
             return replicas.config
         from .backend import start_gateway
 
         self._gateway = gateway = await start_gateway(
-            hosted.server_manager, hosted.renderer, host=hosted.host, port=hosted.port
+            hosted.server_manager, hosted.renderer, host=hosted.host, port=hosted.port, **tls
         )
-        return GatewayConfig(
-            url=f"http://127.0.0.1:{gateway.port}",  # the engine is in this process
+        return GatewayConfig(  # agents: public_url, else the URL each session's answer gives
+            url=gateway.admin_url,  # loopback: the engine is in this process
             admin_token=gateway.admin_token,
-            public_url=hosted.public_url or gateway.url,
+            public_url=hosted.public_url,
         )
 
 
@@ -394,6 +399,8 @@ class AgentCoreAgentLoop(AgentLoopBase):
                 port=int(gateway.get("port") or 0),
                 public_url=public_url,
                 replicas=gateway.get("replicas", 1),
+                tls_cert=gateway.get("tls_cert"),
+                tls_key=gateway.get("tls_key"),
             )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:

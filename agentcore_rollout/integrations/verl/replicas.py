@@ -12,8 +12,10 @@ opens each session on one replica and hands its agent that replica's URL (`Gatew
   and takes none of them (an actor's default reserves one to be placed), so it starts even when
   veRL's plan has taken every CPU.
 - Placement: a replica bound to a loopback or a named address is pinned to the engine service's
-  node, where that address is reachable; bound to a wildcard (`0.0.0.0`, `::`), Ray may place it
-  on any node, and its URL is its node's IP address.
+  node, where that address is reachable, and its admin listener is on loopback; bound to a
+  wildcard (`0.0.0.0`, `::`), Ray may place it on any node, its URL is its node's IP address,
+  and so is its admin listener's (plain HTTP, behind the admin token: the cluster's network
+  must be one you trust).
 - Ports: `port` 0 picks a free one per replica; a fixed `port` P puts replica i on P + i, so a
   list of public URLs (`public_url`, one per replica, in that order) can name them.
 - Lifetime: the replicas are unnamed actors owned by the engine service, so they die with it (Ray
@@ -48,17 +50,25 @@ class GatewayActor:
         self._gateway: Any = None
 
     async def start(
-        self, server_manager: Any, renderer: str, host: str, port: int, admin_token: str
-    ) -> str:
-        """Serve a Gateway sampling through `server_manager`; return the URL it is reached at."""
+        self, server_manager: Any, renderer: str, host: str, port: int, **options: Any
+    ) -> tuple[str, str]:
+        """Serve a Gateway sampling through `server_manager` (`options`: the Gateway's); return
+        the URLs its agents' API and its admin API are reached at."""
         from .backend import start_gateway
 
+        node = ray.util.get_node_ip_address() if host in _WILDCARDS else None
         self._gateway = gateway = await start_gateway(
-            server_manager, renderer, host=host, port=port, admin_token=admin_token
+            server_manager,
+            renderer,
+            host=host,
+            port=port,
+            admin_host=node or "127.0.0.1",
+            **options,
         )
-        if host in _WILDCARDS:
-            return f"http://{ray.util.get_node_ip_address()}:{gateway.port}"
-        return gateway.url
+        if node is None:
+            return gateway.url, gateway.admin_url
+        scheme = gateway.url.partition(":")[0]
+        return f"{scheme}://{node}:{gateway.port}", gateway.admin_url
 
     async def stop(self) -> None:
         gateway, self._gateway = self._gateway, None
@@ -83,8 +93,10 @@ class HostedGateways:
         host: str = "127.0.0.1",
         port: int = 0,
         public_urls: Sequence[str] = (),
+        tls: dict[str, str | None] | None = None,
     ) -> HostedGateways:
-        """Start `count` replicas (Ray must be initialized) and wait until each listens."""
+        """Start `count` replicas (Ray must be initialized) and wait until each listens; `tls`:
+        the Gateway's `tls_cert` and `tls_key` (files on every node a replica may run on)."""
         check_replicas(count, port, public_urls)
         if not ray.is_initialized():
             raise RuntimeError("gateway replicas are Ray actors: initialize Ray first")
@@ -97,7 +109,14 @@ class HostedGateways:
         token = secrets.token_urlsafe(32)
         try:
             starts = [
-                actor.start.remote(server_manager, renderer, host, port + i if port else 0, token)
+                actor.start.remote(
+                    server_manager,
+                    renderer,
+                    host,
+                    port + i if port else 0,
+                    admin_token=token,
+                    **(tls or {}),
+                )
                 for i, actor in enumerate(actors)
             ]
             urls = await asyncio.wait_for(asyncio.gather(*starts), START_TIMEOUT)
@@ -105,9 +124,9 @@ class HostedGateways:
             for actor in actors:
                 ray.kill(actor)
             raise
-        replicas = [
-            GatewayReplica(url=url, public_url=public_urls[i] if public_urls else None)
-            for i, url in enumerate(urls)
+        replicas = [  # the engine calls each admin listener; agents each agents' one
+            GatewayReplica(url=admin, public_url=public_urls[i] if public_urls else agents)
+            for i, (agents, admin) in enumerate(urls)
         ]
         return cls(actors, GatewayConfig(replicas=replicas, admin_token=token))
 
