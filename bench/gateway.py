@@ -729,7 +729,7 @@ async def shared_prefix_part(sessions: int = 32, rounds: int = 3) -> dict[str, A
     prompt_tokens = 0
     try:
         gateway = start_gateway(backend.url, str(TOKENIZER_DIR), token)
-        async with aiohttp.ClientSession() as http, GatewayAdmin(gateway.url, token) as admin:
+        async with aiohttp.ClientSession() as http, GatewayAdmin(gateway.urls[1], token) as admin:
             for round_ in range(rounds + 1):  # round 0 warms up, and renders the shared prefix
                 for arm in ("cold", "warm"):
                     bodies = [

@@ -184,7 +184,7 @@ async def test_a_second_session_reuses_the_first_ones_prefix_over_the_wire() -> 
         gateway = Gateway(SGLangBackend(worker.url), hf_renderer(), model_name="policy")
         await gateway.start()
         try:
-            async with GatewayAdmin(gateway.url, gateway.admin_token) as admin:
+            async with GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
                 traces = []
                 for i, body in enumerate(bodies):
                     session = await admin.create_session(f"cc-{i}")
