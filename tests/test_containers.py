@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import json
 import socket
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -222,57 +224,130 @@ def test_an_emulator_without_an_image_is_refused():
 
 
 def test_loopback_urls_point_at_the_host_as_a_container_sees_it():
-    assert containers.container_url("http://127.0.0.1:5000/v1") == "http://10.0.2.2:5000/v1"
-    assert containers.container_url("http://localhost:80") == "http://10.0.2.2:80"
-    assert containers.container_url("https://s3.amazonaws.com") == "https://s3.amazonaws.com"
-    # Docker: the host at its network's gateway address, where the emulator relays these ports
-    assert containers.container_url("http://127.0.0.1:9/", "172.30.0.1") == "http://172.30.0.1:9/"
+    # the host at the address its containers reach it at, where the emulator relays these ports
+    url = containers.container_url
+    assert url("http://127.0.0.1:5000/v1", "192.0.2.7") == "http://192.0.2.7:5000/v1"
+    assert url("http://localhost:80", "192.0.2.7") == "http://192.0.2.7:80"
+    assert url("https://s3.amazonaws.com", "192.0.2.7") == "https://s3.amazonaws.com"
+    assert url("http://127.0.0.1:9/", "172.30.0.1") == "http://172.30.0.1:9/"
     urls = ["http://127.0.0.1:5000/v1", "http://localhost:7000", "https://s3.amazonaws.com:443"]
     assert containers.loopback_ports([*urls, "eu-west-1"]) == {5000, 7000}
+
+
+_PROBE = """
+import json, socket, sys
+reached = {}
+for address in sys.argv[1:]:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=3) as s:
+            s.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
+            reached[address] = s.recv(12).decode()
+    except OSError as e:
+        reached[address] = type(e).__name__
+print(json.dumps(reached))
+"""
+
+
+def _reached(engine: ContainerEngine, *addresses: str) -> dict[str, str]:
+    """From a session container (on the engine's network, as the emulator runs them), what a
+    connection to each `host:port` got: its first bytes, or the error's name."""
+    containers.debian_base(engine)
+    argv = ("run", "--rm", "--network", engine.network, "--label", f"{LABEL}=probe")
+    done = engine.run(*argv, BASE_IMAGE, "python3", "-c", _PROBE, *addresses)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.containers
+@pytest.mark.e2e
+async def test_an_agent_container_reaches_the_gateway_and_moto_but_not_the_policy(
+    engine, agent_image, no_container_left
+):
+    """Of the host, a session container reaches only the ports its emulator relays for it
+    (the gateway's, moto's): not the policy server, the emulator or the host's loopback."""
+    async with LocalStack(_stack_config(engine, agent_image)) as stack:
+        ports = {
+            name: urlsplit(url).port
+            for name, url in [
+                ("gateway", stack.gateways[0].url),
+                ("moto", stack.moto.url),
+                ("policy", stack.policy_url),
+                ("emulator", stack.emulator.url),
+            ]
+        }
+        host = engine.host
+        seen = await asyncio.to_thread(
+            _reached,
+            engine,
+            *(f"{host}:{port}" for port in ports.values()),
+            f"10.0.2.2:{ports['policy']}",  # slirp4netns's host loopback, when allowed
+            f"127.0.0.1:{ports['policy']}",
+        )
+    reached = [a for a, got in seen.items() if got.startswith("HTTP/")]
+    assert reached == [f"{host}:{ports['gateway']}", f"{host}:{ports['moto']}"], seen
 
 
 @pytest.mark.containers
 @pytest.mark.e2e
 def test_session_containers_cannot_reach_each_other(engine):
-    """As microVMs cannot: Docker's bridge carries no traffic between its containers, while
-    the host (the emulator) reaches each. (Podman gives each its own slirp4netns network.)"""
-    if engine.name != "docker":
-        pytest.skip("podman: each container has its own network, no address of another's")
+    """As microVMs cannot: neither at the host loopback port the emulator maps to another's
+    8080, nor (Docker) at its address on the bridge, which carries no traffic between its
+    containers while the host (the emulator) reaches each. Podman gives each container its
+    own slirp4netns network, with no address of another's."""
     containers.debian_base(engine)
-    on_network = ("--rm", "--network", engine.network, "--label", f"{LABEL}={os.getpid()}-icc")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    on_network = ("--rm", "--network", engine.network, "--label", f"{LABEL}=icc")
     serve = ("python3", "-m", "http.server", "8080")
-    server = engine.run("run", "-d", *on_network, BASE_IMAGE, *serve).stdout.strip()
+    published = ("-p", f"127.0.0.1:{port}:8080")
+    server = engine.run("run", "-d", *on_network, *published, BASE_IMAGE, *serve).stdout.strip()
     try:
         template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
         address = engine.run("inspect", "--format", template, server).stdout.strip()
         give_up = time.monotonic() + 30
-        while True:  # until it listens, as the host sees it
-            with contextlib.suppress(OSError), socket.create_connection((address, 8080), 1):
+        while True:  # until it listens, as the host (the emulator) sees it
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2),
+            ):
                 break
-            assert time.monotonic() < give_up, f"the host never reached {address}:8080"
+            assert time.monotonic() < give_up, f"the host never reached 127.0.0.1:{port}"
             time.sleep(0.1)
-        probe = f"import socket; socket.create_connection(({address!r}, 8080), timeout=3)"
-        other = engine.run("run", *on_network, BASE_IMAGE, "python3", "-c", probe)
-        assert other.returncode == 1 and "timed out" in other.stderr, other
+        targets = [f"{engine.host}:{port}", f"10.0.2.2:{port}"]
+        targets += [f"{address}:8080"] if address else []  # Docker: its bridge address
+        seen = _reached(engine, *targets)
+        assert not [got for got in seen.values() if got.startswith("HTTP/")], seen
     finally:
         engine.remove(server)
 
 
 @pytest.mark.containers
 @pytest.mark.e2e
-def test_containers_of_an_emulator_that_died_are_removed_at_the_next_start(engine):
-    """An emulator killed before its stop leaves its containers: the next one removes them
-    (the label's pid runs no more), and leaves those of live emulators alone."""
+def test_the_orphan_sweep_removes_only_a_gone_emulators_containers(engine):
+    """An emulator killed before its stop leaves its containers: the next one removes them,
+    and leaves those of a live emulator, of another PID namespace or host sharing the daemon
+    (whose pids it cannot see), and of any label it cannot read."""
     containers.debian_base(engine)
-    dead, live = f"{2**31 - 1}-gone", f"{os.getpid()}-here"
-    ids = [
+    mine = containers.emulator_label()
+    scope, pid, started, _ = mine.split("/")
+    gone = 2**22 + 1  # above pid_max's default: no process has it
+    labels = {
+        f"{scope}/{gone}/{started}/dead": False,  # gone: removed
+        f"{scope}/{pid}/{int(started) + 1}/reused": False,  # its pid now another process's
+        mine: True,  # live
+        f"another-namespace/{gone}/1/ns": True,  # not ours to judge
+        f"{gone}-old-format": True,
+    }
+    ids = {
         engine.run(
             *("run", "-d", "--rm", "--label", f"{LABEL}={label}"), BASE_IMAGE, "sleep", "60"
-        ).stdout.strip()
-        for label in (dead, live)
-    ]
+        ).stdout.strip()[:12]: kept
+        for label, kept in labels.items()
+    }
     try:
         engine.remove_orphans()
-        assert _ours(engine) == [ids[1][:12]]
+        assert sorted(_ours(engine)) == sorted(cid for cid, kept in ids.items() if kept)
     finally:
         engine.remove(*ids)

@@ -356,7 +356,10 @@ async def test_example_runs_on_the_local_stack_and_every_rollout_ends_ok_with_a_
         async with RolloutEngine(stack.engine_config(config.engine)) as engine:
             batch = await engine.rollout(requests)
         url = f"{stack.workers[0].url}/debug/samples"
-        async with aiohttp.ClientSession() as http, http.get(url) as response:
+        async with (
+            aiohttp.ClientSession(headers=stack.policy_headers) as http,
+            http.get(url) as response,
+        ):
             by_rid = {s["rid"]: s for s in (await response.json())["samples"]}
     assert batch.counts["ok"] == len(requests), [o.error for o in batch.outcomes]
     for outcome in batch.outcomes:

@@ -117,7 +117,10 @@ async def test_a_real_tool_call_from_smollm2_through_the_gateway_is_token_exact(
         async with RolloutEngine(stack.engine_config(base, llm=greedy)) as engine:
             batch = await engine.rollout([request])
         samples = f"{stack.workers[0].url}/debug/samples"
-        async with aiohttp.ClientSession() as http, http.get(samples) as resp:
+        async with (
+            aiohttp.ClientSession(headers=stack.policy_headers) as http,
+            http.get(samples) as resp,
+        ):
             recorded = (await resp.json())["samples"]
     (outcome,) = batch.outcomes
     assert outcome.outcome == "ok", outcome.error

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import pytest
 
 import agentcore_rollout.local.stack as stack_module
@@ -104,3 +105,35 @@ async def test_an_in_process_agent_that_prints_megabytes_ends_ok(capfd) -> None:
             batch = await engine.rollout(requests)
     assert [o.outcome for o in batch.outcomes] == [Outcome.OK] * 4, [o.error for o in batch]
     assert capfd.readouterr().err.count("x" * 1023) == 4 * 2048
+
+
+async def test_the_workers_admin_routes_take_the_stacks_token_alone() -> None:
+    """An agent may sample, through the gateway, but without the stack's token it cannot load
+    weights, abort everything or read every session's samples on a worker."""
+    config = LocalConfig(
+        app="examples.math_agent.app:app",
+        mode="in_process",
+        policy_workers=1,
+        record_samples=True,
+        bucket="lanes",
+        queue="lanes",
+    )
+    async with LocalStack(config) as stack, aiohttp.ClientSession() as http:
+        async with RolloutEngine(stack.engine_config(flat_config(rollout_timeout=60.0))) as engine:
+            batch = await engine.rollout(
+                [RolloutRequest({"question": "What is 2 + 3?", "answer": 5}, "q", 0)]
+            )
+        worker = stack.workers[0].url
+        takeover = {"model_path": "/etc/passwd", "weight_version": "evil"}
+        refused = [
+            (await http.post(f"{worker}/update_weights_from_disk", json=takeover)).status,
+            (await http.post(f"{worker}/abort_request", json={"abort_all": True})).status,
+            (await http.get(f"{worker}/debug/samples")).status,
+        ]
+        async with http.get(f"{worker}/debug/samples", headers=stack.policy_headers) as resp:
+            assert resp.status == 200
+            samples = (await resp.json())["samples"]
+        async with http.get(f"{worker}/params/version") as resp:
+            version = (await resp.json())["weight_version"]
+    assert batch.outcomes[0].outcome is Outcome.OK, batch.outcomes[0].error
+    assert refused == [401, 401, 401] and version == "0" and samples

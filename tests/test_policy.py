@@ -9,8 +9,10 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -649,17 +651,66 @@ async def test_info_and_health_endpoints(server: PolicyServer, http: Session) ->
     assert (await call(http, server, "/flush_cache", method="POST"))[0] == 200
 
 
+ADMIN_ROUTES = [
+    ("POST", "/update_weights_from_disk", {"model_path": "/etc/passwd", "weight_version": "evil"}),
+    ("POST", "/abort_request", {"abort_all": True}),
+    ("GET", "/flush_cache", None),
+    ("POST", "/flush_cache", None),
+    ("GET", "/debug/samples", None),
+    ("DELETE", "/debug/samples", None),
+]
+
+
+async def test_admin_routes_need_the_admin_token_and_sampling_does_not(
+    http: Session, tmp_path: Path
+) -> None:
+    """With a token (as the stack starts its workers), an agent that reaches the server may
+    sample but not load a host path as weights, abort everyone or read the samples."""
+    token = "t" * 32
+    async with PolicyServer(seed=0, record=True, admin_token=token) as server:
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"seed": 1, "max_new_tokens": 3}}
+        assert (await call(http, server, "/generate", body))[0] == 200
+        assert (await call(http, server, "/v1/chat/completions", {"messages": QUESTION}))[0] == 200
+        for path in ("/health", "/get_model_info", "/get_server_info", "/params/version"):
+            assert (await call(http, server, path, method="GET"))[0] == 200, path
+        for method, path, payload in ADMIN_ROUTES:
+            for wrong in ({}, {"Authorization": "Bearer " + "x" * 32}, {"Authorization": token}):
+                url, data = server.url + path, json.dumps(payload)
+                async with http.request(method, url, data=data, headers=wrong) as r:
+                    error = (await r.json())["error"]
+                assert r.status == 401 and path in error["message"] and token not in str(error)
+        assert server.policy.weight_version == "0" and server.worker.recorded == 2
+        TinyPolicy(9).save(tmp_path / "w.npz")
+        given = {"Authorization": f"Bearer {token}"}
+        for method, path, payload in ADMIN_ROUTES:
+            if path == "/update_weights_from_disk":
+                payload = {"model_path": str(tmp_path / "w.npz"), "weight_version": "step-1"}
+            url = server.url + path
+            async with http.request(method, url, json=payload, headers=given) as r:
+                assert r.status == 200, (path, await r.text())
+        assert server.policy.weight_version == "step-1" and server.worker.recorded == 0
+
+
 def test_module_entry_prints_its_url_and_serves() -> None:
+    """It takes its admin token from the environment, never the command line."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentcore_rollout.local.policy", "--port", "0", "--seed", "3"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, "AGENTCORE_POLICY_ADMIN_TOKEN": "s" * 32},
     )
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            assert r.status == 200
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(url + "/debug/samples", timeout=5)
+        given = urllib.request.Request(
+            url + "/debug/samples", headers={"Authorization": "Bearer " + "s" * 32}
+        )
+        with urllib.request.urlopen(given, timeout=5) as r:
             assert r.status == 200
     finally:
         proc.terminate()

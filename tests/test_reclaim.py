@@ -153,7 +153,7 @@ def _stored(s3, bucket: str) -> int:
 
 async def _samples(stack: LocalStack) -> list:
     async with (
-        aiohttp.ClientSession() as http,
+        aiohttp.ClientSession(headers=stack.policy_headers) as http,
         http.get(f"{stack.workers[0].url}/debug/samples") as resp,
     ):
         return (await resp.json())["samples"]

@@ -54,7 +54,7 @@ async def test_example_agent_traces_equal_what_the_workers_sampled():
         )
         async with RolloutEngine(cfg) as engine:
             batch = await engine.rollout(requests)
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=stack.policy_headers) as http:
             recorded = []
             for worker in stack.workers:
                 async with http.get(f"{worker.url}/debug/samples") as resp:

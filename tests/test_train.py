@@ -63,7 +63,10 @@ async def test_one_step_old_groups_train_off_policy_two_steps_old_go_stale(tmp_p
     )
     trainer = TinyPolicy(seed=0)  # what the worker serves as weight version "0"
     question = {"question": "What is 3 + 4?"}
-    async with LocalStack(local) as stack, aiohttp.ClientSession() as http:
+    async with (
+        LocalStack(local) as stack,
+        aiohttp.ClientSession(headers=stack.policy_headers) as http,
+    ):
         cfg = stack.engine_config(
             flat_config(exp_id="stream", start_rate=50.0, rollout_timeout=120.0, max_staleness=1)
         )

@@ -109,7 +109,7 @@ async def test_agent_loop_rows_failures_and_min_group_ok_through_the_wire(tmp_pa
         finally:
             await close_services()
         async with (
-            aiohttp.ClientSession() as http,
+            aiohttp.ClientSession(headers=stack.policy_headers) as http,
             http.get(f"{stack.workers[0].url}/debug/samples") as resp,
         ):
             sampled = (await resp.json())["samples"]
@@ -243,7 +243,7 @@ async def test_a_group_behind_veRLs_drop_bound_fails_as_veRL_would_evict_it(tmp_
 
 async def _samples(stack: LocalStack) -> list:
     async with (
-        aiohttp.ClientSession() as http,
+        aiohttp.ClientSession(headers=stack.policy_headers) as http,
         http.get(f"{stack.workers[0].url}/debug/samples") as resp,
     ):
         return (await resp.json())["samples"]

@@ -144,7 +144,7 @@ async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(
             tq.close()
             ray.shutdown()
         async with (
-            aiohttp.ClientSession() as http,
+            aiohttp.ClientSession(headers=stack.policy_headers) as http,
             http.get(f"{stack.workers[0].url}/debug/samples") as resp,
         ):
             sampled = (await resp.json())["samples"]

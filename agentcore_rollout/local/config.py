@@ -109,8 +109,8 @@ class EmulatorConfig(EmulatorSettings):
     host_urls: tuple[str, ...] = Field(
         default=(),
         description="loopback services of the host agents are told of in their invocations "
-        "(the gateway, the policy), besides the URLs of their environment: Docker's "
-        "containers reach them through the emulator's relay",
+        "(the gateway, or the policy without one), besides the URLs of their environment: "
+        "containers reach these ports alone, through the emulator's relay",
         json_schema_extra={"flag": "--host-url"},
     )
     runtime_arns: tuple[str, ...] = Field(

@@ -9,15 +9,23 @@
 - `debian_base()`: python3 and a venv (as `python`/`pip` on PATH, like the python images) from
   Debian's packages with mmdebstrap, imported once per machine as `BASE_IMAGE`.
 
-Each session container has its own network namespace and reaches the stack's services, which
-bind the host's loopback only:
-- Podman (slirp4netns, `allow_host_loopback`) reaches the host's loopback at 10.0.2.2 itself.
-  It runs with a containers.conf this module writes (`CONTAINERS_CONF`, never /etc): runc with
-  no default ulimits and cgroupfs, since crun is refused here (`setrlimit RLIMIT_NOFILE`, then
-  `cgroups in hybrid mode not supported`).
+Each session container has its own network namespace and reaches of the host only what the
+emulator relays (`relay.py`): the ports of the URLs its agents are handed (the gateway, moto),
+from an address the container reaches the host at to the same port on loopback, for that
+engine's containers alone. The policy server, the emulator, other sessions' containers and any
+other loopback service of the host are out of its reach:
+- Podman's containers (slirp4netns, without `allow_host_loopback`: the host's loopback is
+  unreachable) reach the host at its own address on its default route (`_host_address`), where
+  the relay serves the host itself alone: slirp4netns connects from the host, so a container's
+  connection arrives from that address, and any other peer is closed unread. Podman runs with
+  a containers.conf this module writes (`CONTAINERS_CONF`, never /etc): runc with no default
+  ulimits and cgroupfs, since crun is refused here (`setrlimit RLIMIT_NOFILE`, then `cgroups
+  in hybrid mode not supported`).
 - Docker's containers join `DOCKER_NETWORK`, a bridge without traffic between its containers,
-  and reach the host at its gateway address, where the emulator relays the stack's ports to
-  loopback for that network's peers alone (`relay.py`).
+  and reach the host at its gateway address, where the relay serves that network's peers.
+
+Every session container is labelled with its emulator's identity (`emulator_label`), so the
+next emulator removes those of one killed before its stop (`remove_orphans`) and no other's.
 """
 
 from __future__ import annotations
@@ -27,9 +35,11 @@ import functools
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,13 +47,12 @@ from pathlib import Path
 BASE_IMAGE = "localhost/agentcore-rollout-base:bookworm"
 AGENT_IMAGE = "localhost/agentcore-rollout-agent:local"
 LABEL = "agentcore-rollout.emulator"
-"""Every session container carries it (valued with its emulator's id), so none is left behind."""
+"""Every session container carries it, valued with its emulator's identity (`emulator_label`),
+so none is left behind."""
 SESSION_LABEL = "agentcore-rollout.session"
 """Its session's id, on each session container."""
-HOST_FROM_CONTAINER = "10.0.2.2"
-"""The host's loopback as a session container sees it (slirp4netns, allow_host_loopback)."""
-NETWORK = "slirp4netns:allow_host_loopback=true"
-"""Podman: each container its own network namespace, reaching the host's loopback services."""
+NETWORK = "slirp4netns"
+"""Podman: each container its own network namespace, the host's loopback out of its reach."""
 DOCKER_NETWORK = "agentcore-rollout"
 """Docker: the bridge session containers join (no traffic between them, as between microVMs)."""
 _DEBIAN_PACKAGES = "python3-minimal,python3-venv,passwd,ca-certificates"
@@ -75,11 +84,11 @@ class ContainerEngine:
     name: str
     path: str
     env: dict[str, str]
+    host: str
+    """The host's address as a session container sees it, where the emulator's relay listens."""
+    subnet: str
+    """The peers the relay serves: Docker's `network`'s subnet; with Podman, `host` itself."""
     network: str = NETWORK
-    host: str = HOST_FROM_CONTAINER
-    """The host's address as a session container sees it."""
-    subnet: str | None = None
-    """Docker: `network`'s subnet, whose peers the emulator's relay serves (Podman: None)."""
 
     def argv(self, *args: str) -> list[str]:
         return [self.path, *args]
@@ -103,14 +112,15 @@ class ContainerEngine:
         self.run("rm", "-f", *containers, timeout=30)
 
     def remove_orphans(self) -> None:
-        """Force-remove session containers whose emulator is gone (killed before its stop):
-        the label's value begins with its emulator's pid."""
+        """Force-remove session containers whose emulator is provably gone (killed before its
+        stop): labelled by an emulator of this kernel and PID namespace whose process runs no
+        more. Those of another host, namespace or label format sharing the daemon are left."""
         if not (ids := self.run("ps", "-aq", "--filter", f"label={LABEL}").stdout.split()):
             return
         template = '{{.Id}} {{index .Config.Labels "' + LABEL + '"}}'
         shown = self.run("inspect", "--format", template, *ids)  # some may be gone by now
         labelled = (line.split(" ", 1) for line in shown.stdout.splitlines() if " " in line)
-        if orphans := [cid for cid, label in labelled if not _alive(label.split("-")[0])]:
+        if orphans := [cid for cid, label in labelled if _orphaned(label)]:
             self.remove(*orphans)
 
     def remove_containers(self, label_value: str) -> None:
@@ -130,7 +140,9 @@ def container_engine(choice: str = "auto") -> ContainerEngine:
         conf = _cache_dir() / "containers.conf"
         runtime = '\nruntime = "runc"\n' if shutil.which("runc") else ""
         conf.write_text(_CONF + runtime)
-        return ContainerEngine("podman", podman, {**os.environ, "CONTAINERS_CONF": str(conf)})
+        env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+        host = _host_address()
+        return ContainerEngine("podman", podman, env, host=host, subnet=f"{host}/32")
     if choice != "podman" and (docker := shutil.which("docker")):
         return _docker(docker)
     wanted = "podman or docker" if choice == "auto" else choice
@@ -139,7 +151,7 @@ def container_engine(choice: str = "auto") -> ContainerEngine:
 
 def _docker(path: str) -> ContainerEngine:
     """Docker, once its daemon answers, with `DOCKER_NETWORK` (made the first time)."""
-    engine = ContainerEngine("docker", path, dict(os.environ), network=DOCKER_NETWORK)
+    engine = ContainerEngine("docker", path, dict(os.environ), "", "", network=DOCKER_NETWORK)
     info = engine.run("info", "--format", "{{.ServerVersion}}", timeout=20)
     if info.returncode != 0:
         why = _last_line(info.stderr or info.stdout)
@@ -159,7 +171,7 @@ def _docker(path: str) -> ContainerEngine:
     return dataclasses.replace(engine, host=gateway, subnet=subnet)
 
 
-def container_url(url: str, host: str = HOST_FROM_CONTAINER) -> str:
+def container_url(url: str, host: str) -> str:
     """A loopback URL of the host as a session container reaches it (at `host`)."""
     return re.sub(rf"//{_LOOPBACK}(?=[:/]|$)", f"//{host}", url)
 
@@ -263,17 +275,64 @@ def _on_base(lines: list[str], base: str, tmp: Path) -> Path:
     return copy
 
 
-def _alive(pid: str) -> bool:
-    """A process of this pid runs (a label not starting with one: not ours to judge)."""
-    if not pid.isdigit() or int(pid) <= 0:
-        return True
+def emulator_label() -> str:
+    """A new emulator's identity, its containers' `LABEL` value: where it runs (this kernel's
+    boot and PID namespace), its pid and that process's start time (a pid is reused), and a
+    random part (two stacks in one process)."""
+    return f"{_scope()}/{os.getpid()}/{_started(os.getpid())}/{uuid.uuid4().hex[:8]}"
+
+
+def _orphaned(label: str) -> bool:
+    """The emulator `label` names ran here (this kernel and PID namespace) and is gone: its
+    pid runs no more, or runs another process (started at another time)."""
+    parts = label.split("/")
+    if len(parts) != 4 or parts[0] != _scope() or not parts[1].isdigit():
+        return False  # another host's, namespace's or format's: not ours to judge
+    return _started(int(parts[1])) != parts[2]
+
+
+@functools.cache
+def _scope() -> str:
+    """This kernel's boot and this process's PID namespace (the hostname where /proc lacks
+    them): a pid means one process within it alone."""
     try:
-        os.kill(int(pid), 0)
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}.{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return socket.gethostname()
+
+
+def _started(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot; "" if none runs). Without /proc,
+    "0" for any live pid: a reused pid then passes for its emulator, which only keeps its
+    containers."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command's ")"
+    except FileNotFoundError:
+        return ""
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return ""
     except PermissionError:
         pass
-    return True
+    return "0"
+
+
+def _host_address() -> str:
+    """The host's address on its default route: where slirp4netns's containers reach it
+    (a UDP socket's connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: any routed address would do
+        except OSError as e:
+            raise ContainerRuntimeError(
+                f"podman: no network address for containers to reach the host at ({e})"
+            ) from None
+        return probe.getsockname()[0]
 
 
 def _last_line(text: str) -> str:

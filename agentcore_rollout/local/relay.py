@@ -1,11 +1,12 @@
-"""The host's loopback services, relayed to the address Docker's containers reach the host at.
+"""The host's loopback services, relayed to the address session containers reach the host at.
 
-A Docker bridge reaches the host at its gateway address, and the stack's services bind
-127.0.0.1 only. The emulator relays each port its containers are handed, from the gateway
-address to the same port on loopback, and serves that network's peers alone: a connection
-from any other address is closed unread. Nothing binds beyond the machine's container bridge.
-Two emulators of one user may relay the same port (SO_REUSEPORT): both lead to one service.
-(Podman's slirp4netns reaches the host's loopback itself and needs no relay.)
+The stack's services bind 127.0.0.1 only, and containers do not reach the host's loopback. The
+emulator relays each port its containers are handed (the gateway's, moto's: not the policy's),
+from that address to the same port on loopback, and serves its containers alone: a connection
+from any other address is closed unread. Docker's bridge reaches the host at its gateway
+address, its peers the bridge's subnet; Podman's slirp4netns at the host's own address, from
+which its connections arrive (`containers.py`). Two emulators of one user may relay the same
+port (SO_REUSEPORT): both lead to one service.
 """
 
 from __future__ import annotations

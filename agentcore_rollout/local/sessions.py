@@ -1,15 +1,15 @@
 """The emulator's sessions, as AgentCore runs them: each gets its own agent (`agents.py`) on
 its first invocation, after the simulated cold start, and ends on a stop or as the service
 ends it (`Sessions._watch`). Where agents run is set up once, at the emulator's start: the
-shared app (mode in_process), or the container engine and Docker's loopback relay (mode
-container). Ledgers and gauges let tests check a client's bounds.
+shared app (mode in_process), or the container engine and the relay of the host's loopback
+ports its containers are handed (mode container). Ledgers and gauges let tests check a
+client's bounds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +19,7 @@ import aiohttp
 from .._limits import Gauge
 from .agents import Agent, ContainerAgent, InProcessAgent, ProcessAgent, SharedApp, container_env
 from .config import EmulatorConfig
-from .containers import ContainerEngine, container_engine, loopback_ports
+from .containers import ContainerEngine, container_engine, emulator_label, loopback_ports
 from .quotas import Quotas
 from .relay import LoopbackRelay
 from .wire import ApiError
@@ -68,8 +68,8 @@ class Sessions(Mapping[str, Session]):
         self._watchers: set[asyncio.Task[None]] = set()
         self._shared: SharedApp | None = None
         self._engine: ContainerEngine | None = None
-        self._loopback: LoopbackRelay | None = None  # docker's containers' way to the host
-        self._label = f"{os.getpid()}-{id(self):x}"  # its containers', for the sweep at stop
+        self._loopback: LoopbackRelay | None = None  # containers' way to the host's services
+        self._label = emulator_label()  # its containers', for the sweeps
 
     def __getitem__(self, session_id: str) -> Session:
         return {s.session_id: s for s in self._live.values()}[session_id]
@@ -93,10 +93,9 @@ class Sessions(Mapping[str, Session]):
                 raise RuntimeError(
                     f"image {cfg.image} not found: build it (agentcore-rollout local build)"
                 )
-            if engine.subnet is not None:
-                urls = [*container_env(cfg.env).values(), *cfg.host_urls]
-                self._loopback = LoopbackRelay(engine.host, engine.subnet, loopback_ports(urls))
-                await self._loopback.start()
+            urls = [*container_env(cfg.env).values(), *cfg.host_urls]  # their ports alone
+            self._loopback = LoopbackRelay(engine.host, engine.subnet, loopback_ports(urls))
+            await self._loopback.start()
         # No total timeout: the service's caps (sync_timeout, stream_timeout) are applied per
         # invocation; a connect that hangs is still bounded. No connection limit either: open
         # streams must not queue other sessions' invocations (only the quotas bound them).

@@ -43,6 +43,7 @@ from .config import EmulatorSettings, LocalConfig
 from .containers import container_engine, container_url, ensure_image
 from .models import model_of
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
+from .policy.server import TOKEN_ENV as POLICY_TOKEN_ENV
 from .policy.worker import MODEL_NAME as TOY_MODEL_NAME
 
 LOCAL_REGION = "us-east-1"
@@ -62,6 +63,7 @@ class LocalStack:
         self.router: Any = None
         self.gateways: list[ServiceProcess] = []  # the gateway's replicas
         self._admin_token = secrets.token_urlsafe(24)
+        self._policy_token = secrets.token_urlsafe(24)  # the workers' admin routes
         self.channel: ResultsChannel | None = None
         self.emulator: ServiceProcess | None = None
         self._container_host: str | None = None  # the host as session containers see it
@@ -148,6 +150,7 @@ class LocalStack:
                 f"policy worker {i}",
                 "agentcore_rollout.local.policy",
                 *("--seed", str(cfg.policy_seed), "--worker-id", f"worker-{i}", *serves),
+                env={POLICY_TOKEN_ENV: self._policy_token},
             )
             for i in range(cfg.policy_workers)
         ]
@@ -155,7 +158,9 @@ class LocalStack:
     def _start_emulator(self) -> None:
         cfg = self.config
         containers = ["--image", cfg.image]
-        for url in [self.policy_url, *(gateway.url for gateway in self.gateways)]:
+        # What agents call for their turns, and nothing else of the host: with a gateway in
+        # front, the policy's port is not relayed to containers (moto's comes with its URLs).
+        for url in [gateway.url for gateway in self.gateways] or [self.policy_url]:
             containers += ["--host-url", url]
         self.emulator = ServiceProcess(
             "runtime emulator",
@@ -212,6 +217,12 @@ class LocalStack:
     def policy_url(self) -> str:
         """Where the policy is served: the router, or the one worker."""
         return self.router.url if self.router is not None else self.workers[0].url
+
+    @property
+    def policy_headers(self) -> dict[str, str]:
+        """What a caller of the workers' admin routes sends (weight loads, aborts,
+        /debug/samples): the stack's token for them, which agents are never given."""
+        return {"Authorization": f"Bearer {self._policy_token}"}
 
     @property
     def _containers(self) -> bool:

@@ -127,7 +127,7 @@ async def train(
         local = await stack.enter_async_context(LocalStack(config.local))
         engine_config = local.engine_config(config.engine)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=start))
-        http = await stack.enter_async_context(aiohttp.ClientSession())
+        http = await stack.enter_async_context(aiohttp.ClientSession(headers=local.policy_headers))
         workers = [w.url for w in local.workers]
         saved = resume_from or learner.save(out, 0)
         await _push(http, workers, saved, str(start))  # trainer and workers agree

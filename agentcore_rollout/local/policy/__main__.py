@@ -3,17 +3,21 @@ its URL once listening (`serving.process.serve_until_signalled`).
 
 It serves the toy (`--params`: its trained .npz), or with `--model DIR` a Hugging Face causal LM
 from a local model directory (`hf.HFPolicy`, the `[models]` extra; imported only then, so the
-toy's worker never loads torch)."""
+toy's worker never loads torch).
+
+The admin token (`PolicyServer`'s `admin_token`) comes from the environment, `TOKEN_ENV`, never
+the command line, which `ps` shows to every user (and to every agent process on the host)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 
 from ...serving.flags import add_flags, from_flags
 from ...serving.process import serve_until_signalled
-from .server import PolicyServer
+from .server import TOKEN_ENV, PolicyServer
 
 
 def _no_http2_probes(record: logging.LogRecord) -> bool:
@@ -27,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", help=".npz written by TinyPolicy.save (default: from seed)")
     parser.add_argument("--model", help="a Hugging Face model directory to serve (not the toy)")
     parser.add_argument("--threads", type=int, help="--model: torch threads (default: torch's)")
-    add_flags(parser, PolicyServer, exclude={"policy"})
+    add_flags(parser, PolicyServer, exclude={"policy", "admin_token"})
     args = parser.parse_args(argv)
     if args.model and args.params:
         parser.error("--params is the toy's; a model's weights are its directory (--model)")
@@ -42,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
             policy = HFPolicy(args.model, threads=args.threads)
         except (ValueError, OSError) as exc:
             parser.error(f"--model: {exc}")
-    server = from_flags(PolicyServer, args, policy=policy)  # None: the toy, from the seed
+    token = os.environ.get(TOKEN_ENV) or None  # None: admin routes open, as SGLang's default
+    server = from_flags(PolicyServer, args, policy=policy, admin_token=token)  # policy None: toy
     if args.params:
         try:
             server.policy.load(args.params)

@@ -27,6 +27,13 @@ Endpoints (unknown request fields are ignored; see each handler for details):
   GET  /health, /health_generate, /v1/models, /get_model_info, /get_server_info (/server_info)
   GET, DELETE /debug/samples      the recorded generations (when started with record=True)
 
+With `admin_token` set (the local stack always sets it), the routes that change or read more
+than the model (weight loads, aborts, the recorded samples, the cache) need it as
+`Authorization: Bearer` (SGLang guards its routes with an optional key too): an agent that reaches
+the server can sample but not load a host path as the weights, abort every session or read
+their samples. Sampling, health and the model's description stay open: sglang-router probes
+those, and an agent without a gateway in front samples here directly.
+
 Every client error is a 400 (404/405/413 for routing and size) whose body is one line of JSON:
 {"error": {"message": ..., "type": "invalid_request_error", "code": 400}}.
 """
@@ -34,6 +41,7 @@ Every client error is a 400 (404/405/413 for routing and size) whose body is one
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -46,6 +54,9 @@ from .model import TinyPolicy
 from .openai_api import OpenAIApi
 from .sampling import SamplingParams
 from .worker import BatchedPolicy, PolicyWorker, request_id, top_n
+
+TOKEN_ENV = "AGENTCORE_POLICY_ADMIN_TOKEN"
+"""Where `python -m agentcore_rollout.local.policy` reads its admin token (never argv)."""
 
 _Job = tuple[list[int], SamplingParams, str, bool, int]  # prompt, sampling, rid, logprobs, top n
 
@@ -65,8 +76,10 @@ class PolicyServer(Server):
         record_limit: int = 10_000,
         worker_id: str | None = None,
         token_delay: float = 0.0,
+        admin_token: str | None = None,
     ) -> None:
         super().__init__(host, port)
+        self._admin_token = admin_token
         self.worker = PolicyWorker(
             policy, seed=seed, token_delay=token_delay, record=record, record_limit=record_limit
         )
@@ -84,7 +97,7 @@ class PolicyServer(Server):
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_json_errors], client_max_size=16 * 1024 * 1024)
-        get, post = web.get, web.post
+        get, post, admin = web.get, web.post, self._admin
         app.add_routes(
             [
                 post("/generate", self._generate),
@@ -94,17 +107,32 @@ class PolicyServer(Server):
                 get("/get_model_info", self._model_info),
                 get("/get_server_info", self._server_info),
                 get("/server_info", self._server_info),
-                get("/flush_cache", self._flush_cache),
-                post("/flush_cache", self._flush_cache),
-                post("/update_weights_from_disk", self._update_weights_from_disk),
-                post("/abort_request", self._abort_request),
+                get("/flush_cache", admin(self._flush_cache)),
+                post("/flush_cache", admin(self._flush_cache)),
+                post("/update_weights_from_disk", admin(self._update_weights_from_disk)),
+                post("/abort_request", admin(self._abort_request)),
                 get("/get_weight_version", self._weight_version),
                 get("/params/version", self._weight_version),
-                get("/debug/samples", self._get_samples),
-                web.delete("/debug/samples", self._clear_samples),
+                get("/debug/samples", admin(self._get_samples)),
+                web.delete("/debug/samples", admin(self._clear_samples)),
             ]
         )
         return app
+
+    def _admin(self, handler: Handler) -> Handler:
+        """`handler` for callers holding `admin_token` only (anyone, when there is none)."""
+        if self._admin_token is None:
+            return handler
+        expected = f"Bearer {self._admin_token}".encode()
+
+        async def checked(request: web.Request) -> web.StreamResponse:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                message = f"{request.path} needs the policy's admin token (Authorization: Bearer)"
+                return _json(_error_body(401, message), 401)
+            return await handler(request)
+
+        return checked
 
     # -- SGLang native ------------------------------------------------------------------------
 
