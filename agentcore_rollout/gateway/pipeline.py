@@ -11,6 +11,12 @@ Each render is counted as one of `trajectory.RENDER_KINDS` (incremental when the
 `render.IncrementalRenderer`), in the trace's turns and in /admin/stats. The backend call is not
 streamed: the whole turn is needed to parse tool calls and to record it atomically. A generation
 the backend aborts for a weight update is resumed (`resume`): the agent gets one answer.
+
+Rendering and parsing run in the server's thread pool (`_limits`), a session's renders one at a
+time (`Session.cpu`), so one session's huge prompt does not hold up the others' turns. A turn
+whose reply the agent never got (it went away, or the reply failed) stays in the trace, marked
+`delivered: false` (`undelivered`): its tokens were sampled, but nothing the agent did next
+followed from them.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ._limits import in_pool
 from .backends import Backend, Completion
-from .render import IncrementalRenderer, Parsed, Renderer, TextRenderer
+from .render import IncrementalRenderer, Parsed, Rendered, Renderer, TextRenderer
 from .resume import ResumePolicy, complete
 from .sessions import Session
 from .trajectory import RENDER_KINDS, Turn
@@ -44,6 +52,9 @@ class TurnPipeline:
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
         self.ignored_fields: Counter[str] = Counter()  # per field name, the turns that sent it
+        self.undelivered_turns = 0  # recorded turns whose reply the agent did not get
+        self.counted_prompts = 0  # count_tokens requests answered
+        self.pool: ThreadPoolExecutor | None = None  # the server's, while it serves
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -51,6 +62,8 @@ class TurnPipeline:
             "render": dict(self.render_counts),
             "prompt_tokens": dict(self.prompt_tokens),
             "ignored_fields": dict(self.ignored_fields),
+            "undelivered_turns": self.undelivered_turns,
+            "count_tokens": self.counted_prompts,
         }
 
     async def answer(self, session: Session, turn: ChatTurn) -> TurnAnswer:
@@ -58,7 +71,7 @@ class TurnPipeline:
         limit the turn ends at once as `length` (what agent loops stop on), unrecorded."""
         self.ignored_fields.update(turn.ignored)
         # Render before reserving a turn: a malformed request is a 400 and costs no turn.
-        prompt_ids, render, reused = self._render(session, turn.messages, turn.tools)
+        prompt_ids, render, reused = await self._render(session, turn.messages, turn.tools)
         index = session.begin_turn()
         if index is None:
             message = {"role": "assistant", "content": ""}
@@ -86,24 +99,48 @@ class TurnPipeline:
             stop_sequence=completion.stop_sequence,
         )
 
-    def _render(
+    async def _render(
         self, session: Session, messages: Any, tools: list[dict[str, Any]] | None
     ) -> tuple[list[int] | None, str | None, int]:
         """Prompt ids, how they were rendered (one of RENDER_KINDS; None without a renderer),
-        and how many of them were reused from an earlier render of the session."""
+        and how many of them were reused from an earlier render of the session; in the pool,
+        one render of a session at a time (each starts from the states the last one left)."""
         if self.renderer is None:
             return None, None, 0
-        if self._incremental is None:
-            ids, render, reused = self.renderer.render(messages, tools), "full", 0
-        else:
-            rendered = self._incremental.render_from(messages, tools, session.render_states)
-            ids, reused = rendered.ids, rendered.reused
-            render = "incremental" if reused else "fallback" if session.render_states else "full"
-            session.remember_render(rendered)
+        async with session.cpu:
+            if self._incremental is None:
+                ids = await in_pool(self.pool, self.renderer.render, messages, tools)
+                render, reused = "full", 0
+            else:
+                states = list(session.render_states)
+                rendered: Rendered = await in_pool(
+                    self.pool, self._incremental.render_from, messages, tools, states
+                )
+                ids, reused = rendered.ids, rendered.reused
+                render = "incremental" if reused else "fallback" if states else "full"
+                session.remember_render(rendered)
         self.render_counts[render] += 1
         self.prompt_tokens["reused"] += reused
         self.prompt_tokens["encoded"] += len(ids) - reused
         return ids, render, reused
+
+    async def count(self, session: Session, messages: Any, tools: Any) -> int:
+        """The prompt tokens `messages` and `tools` render to (Anthropic's count_tokens): in
+        the pool, in the session's turn of it, recorded nowhere."""
+        assert self.renderer is not None
+        async with session.cpu:
+            ids = await in_pool(self.pool, self.renderer.render, messages, tools)
+        self.counted_prompts += 1
+        return len(ids)
+
+    def undelivered(self, session: Session, rid: str) -> None:
+        """Mark the recorded turn `rid` as not delivered: its reply never reached the agent."""
+        for turn in reversed(session.trajectory.turns):
+            if turn.rid == rid:
+                if turn.delivered:
+                    turn.delivered = False
+                    self.undelivered_turns += 1
+                return
 
     async def _sample(
         self, session: Session, index: int, request: TurnRequest
@@ -127,7 +164,7 @@ class TurnPipeline:
                 decode=self._decode,
                 live=lambda: not session.closed,
             )
-        parsed = self._parse(completion, request)
+        parsed = await in_pool(self.pool, self._parse, completion, request)
         finish = completion.finish_reason
         if parsed.tool_calls and finish == "stop":
             finish = "tool_calls"

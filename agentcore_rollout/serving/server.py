@@ -5,7 +5,7 @@ as aiohttp's `on_startup`, `on_shutdown` and `cleanup_ctx` hooks, which start an
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -29,9 +29,14 @@ class Server:
         host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
         return f"http://{host}:{self.port}"
 
+    def handler_options(self) -> dict[str, Any]:
+        """Options of aiohttp's request handler (`keepalive_timeout`, ...): its defaults."""
+        return {}
+
     async def start(self) -> None:
         """Run the app's startup hooks, then listen."""
-        self._runner = web.AppRunner(self.app(), access_log=None)  # no request lines in logs
+        options = self.handler_options()
+        self._runner = web.AppRunner(self.app(), access_log=None, **options)  # no request lines
         try:
             await self._runner.setup()
             await web.TCPSite(self._runner, self.host, self.port).start()
