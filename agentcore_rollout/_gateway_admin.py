@@ -20,6 +20,7 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
                 "reused_prompt_tokens": int},   # of prompt_tokens, taken from earlier renders
       "limits": {"max_turns", "max_context", "rejected_turns", "context_limited_turns"},
       "in_flight_at_finish": int,     # turns still running when finished (not recorded)
+      "undelivered_turns": int,       # recorded turns whose reply the agent never got
       "truncated": bool, "ill_formed": bool,   # any turn
       "render": {"incremental": int, "shared": int, "fallback": int, "full": int},  # by kind
       "turns": [{"index", "rid", "sample" (int | null), "prompt_tokens", "completion_tokens",
@@ -29,7 +30,8 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
                  "reused_prompt_tokens": int,     # prompt ids not re-encoded this turn
                  "version_runs": [[str | null, int]] | null,   # per output token (runs)
                  "min_weight_version", "max_weight_version",  # over its tokens
-                 "resumed": int}],                # continued after the backend aborted it
+                 "resumed": int,                  # continued after the backend aborted it
+                 "delivered": bool}],   # false: sampled, but the agent never got the reply
       "samples": [{"index", "turns": [turn indices],
                    "prompt_ids": [int],        # the first merged turn's prompt
                    "response_ids": [int],      # sampled + observation tokens after the prompt
@@ -38,7 +40,8 @@ The trace returned by `finish_session` (JSON-serializable, version 1):
                    "num_sampled": int, "finish_reason", "truncated", "ill_formed",
                    "weight_versions": [str | null],   # one per merged turn (its last call's)
                    "version_runs": [[str | null, int]],  # per response token; null: unsampled
-                   "min_weight_version", "max_weight_version", "resumed": int}]
+                   "min_weight_version", "max_weight_version", "resumed": int,
+                   "delivered": bool}]   # false if any of its turns was not delivered
     }
 
 `response_ids`, `loss_mask` and `logprobs` have the same length. Turns merge into one sample
@@ -47,6 +50,10 @@ render kinds are the gateway's (see `gateway.pipeline`), and give the same ids: 
 reused the ids of the session's earlier render, `shared` those of another session's render of
 the same start (the system prompt and tools a batch shares), `fallback` and `full` reused none.
 `reused_prompt_tokens` counts the ids reused either way (a prefix cache's hits, for `_cost`).
+A turn the agent never received (it went away before or while the reply was written, or the
+reply failed) is kept but marked `delivered: false`, and so is its sample: the tokens were
+sampled from the policy, but the agent's next turns did not follow from them; a trainer may drop
+such samples.
 """
 
 from __future__ import annotations
@@ -170,7 +177,8 @@ class GatewayAdmin:
         """The gateway's counters: {"sessions": live, "turns": rendered since start,
         "render": {"incremental", "shared", "fallback", "full"},
         "prompt_tokens": {"reused", "encoded"},
-        "ignored_fields": {field name: turns that sent it with no effect}}."""
+        "ignored_fields": {field name: turns that sent it with no effect},
+        "undelivered_turns": int, "count_tokens": int (requests answered)}."""
         return await self._call("GET", "/admin/stats")
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:

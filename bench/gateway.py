@@ -30,8 +30,11 @@ aiohttp. Three parts:
    in alternating rounds. Each process's CPU per wall second says where the cores went: on a
    2-core machine the client and the backend share the cores with the gateways, so a second
    replica buys what the first left idle, not a second core's worth.
-
-6. `shared_prefix`: the gateway's CPU for a Claude-Code-sized first turn (the captured Claude
+6. `fairness`: the p99 latency of 63 well-behaved sessions (part 3's conversations) while a 64th
+   sends 40 MB turns back to back and 16 clients send their headers a byte at a time, against
+   the same without them (target: within 1.5x), with the default body limit (the 40 MB turn is
+   a 413) and with it raised to 64 MiB (the turn is parsed and rendered, in the pool).
+7. `shared_prefix`: the gateway's CPU for a Claude-Code-sized first turn (the captured Claude
    Code request's system prompt and 24 tools, about 47,000 prompt tokens with the fixture
    tokenizer, and a task of its own), sent to /v1/messages one session at a time against the
    instant backend: `cold`, each session's system prompt made unique, so nothing is shared;
@@ -45,13 +48,14 @@ Absolute numbers are a 2-core machine's, shared with
 this client; the point is the gateway's share.
 
     python bench/gateway.py [--sessions 1 16 64] [--turns 8] [--rounds 2] [--replicas-only]
-                            [--prefix-only]
+                            [--fairness-only] [--prefix-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -297,7 +301,7 @@ def serve_instant() -> None:
         return web.Response(body=answer, content_type="application/json")
 
     async def main() -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=256 * 1024 * 1024)  # a 40 MB turn's ids
         app.add_routes([web.post("/generate", generate)])
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -313,11 +317,11 @@ def serve_instant() -> None:
 # -- the runs -------------------------------------------------------------------------------------
 
 
-def start_gateway(backend_url: str, renderer: str, token: str) -> ServiceProcess:
+def start_gateway(backend_url: str, renderer: str, token: str, *flags: str) -> ServiceProcess:
     gateway = ServiceProcess(
         "gateway",
         "agentcore_rollout.gateway",
-        *("--backend-url", backend_url, "--renderer", renderer),
+        *("--backend-url", backend_url, "--renderer", renderer, *flags),
         env={TOKEN_ENV: token},
     )
     gateway.start()
@@ -492,6 +496,174 @@ async def instant_part(
             gateway.stop()
         backend.stop()
     return {"cpu": cpu, "latency": latency, "final_prompt_tokens": len(direct_prompts[0][-1])}
+
+
+HEAVY_BYTES = 40 * 1024 * 1024
+SLOW_CONNECTIONS = 16
+
+
+async def heavy_turns(
+    http: aiohttp.ClientSession, url: str, key: str, stop: asyncio.Event
+) -> dict[str, int]:
+    """One session's 40 MB turns, back to back until `stop` (the last one is let finish);
+    how many ended with each status."""
+    text = "the quick brown fox jumps. " * (HEAVY_BYTES // 27)
+    body = orjson.dumps({"model": "policy", "messages": [{"role": "user", "content": text}]})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    statuses: dict[str, int] = {}
+    while not stop.is_set():
+        try:
+            async with http.post(url, data=body, headers=headers) as response:
+                await response.read()
+                status = str(response.status)
+        except aiohttp.ClientError as exc:
+            status = type(exc).__name__
+        statuses[status] = statuses.get(status, 0) + 1
+    return statuses
+
+
+async def slow_headers(port: int, stop: asyncio.Event) -> dict[str, int]:
+    """SLOW_CONNECTIONS clients sending their request headers a byte every 250 ms until
+    `stop`; how many the gateway closed meanwhile."""
+
+    async def one() -> bool:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+        try:
+            while not stop.is_set():
+                writer.write(b"a")
+                await writer.drain()
+                with contextlib.suppress(TimeoutError):
+                    if await asyncio.wait_for(reader.read(1), 0.25) == b"":
+                        return True
+            return False
+        except ConnectionError:
+            return True
+        finally:
+            writer.close()
+
+    closed = await asyncio.gather(*(one() for _ in range(SLOW_CONNECTIONS)))
+    return {"connections": SLOW_CONNECTIONS, "closed_by_gateway": sum(closed)}
+
+
+async def fairness_run(
+    http: aiohttp.ClientSession, admin: GatewayAdmin, url: str, port: int, turns: int, noisy: bool
+) -> tuple[list[float], dict[str, Any]]:
+    """63 well-behaved sessions' turns (closed-loop, about 250 prompt tokens a turn), with or
+    without a 64th session sending 40 MB turns and slow-header clients alongside."""
+    noise: dict[str, Any] = {}
+    created = [await admin.create_session(f"fair-{i}", sampling=SAMPLING) for i in range(64)]
+    keys = [s.api_key for s in created]
+    stop = asyncio.Event()
+    tasks = []
+    if noisy:
+        tasks = [
+            asyncio.create_task(heavy_turns(http, url, keys[63], stop)),
+            asyncio.create_task(slow_headers(port, stop)),
+        ]
+        await asyncio.sleep(0.5)  # the first 40 MB turn is on its way
+    latencies = await drive(http, url, keys[:63], turns, long_conversation, {"tools": TOOLS})
+    stop.set()
+    if tasks:
+        noise = dict(
+            zip(("heavy_turns", "slow_headers"), await asyncio.gather(*tasks), strict=True)
+        )
+    for s in created:
+        await admin.drop_session(s.session_id)
+    return latencies, noise
+
+
+async def fairness_part(turns: int, rounds: int) -> dict[str, Any]:
+    """The p99 latency of 63 well-behaved sessions with and without one noisy session (40 MB
+    turns, slow headers), for the gateway as configured by default (its body limit refuses a
+    40 MB turn: a 413) and with the limit raised to 64 MiB (the 40 MB turn is parsed and
+    rendered, in the gateway's thread pool)."""
+    token = secrets.token_urlsafe(32)
+    backend = ServiceProcess(
+        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
+    )
+    backend.start()
+    configs = {"default_limit": (), "limit_64MiB": ("--max-body-bytes", str(64 << 20))}
+    out: dict[str, Any] = {}
+    try:
+        for name, flags in configs.items():
+            gateway = start_gateway(backend.url, str(TOKENIZER_DIR), token, *flags)
+            try:
+                out[name] = await _fairness_arms(gateway, token, turns, rounds)
+            finally:
+                gateway.stop()
+    finally:
+        backend.stop()
+    return {
+        "setup": f"63 sessions x {turns} turns closed-loop (about 250 prompt tokens a turn, HF "
+        "fixture tokenizer, tools) against an instant backend, gateway in its own process; "
+        f"noisy: a 64th session sending {HEAVY_BYTES >> 20} MiB turns back to back and "
+        f"{SLOW_CONNECTIONS} clients sending headers a byte every 250 ms; {rounds} alternating "
+        "rounds; ratio = p99 noisy / p99 quiet (target <= 1.5)",
+        **out,
+    }
+
+
+async def _fairness_arms(
+    gateway: ServiceProcess, token: str, turns: int, rounds: int
+) -> dict[str, Any]:
+    arms: dict[str, list[float]] = {"quiet": [], "noisy": []}
+    usage = {arm: {"gateway_cpu_s": 0.0, "wall_s": 0.0} for arm in arms}
+    noise: list[dict[str, Any]] = []
+    assert gateway.pid is not None
+    url = f"{gateway.url}/v1/chat/completions"
+    port = int(gateway.url.rsplit(":", 1)[1])
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http,
+        GatewayAdmin(gateway.url, token) as admin,
+    ):
+        for _ in range(rounds):
+            for arm in ("quiet", "noisy"):
+                cpu, wall = cpu_seconds(gateway.pid), time.perf_counter()
+                latencies, seen = await fairness_run(http, admin, url, port, turns, arm == "noisy")
+                usage[arm]["gateway_cpu_s"] += cpu_seconds(gateway.pid) - cpu
+                usage[arm]["wall_s"] += time.perf_counter() - wall
+                arms[arm] += latencies
+                if seen:
+                    noise.append(seen)
+    quiet, noisy = pct(arms["quiet"]), pct(arms["noisy"])
+    return {
+        "quiet_ms": quiet,
+        "noisy_ms": noisy,
+        "p99_ratio": round(noisy["p99"] / quiet["p99"], 3),
+        "p50_ratio": round(noisy["p50"] / quiet["p50"], 3),
+        "gateway_cpu_share": {  # CPU seconds per wall second of the gateway process
+            arm: round(u["gateway_cpu_s"] / u["wall_s"], 3) for arm, u in usage.items()
+        },
+        "noise": noise,
+    }
+
+
+def plot_fairness(figures: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = [k for k in figures if k != "setup"]
+    fig, axes = plt.subplots(1, len(configs), figsize=(5.5 * len(configs), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], configs, strict=True):
+        data = figures[name]
+        x = np.arange(2)
+        for i, arm in enumerate(("quiet", "noisy")):
+            values = [data[f"{arm}_ms"]["p50"], data[f"{arm}_ms"]["p99"]]
+            bars = ax.bar(x + (i - 0.5) * 0.38, values, 0.38, label=arm)
+            ax.bar_label(bars, fmt="%.1f", fontsize=8)
+        ax.axhline(
+            1.5 * data["quiet_ms"]["p99"], color="grey", ls="--", lw=1, label="1.5x quiet p99"
+        )
+        ax.set_xticks(x, ["p50", "p99"])
+        ax.set(ylabel="ms per turn (63 sessions)", title=f"{name}: p99 ratio {data['p99_ratio']}")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=8)
+    fig.suptitle("Fairness: well-behaved sessions beside one sending 40 MB turns and slow headers")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 async def dialect_part(turns: int, sessions: int, rounds: int) -> dict[str, Any]:
@@ -846,6 +1018,7 @@ async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
     cpu = instant["cpu"]
     dialects = await dialect_part(turns, cpu_sessions, max(rounds, 3))
     replicas = await replicas_part([1, 2], 64, turns, max(rounds, 3))
+    fairness = await fairness_part(turns, max(rounds, 3))
     shared_prefix = await shared_prefix_part(rounds=max(rounds, 3))
     return {
         "setup": "policy server and gateway in separate processes on 127.0.0.1, aiohttp client, "
@@ -868,6 +1041,7 @@ async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
         },
         "dialects": dialects,
         "replicas": replicas,
+        "fairness": fairness,
         "shared_prefix": shared_prefix,
     }
 
@@ -976,9 +1150,15 @@ def main() -> None:
         help="only part 5: turns/s with 1 and 2 replicas (gateway_replicas.json and .png)",
     )
     parser.add_argument(
+        "--fairness-only",
+        action="store_true",
+        help="only part 6: p99 beside a noisy session (gateway.json's 'fairness', "
+        "gateway_fairness.png)",
+    )
+    parser.add_argument(
         "--prefix-only",
         action="store_true",
-        help="only part 6: a first turn's CPU with and without a shared prefix "
+        help="only part 7: a first turn's CPU with and without a shared prefix "
         "(key shared_prefix of gateway.json, gateway_prefix.png)",
     )
     args = parser.parse_args()
@@ -995,20 +1175,33 @@ def main() -> None:
         (args.out / "gateway_replicas.json").write_text(json.dumps(replicas, indent=2) + "\n")
         print(json.dumps(replicas, indent=2))
         return
-    if args.prefix_only:
-        prefix = asyncio.run(shared_prefix_part(rounds=max(args.rounds, 3)))
-        plot_prefix(prefix, args.out / "gateway_prefix.png")
-        path = args.out / "gateway.json"
-        figures = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps(figures | {"shared_prefix": prefix}, indent=2) + "\n")
-        print(json.dumps(prefix, indent=2))
-        return
+    only = {
+        "fairness": (args.fairness_only, lambda: fairness_part(args.turns, max(args.rounds, 3))),
+        "shared_prefix": (args.prefix_only, lambda: shared_prefix_part(rounds=max(args.rounds, 3))),
+    }
+    for key, (chosen, part) in only.items():
+        if chosen:  # one part alone: its key of gateway.json replaced, the others kept
+            result = asyncio.run(part())
+            plot_part(key, result, args.out)
+            path = args.out / "gateway.json"
+            figures = json.loads(path.read_text()) if path.exists() else {}
+            path.write_text(json.dumps(figures | {key: result}, indent=2) + "\n")
+            print(json.dumps(result, indent=2))
+            return
     figures = asyncio.run(run(args.sessions, args.turns, args.rounds))
-    plot_prefix(figures["shared_prefix"], args.out / "gateway_prefix.png")
+    for key in only:
+        plot_part(key, figures[key], args.out)
     plot_replicas(figures["replicas"], args.out / "gateway_replicas.png")
     plot(figures, args.out / "gateway.png")
     (args.out / "gateway.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
+
+
+def plot_part(key: str, result: dict[str, Any], out: Path) -> None:
+    if key == "fairness":
+        plot_fairness(result, out / "gateway_fairness.png")
+    else:
+        plot_prefix(result, out / "gateway_prefix.png")
 
 
 if __name__ == "__main__":

@@ -217,6 +217,8 @@ async def test_stats_need_the_admin_token() -> None:
             "render": {"incremental": 0, "shared": 0, "fallback": 0, "full": 0},
             "prompt_tokens": {"reused": 0, "encoded": 0},
             "ignored_fields": {},
+            "undelivered_turns": 0,
+            "count_tokens": 0,
         }
 
 

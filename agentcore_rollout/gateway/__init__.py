@@ -18,8 +18,9 @@ renderer), `parsers` (each model family's tool-call and reasoning syntax -> mess
 `backends` (SGLang /generate with log-probs; OpenAI pass-through), `resume` (aborted
 generations continued), `sampling` (which sampling fields pass, and how), `trajectory` (turns
 -> training samples with loss masks), `router` (sglang-router as a managed subprocess),
-`_fastjson` (orjson when installed, for the per-turn JSON). The admin client the engine opens
-sessions with (`GatewayAdmin`, and the trace's JSON shape) is the core's own
+`_fastjson` (orjson when installed, for the per-turn JSON), `_limits` (bounded bodies, read
+deadlines, nesting, requests in flight per session, the thread pool renders run in). The admin
+client the engine opens sessions with (`GatewayAdmin`, and the trace's JSON shape) is the core's own
 (`agentcore_rollout._gateway_admin`), re-exported here.
 
 The other names are imported on first use, so importing this package loads neither the server,

@@ -16,6 +16,12 @@ encoded it all. A turn's `reused_prompt_tokens` counts the ids taken either way.
 The backend call is not streamed: the whole turn is needed to parse tool calls and to record it
 atomically. A generation the backend aborts for a weight update is resumed (`resume`): the
 agent gets one answer.
+
+Rendering and parsing run in the server's thread pool (`_limits`), a session's renders one at a
+time (`Session.cpu`), so one session's huge prompt does not hold up the others' turns. A turn
+whose reply the agent never got (it went away, or the reply failed) stays in the trace, marked
+`delivered: false` (`undelivered`): its tokens were sampled, but nothing the agent did next
+followed from them.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ._limits import in_pool
 from .backends import Backend, Completion
 from .prefixes import SharedPrefixes
 from .render import IncrementalRenderer, Parsed, Rendered, Renderer, TextRenderer
@@ -51,6 +59,9 @@ class TurnPipeline:
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
         self.ignored_fields: Counter[str] = Counter()  # per field name, the turns that sent it
+        self.undelivered_turns = 0  # recorded turns whose reply the agent did not get
+        self.counted_prompts = 0  # count_tokens requests answered
+        self.pool: ThreadPoolExecutor | None = None  # the server's, while it serves
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -58,6 +69,8 @@ class TurnPipeline:
             "render": dict(self.render_counts),
             "prompt_tokens": dict(self.prompt_tokens),
             "ignored_fields": dict(self.ignored_fields),
+            "undelivered_turns": self.undelivered_turns,
+            "count_tokens": self.counted_prompts,
         }
 
     async def answer(self, session: Session, turn: ChatTurn) -> TurnAnswer:
@@ -65,7 +78,7 @@ class TurnPipeline:
         limit the turn ends at once as `length` (what agent loops stop on), unrecorded."""
         self.ignored_fields.update(turn.ignored)
         # Render before reserving a turn: a malformed request is a 400 and costs no turn.
-        prompt_ids, render, reused = self._render(session, turn.messages, turn.tools)
+        prompt_ids, render, reused = await self._render(session, turn.messages, turn.tools)
         index = session.begin_turn()
         if index is None:
             message = {"role": "assistant", "content": ""}
@@ -93,26 +106,48 @@ class TurnPipeline:
             stop_sequence=completion.stop_sequence,
         )
 
-    def _render(
+    async def _render(
         self, session: Session, messages: Any, tools: list[dict[str, Any]] | None
     ) -> tuple[list[int] | None, str | None, int]:
         """Prompt ids, how they were rendered (one of RENDER_KINDS; None without a renderer),
-        and how many of them were reused from an earlier render of the session."""
+        and how many of them were reused from an earlier render of the session; in the pool,
+        one render of a session at a time (each starts from the states the last one left)."""
         if self.renderer is None:
             return None, None, 0
-        if self._incremental is None:
-            ids, render, reused = self.renderer.render(messages, tools), "full", 0
-        else:
-            rendered = self._incremental.render_from(
-                messages, tools, session.render_states, self.prefixes
-            )
-            ids, reused = rendered.ids, rendered.reused
-            render = _render_kind(rendered, bool(session.render_states))
-            session.remember_render(rendered)
+        async with session.cpu:
+            if self._incremental is None:
+                ids = await in_pool(self.pool, self.renderer.render, messages, tools)
+                render, reused = "full", 0
+            else:
+                states = list(session.render_states)
+                rendered: Rendered = await in_pool(
+                    self.pool, self._incremental.render_from, messages, tools, states, self.prefixes
+                )
+                ids, reused = rendered.ids, rendered.reused
+                render = _render_kind(rendered, bool(states))
+                session.remember_render(rendered)
         self.render_counts[render] += 1
         self.prompt_tokens["reused"] += reused
         self.prompt_tokens["encoded"] += len(ids) - reused
         return ids, render, reused
+
+    async def count(self, session: Session, messages: Any, tools: Any) -> int:
+        """The prompt tokens `messages` and `tools` render to (Anthropic's count_tokens): in
+        the pool, in the session's turn of it, recorded nowhere."""
+        assert self.renderer is not None
+        async with session.cpu:
+            ids = await in_pool(self.pool, self.renderer.render, messages, tools)
+        self.counted_prompts += 1
+        return len(ids)
+
+    def undelivered(self, session: Session, rid: str) -> None:
+        """Mark the recorded turn `rid` as not delivered: its reply never reached the agent."""
+        for turn in reversed(session.trajectory.turns):
+            if turn.rid == rid:
+                if turn.delivered:
+                    turn.delivered = False
+                    self.undelivered_turns += 1
+                return
 
     async def _sample(
         self, session: Session, index: int, request: TurnRequest
@@ -136,7 +171,7 @@ class TurnPipeline:
                 decode=self._decode,
                 live=lambda: not session.closed,
             )
-        parsed = self._parse(completion, request)
+        parsed = await in_pool(self.pool, self._parse, completion, request)
         finish = completion.finish_reason
         if parsed.tool_calls and finish == "stop":
             finish = "tool_calls"

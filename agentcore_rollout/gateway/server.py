@@ -28,8 +28,10 @@ routes of the listener asked):
   GET    /health                          liveness, no auth: {"status": "ok", "sessions": n, ...}
 
 Refusals that retrying cannot change carry `x-should-retry: false`, which the OpenAI and
-Anthropic SDKs obey. The hot path does no per-turn logging and encodes JSON with orjson when
-installed (`_fastjson`).
+Anthropic SDKs obey. What keeps one agent from stalling the others (body size, read deadlines,
+nesting, a session's requests in flight, the thread pool rendering runs in) is `_limits`.
+The hot path does no per-turn logging and encodes JSON with orjson when installed
+(`_fastjson`).
 """
 
 from __future__ import annotations
@@ -44,10 +46,17 @@ from typing import Any
 
 from aiohttp import web
 
-from ..serving.http import Handler, read_json_object, sse_events
+from ..serving.http import Handler, sent, sse_events
 from ..serving.server import Server, tls_context
-from . import _fastjson
 from ._http import GatewayHTTPError, bearer, json_response
+from ._limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_SESSION_REQUESTS,
+    READ_TIMEOUT,
+    in_flight,
+    new_pool,
+    read_json,
+)
 from .admin import AdminAPI
 from .backends import Backend, BackendError
 from .chat import ChatDialect
@@ -62,7 +71,6 @@ from .turns import Dialect
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_TTL = 6 * 3600.0
-MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class Gateway(Server):
@@ -76,6 +84,8 @@ class Gateway(Server):
     than `session_ttl` seconds are dropped, so a crashed engine cannot leak them forever.
     `resume` bounds how aborted turns are resumed (`resume.ResumePolicy`). `strict_fields`
     refuses the request fields that change nothing sampled, rather than ignoring them (`turns`).
+    A request body over `max_body_bytes` is a 413; past `max_session_requests` requests in
+    flight on one session, the next is a 429 (`_limits` says why these defaults).
     """
 
     def __init__(
@@ -94,6 +104,8 @@ class Gateway(Server):
         session_ttl: float | None = DEFAULT_SESSION_TTL,
         resume: ResumePolicy | None = None,
         strict_fields: bool = False,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_session_requests: int = DEFAULT_SESSION_REQUESTS,
     ) -> None:
         if backend.token_capture and renderer is None:
             raise ValueError(f"the {backend.name} backend captures tokens and needs a renderer")
@@ -101,8 +113,11 @@ class Gateway(Server):
             raise ValueError("admin_token must be at least 16 characters")
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both tls_cert and tls_key (PEM files), or neither")
+        if max_body_bytes < 1024 or max_session_requests < 1:
+            raise ValueError("max_body_bytes must be at least 1024, max_session_requests 1")
         tls = tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
         super().__init__(host, port, ssl_context=tls)
+        self.max_body_bytes, self.max_session_requests = max_body_bytes, max_session_requests
         self.admin_token = admin_token or secrets.token_urlsafe(32)
         self.model_name = model_name
         self.sessions = SessionStore(ttl=session_ttl)
@@ -165,7 +180,7 @@ class Gateway(Server):
             await super().stop()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._errors], client_max_size=self.max_body_bytes)
         for dialect in self.dialects:
             handler = functools.partial(self._serve, dialect=dialect)
             app.add_routes([web.post(path, handler) for path in dialect.paths])
@@ -180,13 +195,20 @@ class Gateway(Server):
         are answered, the rest are closed, and the backend too."""
         ttl = self.sessions.ttl
         reaper = asyncio.create_task(self._reap(ttl)) if ttl is not None else None
+        self.pipeline.pool = pool = new_pool()
         yield
         if reaper is not None:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
         self.sessions.close_all()
+        self.pipeline.pool = None
+        pool.shutdown(wait=False, cancel_futures=True)
         await self.pipeline.backend.close()
+
+    def handler_options(self) -> dict[str, Any]:
+        # aiohttp closes a connection still waiting for its request's headers when this fires
+        return {"keepalive_timeout": READ_TIMEOUT}
 
     async def _reap(self, ttl: float) -> None:
         while True:
@@ -218,24 +240,34 @@ class Gateway(Server):
         return json_response({"object": "list", "data": [card]})
 
     async def _serve(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
-        """One turn in any dialect: check and convert the request, answer it, reply."""
+        """One turn in any dialect: check and convert the request, answer it, reply. A turn
+        whose reply does not reach the agent is marked undelivered in the trace."""
         session = self._agent_session(request)
-        body = await read_json_object(request, _fastjson.loads)
-        turn = dialect.turn(body, session, self.model_name)
-        answer = await self.pipeline.answer(session, turn)
-        if turn.stream:
-            return await sse_events(request, dialect.events(answer, turn))
-        return json_response(dialect.reply(answer, turn))
+        async with in_flight(session, self.max_session_requests):
+            pool = self.pipeline.pool
+            body = await read_json(request, session, pool, self.max_body_bytes)
+            turn = dialect.turn(body, session, self.model_name)
+            answer = await self.pipeline.answer(session, turn)
+            try:
+                if turn.stream:
+                    return await sse_events(request, dialect.events(answer, turn))
+                return await sent(request, json_response(dialect.reply(answer, turn)))
+            except BaseException:
+                self.pipeline.undelivered(session, answer.id)
+                raise
 
     async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
-        """Anthropic's `count_tokens`: the prompt a Messages request renders to, counted."""
+        """Anthropic's `count_tokens`: the prompt a Messages request renders to, counted; one
+        of the session's requests in flight, rendered in the pool."""
         session = self._agent_session(request)
-        renderer = self.pipeline.renderer
-        if renderer is None:
+        if self.pipeline.renderer is None:
             raise GatewayHTTPError(400, "count_tokens needs a renderer", code="no_renderer")
-        body = await read_json_object(request, _fastjson.loads)
-        turn = self._messages.turn({**body, "max_tokens": 1}, session, self.model_name)
-        return json_response({"input_tokens": len(renderer.render(turn.messages, turn.tools))})
+        async with in_flight(session, self.max_session_requests):
+            pool = self.pipeline.pool
+            body = await read_json(request, session, pool, self.max_body_bytes)
+            turn = self._messages.turn({**body, "max_tokens": 1}, session, self.model_name)
+            counted = await self.pipeline.count(session, turn.messages, turn.tools)
+        return json_response({"input_tokens": counted})
 
     # -- errors -------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ expired (idle longer than the store's TTL, e.g. an engine that crashed before fi
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
@@ -51,10 +52,13 @@ class Session:
     last_active: float = field(default_factory=time.monotonic)
     trajectory: Trajectory = field(default_factory=Trajectory)
     turns_started: int = 0
-    in_flight: int = 0
+    in_flight: int = 0  # turns being answered
+    requests: int = 0  # HTTP requests in flight, turns and count_tokens (`_limits.in_flight`)
     rejected_turns: int = 0
     closed: bool = False
     render_states: list[RenderState] = field(default_factory=list, repr=False)  # newest first
+    # Held while the session's CPU work runs in the pool: one request of a session at a time.
+    cpu: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     # Responses API `store`: response id -> its conversation as chat messages, oldest first
     responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     _digest: str = field(default="", repr=False)
@@ -118,6 +122,7 @@ class Session:
                 "context_limited_turns": sum(t.context_limited for t in turns),
             },
             "in_flight_at_finish": self.in_flight,
+            "undelivered_turns": sum(not t.delivered for t in turns),
             "truncated": any(t.truncated for t in turns),
             "ill_formed": any(t.ill_formed for t in turns),
             "render": {k: sum(t.render == k for t in turns) for k in RENDER_KINDS},

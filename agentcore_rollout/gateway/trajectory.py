@@ -90,6 +90,7 @@ class Turn:
     version_runs: VersionRuns | None = None  # per output token, the version that sampled it
     resumed: int = 0  # times the gateway continued it after the backend aborted it
     ignored: list[str] = field(default_factory=list)  # request fields accepted with no effect
+    delivered: bool = True  # False: the agent never got the reply (`pipeline.undelivered`)
 
     @property
     def truncated(self) -> bool:
@@ -115,6 +116,7 @@ class Turn:
             **version_bounds(self.version_runs or []),
             "resumed": self.resumed,
             "ignored": self.ignored,
+            "delivered": self.delivered,
         }
 
 
@@ -222,7 +224,9 @@ class Trajectory:
         return sample
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "turns": [t.to_json() for t in self.turns],
-            "samples": [s.to_json() for s in self.samples],
-        }
+        """Turns and samples; a sample is `delivered` when the agent got all of its turns."""
+        undelivered = {t.index for t in self.turns if not t.delivered}
+        samples = [
+            {**s.to_json(), "delivered": undelivered.isdisjoint(s.turns)} for s in self.samples
+        ]
+        return {"turns": [t.to_json() for t in self.turns], "samples": samples}

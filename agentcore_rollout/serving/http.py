@@ -79,14 +79,26 @@ async def sse_events(
     request: web.Request, events: Iterable[tuple[str | None, Any]]
 ) -> web.StreamResponse:
     """Stream `(name, data)` events: an `event:` line when named (Anthropic's and the Responses
-    API's streams), then `data:`, JSON unless it is a string (OpenAI's closing `[DONE]`)."""
+    API's streams), then `data:`, JSON unless it is a string (OpenAI's closing `[DONE]`). Every
+    event is encoded before the headers are sent, so a reply that cannot be encoded is an error
+    response, never a stream cut short without its terminal event."""
+    chunks = []
+    for name, data in events:
+        head = f"event: {name}\n" if name else ""
+        line = data if isinstance(data, str) else dumps(data)
+        chunks.append(f"{head}data: {line}\n\n".encode())
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    for name, data in events:
-        head = f"event: {name}\n" if name else ""
-        line = data if isinstance(data, str) else dumps(data)
-        await response.write(f"{head}data: {line}\n\n".encode())
+    await response.write(b"".join(chunks))
+    await response.write_eof()
+    return response
+
+
+async def sent(request: web.Request, response: web.Response) -> web.Response:
+    """`response`, written before the handler returns rather than after: a client that went
+    away is then a ConnectionResetError the handler sees (and can say the reply was lost)."""
+    await response.prepare(request)
     await response.write_eof()
     return response

@@ -6,7 +6,7 @@ as aiohttp's `on_startup`, `on_shutdown` and `cleanup_ctx` hooks, which start an
 from __future__ import annotations
 
 import ssl
-from typing import Self
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -40,9 +40,14 @@ class Server:
         """Every URL it listens at, `url` first: the line a child prints for its parent."""
         return (self.url,)
 
+    def handler_options(self) -> dict[str, Any]:
+        """Options of aiohttp's request handler (`keepalive_timeout`, ...): its defaults."""
+        return {}
+
     async def start(self) -> None:
         """Run the app's startup hooks, then listen."""
-        self._runner = web.AppRunner(self.app(), access_log=None)  # no request lines in logs
+        options = self.handler_options()
+        self._runner = web.AppRunner(self.app(), access_log=None, **options)  # no request lines
         try:
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)

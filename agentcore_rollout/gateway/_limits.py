@@ -1,0 +1,142 @@
+"""What keeps one agent from stalling the others: bounded bodies, read deadlines, bounded
+nesting, a bound on a session's requests in flight, and a thread pool for the CPU work.
+
+- Body size: a turn is text (the renderer is text-only), so a body holds about as many bytes as
+  the prompt has characters; `DEFAULT_MAX_BODY_BYTES` (8 MiB) holds a million-token text
+  conversation with room for JSON escapes. Anthropic's own limit (32 MB) is sized for images and
+  PDFs, which the gateway refuses. A larger body is a 413 read from its `Content-Length` before
+  any of it is, or as soon as a chunked one passes the limit.
+- Read deadlines: aiohttp closes a connection that is waiting for a request when its keep-alive
+  timer fires, and that timer runs from the connection's start and from the end of each response
+  even while request bytes trickle in; `READ_TIMEOUT` is that timer, so a client that sends its
+  headers slowly is closed after it. It is longer than the idle keep-alive of the SDKs' clients
+  (httpx 5 s, aiohttp 15 s), so a pooled connection is never closed under a client about to
+  reuse it. A body must then arrive within the same time: a 408.
+- Nesting: orjson's encoder stops at 254 levels, the json module's at about 1,000 (a
+  RecursionError), and a turn's reply echoes or re-encodes fields (`metadata`, `user`, tool
+  schemas, `tool_use.input`), so a body deeper than `MAX_DEPTH` is a 400 before anything is
+  sampled. Real schemas and tool inputs nest a few tens of levels at most.
+- A session's requests: an agent may send side requests (a title, `count_tokens`, parallel
+  sub-agents) while its main turn runs, so a second request is queued, not refused: a session's
+  CPU work (parsing its body, rendering) runs one request at a time (`Session.cpu`), which also
+  keeps its render states consistent, while its sampling runs concurrently. Past
+  `DEFAULT_SESSION_REQUESTS` requests in flight the next is a 429, which the SDKs retry later.
+- The pool: rendering (the tokenizer releases the GIL; a chat template yields it every few ms)
+  and the depth check run in threads, one per CPU, so a huge prompt delays neither the other
+  sessions' turns nor `/health`. orjson holds the GIL while it parses, so a thread would not help
+  there: a bounded body bounds it (about 1 ms per MiB).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from . import _fastjson
+from ._http import GatewayHTTPError
+
+T = TypeVar("T")
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+READ_TIMEOUT = 20.0
+DEFAULT_SESSION_REQUESTS = 16
+MAX_DEPTH = 64
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (os.process_cpu_count from Python 3.13)."""
+    counted = getattr(os, "process_cpu_count", None)
+    if counted is not None:
+        return counted() or 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def new_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=cpu_count(), thread_name_prefix="gateway-cpu")
+
+
+async def in_pool(pool: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in `pool`, or here without one (a pipeline used outside a server)."""
+    if pool is None:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+@contextlib.asynccontextmanager
+async def in_flight(session: Any, limit: int) -> AsyncIterator[None]:
+    """Count a request against its session's bound: past `limit` in flight, a 429."""
+    if session.requests >= limit:
+        raise GatewayHTTPError(
+            429,
+            f"this session already has {limit} requests in flight (the gateway's "
+            "max_session_requests): wait for one to finish",
+            code="rate_limit_exceeded",
+        )
+    session.requests += 1
+    try:
+        yield
+    finally:
+        session.requests -= 1
+
+
+async def read_json(
+    request: web.Request, session: Any, pool: ThreadPoolExecutor | None, max_bytes: int
+) -> dict[str, Any]:
+    """The body as a JSON object no deeper than MAX_DEPTH: a 413 past `max_bytes` (before
+    reading it when its length is declared), a 408 if it is not all in within READ_TIMEOUT,
+    a 400 if it is not JSON, not an object, or too deep. Parsed in the pool, in `session`'s
+    turn of it."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise _too_large(max_bytes)
+    try:
+        async with asyncio.timeout(READ_TIMEOUT):
+            raw = await request.read()
+    except TimeoutError:
+        message = f"the request body did not arrive within {READ_TIMEOUT:g} s"
+        raise GatewayHTTPError(408, message, code="request_timeout") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(max_bytes) from None
+    async with session.cpu:
+        return await in_pool(pool, _parsed, raw)
+
+
+def _too_large(max_bytes: int) -> GatewayHTTPError:
+    message = f"the request body is over the gateway's limit of {max_bytes} bytes (max_body_bytes)"
+    return GatewayHTTPError(413, message, code="request_too_large")
+
+
+def _parsed(raw: bytes) -> dict[str, Any]:
+    try:
+        body = _fastjson.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    path = too_deep(body, 1)
+    if path is not None:
+        where = ".".join(map(str, path[:6])) + (".…" if len(path) > 6 else "")
+        raise ValueError(f"{where} nests deeper than {MAX_DEPTH} levels: the gateway refuses it")
+    return body
+
+
+def too_deep(value: dict[str, Any] | list[Any], depth: int) -> list[Any] | None:
+    """The path to the first container nested past MAX_DEPTH in `value` (itself at `depth`),
+    or None. Recursive, but never deeper than MAX_DEPTH."""
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        if isinstance(item, dict | list):
+            if depth >= MAX_DEPTH:
+                return [key]
+            path = too_deep(item, depth + 1)
+            if path is not None:
+                return [key, *path]
+    return None
