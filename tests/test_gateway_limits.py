@@ -87,7 +87,7 @@ async def stack(
         gateway = Gateway(SGLangBackend(worker.url), hf_renderer(), **options)
         async with (
             gateway,  # entered first: the admin client needs its port
-            GatewayAdmin(gateway.url, gateway.admin_token) as admin,
+            GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin,
             aiohttp.ClientSession() as http,
         ):
             yield worker, gateway, admin, http

@@ -37,7 +37,7 @@ from typing import Any
 from ._limits import in_pool
 from .backends import Backend, Completion
 from .prefixes import SharedPrefixes
-from .render import IncrementalRenderer, Parsed, Rendered, Renderer, TextRenderer
+from .render import IncrementalRenderer, Parsed, Rendered, Renderer, RenderState, TextRenderer
 from .resume import ResumePolicy, complete
 from .sessions import Session
 from .trajectory import RENDER_KINDS, Turn
@@ -55,7 +55,7 @@ class TurnPipeline:
         self.resume = resume
         # An isinstance check against a Protocol is slow: decided once, not per turn.
         self._incremental = renderer if isinstance(renderer, IncrementalRenderer) else None
-        self.prefixes = SharedPrefixes()  # full encodes any session's first turn may reuse
+        self.prefixes = SharedPrefixes[RenderState]()  # full encodes any first turn may reuse
         self.render_counts = dict.fromkeys(RENDER_KINDS, 0)
         self.prompt_tokens = {"reused": 0, "encoded": 0}
         self.ignored_fields: Counter[str] = Counter()  # per field name, the turns that sent it

@@ -20,14 +20,21 @@ immutable (their ids are never mutated), so a snapshot of the list is safe to re
 from __future__ import annotations
 
 import threading
+from typing import Generic, Protocol, TypeVar
 
-from .render import RenderState
+
+class _Encoded(Protocol):
+    @property
+    def ids(self) -> list[int]: ...
+
+
+State = TypeVar("State", bound=_Encoded)  # `render.RenderState`; typed apart, so no import cycle
 
 MAX_ENTRIES = 32
 MAX_TOKENS = 500_000  # about 10 Claude Code first turns; at most some tens of MB with their text
 
 
-class SharedPrefixes:
+class SharedPrefixes(Generic[State]):
     """A bounded, thread-safe LRU of full renders' states, newest first."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_tokens: int = MAX_TOKENS) -> None:
@@ -35,7 +42,7 @@ class SharedPrefixes:
             raise ValueError("max_entries and max_tokens must be positive")
         self.max_entries = max_entries
         self.max_tokens = max_tokens
-        self._states: list[RenderState] = []
+        self._states: list[State] = []
         self._tokens = 0
         self._lock = threading.Lock()
 
@@ -47,12 +54,12 @@ class SharedPrefixes:
         """The ids held, over all entries (what the token bound limits)."""
         return self._tokens
 
-    def states(self) -> list[RenderState]:
+    def states(self) -> list[State]:
         """A snapshot, most recently used first."""
         with self._lock:
             return list(self._states)
 
-    def add(self, state: RenderState) -> None:
+    def add(self, state: State) -> None:
         """Keep `state` as the most recently used; evict the least recently used past the
         bounds. A state bigger than the token bound is not kept."""
         if len(state.ids) > self.max_tokens:
@@ -63,7 +70,7 @@ class SharedPrefixes:
             while len(self._states) > self.max_entries or self._tokens > self.max_tokens:
                 self._tokens -= len(self._states.pop().ids)
 
-    def used(self, state: RenderState) -> None:
+    def used(self, state: State) -> None:
         """Mark `state` most recently used (if it is still held)."""
         with self._lock:
             for i, held in enumerate(self._states):

@@ -60,12 +60,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .parsers import HERMES, Family, Parsed, detect_family, family
-
-if TYPE_CHECKING:
-    from .prefixes import SharedPrefixes
+from .prefixes import SharedPrefixes
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +127,7 @@ class IncrementalRenderer(Renderer, Protocol):
         messages: Messages,
         tools: Tools,
         earlier: Sequence[RenderState],
-        shared: SharedPrefixes | None = None,
+        shared: SharedPrefixes[RenderState] | None = None,
     ) -> Rendered:
         """`render(messages, tools)`, token for token, reusing as many ids as one of the
         `earlier` renders of the session allows, else one of `shared`'s (which a full encode
@@ -255,7 +253,7 @@ class AnchoredRenderer(TextRenderer):
         messages: Messages,
         tools: Tools,
         earlier: Sequence[RenderState],
-        shared: SharedPrefixes | None = None,
+        shared: SharedPrefixes[RenderState] | None = None,
     ) -> Rendered:
         text = self.render_text(normalize_messages(messages), tools)
         best = self._best(text, earlier)
