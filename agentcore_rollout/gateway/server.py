@@ -48,6 +48,7 @@ from aiohttp import web
 
 from ..serving.http import Handler, sent, sse_events
 from ..serving.server import Server, tls_context
+from . import _fastjson
 from ._http import GatewayHTTPError, bearer, json_response
 from ._limits import (
     DEFAULT_MAX_BODY_BYTES,
@@ -250,7 +251,7 @@ class Gateway(Server):
             answer = await self.pipeline.answer(session, turn)
             try:
                 if turn.stream:
-                    return await sse_events(request, dialect.events(answer, turn))
+                    return await sse_events(request, dialect.events(answer, turn), _fastjson.dumps)
                 return await sent(request, json_response(dialect.reply(answer, turn)))
             except BaseException:
                 self.pipeline.undelivered(session, answer.id)

@@ -76,17 +76,19 @@ async def sse_response(
 
 
 async def sse_events(
-    request: web.Request, events: Iterable[tuple[str | None, Any]]
+    request: web.Request,
+    events: Iterable[tuple[str | None, Any]],
+    encode: Callable[[Any], bytes] = lambda data: dumps(data).encode(),
 ) -> web.StreamResponse:
     """Stream `(name, data)` events: an `event:` line when named (Anthropic's and the Responses
-    API's streams), then `data:`, JSON unless it is a string (OpenAI's closing `[DONE]`). Every
-    event is encoded before the headers are sent, so a reply that cannot be encoded is an error
-    response, never a stream cut short without its terminal event."""
+    API's streams), then `data:`, JSON by `encode` unless it is a string (OpenAI's closing
+    `[DONE]`). Every event is encoded before the headers are sent, so a reply that cannot be
+    encoded is an error response, never a stream cut short without its terminal event."""
     chunks = []
     for name, data in events:
         head = f"event: {name}\n" if name else ""
-        line = data if isinstance(data, str) else dumps(data)
-        chunks.append(f"{head}data: {line}\n\n".encode())
+        line = data.encode() if isinstance(data, str) else encode(data)
+        chunks.append(b"%sdata: %s\n\n" % (head.encode(), line))
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
