@@ -33,7 +33,10 @@ aiohttp. Three parts:
 6. `fairness`: the p99 latency of 63 well-behaved sessions (part 3's conversations) while a 64th
    sends 40 MB turns back to back and 16 clients send their headers a byte at a time, against
    the same without them (target: within 1.5x), with the default body limit (the 40 MB turn is
-   a 413) and with it raised to 64 MiB (the turn is parsed and rendered, in the pool).
+   a 413) and with it raised to 64 MiB (the turn is parsed and rendered, in the pool). The
+   noise comes from a process of its own at nice 10, its turns at 1 Gbit/s: it stands for an
+   agent on another machine, whose own CPU would otherwise be taken from the two cores the
+   measured sessions and the gateway share here.
 7. `shared_prefix`: the gateway's CPU for a Claude-Code-sized first turn (the captured Claude
    Code request's system prompt and 24 tools, about 47,000 prompt tokens with the fixture
    tokenizer, and a task of its own), sent to /v1/messages one session at a time against the
@@ -61,7 +64,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -500,25 +503,41 @@ async def instant_part(
 
 HEAVY_BYTES = 40 * 1024 * 1024
 SLOW_CONNECTIONS = 16
+LINK_BYTES_PER_S = 125_000_000  # a 1 Gbit/s link: the noisy agent is on another machine
+
+
+async def paced(body: bytes, chunk: int = 1 << 20) -> AsyncIterator[bytes]:
+    """`body` at LINK_BYTES_PER_S, as it would arrive from another machine, not at the speed
+    of this machine's loopback, which would spend the cores the others are measured on."""
+    started = time.perf_counter()
+    for offset in range(0, len(body), chunk):
+        yield body[offset : offset + chunk]
+        ahead = (offset + chunk) / LINK_BYTES_PER_S - (time.perf_counter() - started)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
 
 
 async def heavy_turns(
     http: aiohttp.ClientSession, url: str, key: str, stop: asyncio.Event
 ) -> dict[str, int]:
-    """One session's 40 MB turns, back to back until `stop` (the last one is let finish);
-    how many ended with each status."""
+    """One session's 40 MB turns, back to back until `stop` (the last one is let finish), each
+    sent at LINK_BYTES_PER_S, and one refused early (a 413 on its length) no sooner than its
+    link would carry it: an agent on another machine; how many ended with each status."""
     text = "the quick brown fox jumps. " * (HEAVY_BYTES // 27)
     body = orjson.dumps({"model": "policy", "messages": [{"role": "user", "content": text}]})
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    headers["Content-Length"] = str(len(body))  # declared, as the SDKs do
     statuses: dict[str, int] = {}
     while not stop.is_set():
+        turn_ends = time.perf_counter() + len(body) / LINK_BYTES_PER_S
         try:
-            async with http.post(url, data=body, headers=headers) as response:
+            async with http.post(url, data=paced(body), headers=headers) as response:
                 await response.read()
                 status = str(response.status)
         except aiohttp.ClientError as exc:
             status = type(exc).__name__
         statuses[status] = statuses.get(status, 0) + 1
+        await asyncio.sleep(turn_ends - time.perf_counter())  # a refused turn used its link too
     return statuses
 
 
@@ -546,31 +565,61 @@ async def slow_headers(port: int, stop: asyncio.Event) -> dict[str, int]:
     return {"connections": SLOW_CONNECTIONS, "closed_by_gateway": sum(closed)}
 
 
+def make_noise(url: str, port: int, key: str) -> None:
+    """The noisy agent's own process (`--make-noise`): its 40 MB turns and the slow-header
+    clients until its stdin closes, then how they ended, as one JSON line."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(sys.stdin.fileno(), stop.set)  # readable at EOF: the parent is done
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            heavy, slow = await asyncio.gather(
+                heavy_turns(http, url, key, stop), slow_headers(port, stop)
+            )
+        print(json.dumps({"heavy_turns": heavy, "slow_headers": slow}), flush=True)
+
+    asyncio.run(main())
+
+
 async def fairness_run(
-    http: aiohttp.ClientSession, admin: GatewayAdmin, url: str, port: int, turns: int, noisy: bool
-) -> tuple[list[float], dict[str, Any]]:
+    http: aiohttp.ClientSession,
+    admin: GatewayAdmin,
+    gateway: ServiceProcess,
+    turns: int,
+    noisy: bool,
+) -> tuple[list[float], dict[str, Any], tuple[float, float]]:
     """63 well-behaved sessions' turns (closed-loop, about 250 prompt tokens a turn), with or
-    without a 64th session sending 40 MB turns and slow-header clients alongside."""
+    without a 64th session sending 40 MB turns and slow-header clients alongside. The noise
+    comes from a process of its own at nice 10: an agent on another machine, as on AgentCore,
+    whose client work would otherwise be charged to the sessions measured here."""
     noise: dict[str, Any] = {}
+    url = f"{gateway.url}/v1/chat/completions"
+    port = int(gateway.url.rsplit(":", 1)[1])
     created = [await admin.create_session(f"fair-{i}", sampling=SAMPLING) for i in range(64)]
     keys = [s.api_key for s in created]
-    stop = asyncio.Event()
-    tasks = []
+    maker = None
     if noisy:
-        tasks = [
-            asyncio.create_task(heavy_turns(http, url, keys[63], stop)),
-            asyncio.create_task(slow_headers(port, stop)),
-        ]
-        await asyncio.sleep(0.5)  # the first 40 MB turn is on its way
-    latencies = await drive(http, url, keys[:63], turns, long_conversation, {"tools": TOOLS})
-    stop.set()
-    if tasks:
-        noise = dict(
-            zip(("heavy_turns", "slow_headers"), await asyncio.gather(*tasks), strict=True)
+        maker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "bench.gateway", "--make-noise", url, str(port), keys[63]),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            preexec_fn=lambda: os.nice(10),
         )
+        await asyncio.sleep(1.0)  # the first 40 MB turn is on its way
+    assert gateway.pid is not None
+    cpu, wall = cpu_seconds(gateway.pid), time.perf_counter()
+    latencies = await drive(http, url, keys[:63], turns, long_conversation, {"tools": TOOLS})
+    used = (cpu_seconds(gateway.pid) - cpu, time.perf_counter() - wall)
+    if maker is not None:
+        out, _ = await maker.communicate(b"")  # stdin closed: stop, report
+        noise = json.loads(out.decode().strip().splitlines()[-1])
     for s in created:
         await admin.drop_session(s.session_id)
-    return latencies, noise
+    return latencies, noise, used
 
 
 async def fairness_part(turns: int, rounds: int) -> dict[str, Any]:
@@ -597,8 +646,9 @@ async def fairness_part(turns: int, rounds: int) -> dict[str, Any]:
     return {
         "setup": f"63 sessions x {turns} turns closed-loop (about 250 prompt tokens a turn, HF "
         "fixture tokenizer, tools) against an instant backend, gateway in its own process; "
-        f"noisy: a 64th session sending {HEAVY_BYTES >> 20} MiB turns back to back and "
-        f"{SLOW_CONNECTIONS} clients sending headers a byte every 250 ms; {rounds} alternating "
+        f"noisy: a 64th session sending {HEAVY_BYTES >> 20} MiB turns back to back at 1 Gbit/s "
+        f"and {SLOW_CONNECTIONS} clients sending headers a byte every 250 ms, from a process of "
+        f"their own at nice 10 (an agent on another machine); {rounds} alternating "
         "rounds; ratio = p99 noisy / p99 quiet (target <= 1.5)",
         **out,
     }
@@ -610,19 +660,16 @@ async def _fairness_arms(
     arms: dict[str, list[float]] = {"quiet": [], "noisy": []}
     usage = {arm: {"gateway_cpu_s": 0.0, "wall_s": 0.0} for arm in arms}
     noise: list[dict[str, Any]] = []
-    assert gateway.pid is not None
-    url = f"{gateway.url}/v1/chat/completions"
-    port = int(gateway.url.rsplit(":", 1)[1])
     async with (
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http,
-        GatewayAdmin(gateway.url, token) as admin,
+        GatewayAdmin(gateway.urls[1], token) as admin,
     ):
         for _ in range(rounds):
             for arm in ("quiet", "noisy"):
-                cpu, wall = cpu_seconds(gateway.pid), time.perf_counter()
-                latencies, seen = await fairness_run(http, admin, url, port, turns, arm == "noisy")
-                usage[arm]["gateway_cpu_s"] += cpu_seconds(gateway.pid) - cpu
-                usage[arm]["wall_s"] += time.perf_counter() - wall
+                run = await fairness_run(http, admin, gateway, turns, arm == "noisy")
+                latencies, seen, (cpu, wall) = run
+                usage[arm]["gateway_cpu_s"] += cpu
+                usage[arm]["wall_s"] += wall
                 arms[arm] += latencies
                 if seen:
                     noise.append(seen)
@@ -1141,6 +1188,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--serve-instant", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--make-noise", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument(
         "--dialects-only", action="store_true", help="only part 4: CPU per turn by API"
     )
@@ -1162,6 +1210,10 @@ def main() -> None:
         "(key shared_prefix of gateway.json, gateway_prefix.png)",
     )
     args = parser.parse_args()
+    if args.make_noise:  # part 6's noisy agent's own process
+        url, port, key = args.make_noise
+        make_noise(url, int(port), key)
+        return
     if args.serve_instant:  # the instant backend's own process
         serve_instant()
         return
