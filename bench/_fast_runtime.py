@@ -69,6 +69,11 @@ class FastRuntime:
         self._runner: web.AppRunner | None = None
         self.url = ""
 
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """What `serve_until_signalled` prints for the parent: its one URL."""
+        return (self.url,)
+
     async def __aenter__(self) -> FastRuntime:
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_post(r"/runtimes/{arn:.+}/invocations", self._invoke)

@@ -320,6 +320,15 @@ def serve_instant() -> None:
 # -- the runs -------------------------------------------------------------------------------------
 
 
+def start_instant() -> ServiceProcess:
+    """The instant backend (`serve_instant`), in its own process."""
+    backend = ServiceProcess(
+        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
+    )
+    backend.start()
+    return backend
+
+
 def start_gateway(backend_url: str, renderer: str, token: str, *flags: str) -> ServiceProcess:
     gateway = ServiceProcess(
         "gateway",
@@ -405,10 +414,7 @@ async def instant_part(
     sessions: list[int], turns: int, rounds: int, cpu_turns: list[int], cpu_sessions: int
 ) -> dict[str, Any]:
     token = secrets.token_urlsafe(32)
-    backend = ServiceProcess(
-        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
-    )
-    backend.start()
+    backend = start_instant()
     gateway: ServiceProcess | None = None
     renderer = HFRenderer.from_pretrained(TOKENIZER_DIR)
     reply = {"role": "assistant", "content": REPLY}
@@ -628,10 +634,7 @@ async def fairness_part(turns: int, rounds: int) -> dict[str, Any]:
     40 MB turn: a 413) and with the limit raised to 64 MiB (the 40 MB turn is parsed and
     rendered, in the gateway's thread pool)."""
     token = secrets.token_urlsafe(32)
-    backend = ServiceProcess(
-        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
-    )
-    backend.start()
+    backend = start_instant()
     configs = {"default_limit": (), "limit_64MiB": ("--max-body-bytes", str(64 << 20))}
     out: dict[str, Any] = {}
     try:
@@ -717,10 +720,7 @@ async def dialect_part(turns: int, sessions: int, rounds: int) -> dict[str, Any]
     """The gateway's CPU per turn for the same conversations in each API it speaks, in
     alternating rounds against the instant backend; the ratio to chat's is what an API costs."""
     token = secrets.token_urlsafe(32)
-    backend = ServiceProcess(
-        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
-    )
-    backend.start()
+    backend = start_instant()
     gateway: ServiceProcess | None = None
     used = dict.fromkeys(DIALECT_PATHS, 0.0)
     served = dict.fromkeys(DIALECT_PATHS, 0)
@@ -764,10 +764,7 @@ async def replicas_part(
     """Turns per second through 1..N gateway replicas, each session on the one the engine's
     `GatewayReplicas` picked; every trace checked to hold its session's turns."""
     token = secrets.token_urlsafe(32)
-    backend = ServiceProcess(
-        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
-    )
-    backend.start()
+    backend = start_instant()
     gateways: list[ServiceProcess] = []
     runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
     try:
@@ -932,14 +929,11 @@ async def prefix_turns(
 
 
 async def shared_prefix_part(sessions: int = 32, rounds: int = 3) -> dict[str, Any]:
-    """Part 6: the gateway's CPU for a Claude Code first turn, cold and with the prefix rendered
+    """Part 7: the gateway's CPU for a Claude Code first turn, cold and with the prefix rendered
     by another session, in alternating rounds; every trace's prompt checked against a full
     render."""
     token = secrets.token_urlsafe(32)
-    backend = ServiceProcess(
-        "instant", "bench.gateway", "--serve-instant", env={"PYTHONPATH": str(ROOT)}
-    )
-    backend.start()
+    backend = start_instant()
     gateway: ServiceProcess | None = None
     renderer = HFRenderer.from_pretrained(TOKENIZER_DIR)
     used = {"cold": 0.0, "warm": 0.0}

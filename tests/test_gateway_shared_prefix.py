@@ -72,10 +72,17 @@ def test_random_sessions_sharing_a_store_render_to_the_full_ids(
 ) -> None:
     """Many sessions, each with its own render states and one store between them: every
     render equals a full one, and the shared ids are the stored state's."""
-    rng = random.Random(38)
-    shared = SharedPrefixes()
+    hits = render_sessions(renderer, SharedPrefixes(), random.Random(38), 60)
+    assert hits > 20  # sharing happened, and was exact
+
+
+def render_sessions(
+    renderer: AnchoredRenderer, shared: SharedPrefixes, rng: random.Random, sessions: int
+) -> int:
+    """`sessions` random sessions' turns rendered with one store between them, each checked
+    against a full render; how many reused the store."""
     hits = 0
-    for _ in range(60):
+    for _ in range(sessions):
         chat, tools = random_session(rng)
         session = Session("s", "r", {}, None, None)
         for end in range(1, len(chat) + 1):
@@ -88,7 +95,7 @@ def test_random_sessions_sharing_a_store_render_to_the_full_ids(
                 assert rendered.base is not None and rendered.reused > 0
                 assert rendered.ids[: rendered.reused] == rendered.base.ids[: rendered.reused]
             session.remember_render(rendered)
-    assert hits > 20  # sharing happened, and was exact
+    return hits
 
 
 def test_claude_code_first_turns_share_the_system_prompt_and_tools() -> None:
@@ -147,19 +154,7 @@ def test_threads_rendering_at_once_with_one_store_stay_exact() -> None:
     shared = SharedPrefixes(max_entries=5, max_tokens=4_000)
 
     def work(seed: int) -> int:
-        rng = random.Random(seed)
-        hits = 0
-        for _ in range(15):
-            chat, tools = random_session(rng)
-            session = Session("s", "r", {}, None, None)
-            for end in range(1, len(chat) + 1):
-                if chat[end - 1]["role"] == "assistant":
-                    continue
-                rendered = renderer.render_from(chat[:end], tools, session.render_states, shared)
-                assert rendered.ids == renderer.render(chat[:end], tools)
-                hits += rendered.shared
-                session.remember_render(rendered)
-        return hits
+        return render_sessions(renderer, shared, random.Random(seed), 15)
 
     with ThreadPoolExecutor(8) as pool:
         hits = sum(pool.map(work, range(16)))

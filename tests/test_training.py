@@ -150,6 +150,14 @@ def test_samples_keep_masks_and_captured_logprobs_aligned():
     assert row.on_policy("3") and not row.on_policy("4")
 
 
+def test_a_sample_the_agent_never_got_all_of_is_no_row():
+    trace = _trace([1], [([], [2, 3], [-0.1, -0.2])])
+    lost = {**trace["samples"][0], "delivered": False}
+    kept = {**trace["samples"][0], "response_ids": [4, 5], "delivered": True}
+    rows = outcome_samples(_outcome(trace={"samples": [lost, kept]}), 1.0)
+    assert [row.response_ids for row in rows] == [[4, 5]]
+
+
 def test_failures_and_ok_outcomes_without_a_trace_never_become_rows():
     with pytest.raises(ValueError, match="ended timeout: a failure never becomes"):
         outcome_samples(_outcome(outcome=Outcome.TIMEOUT, reward=None), 1.0)

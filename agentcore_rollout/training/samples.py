@@ -69,7 +69,10 @@ class TrainingSample:
 
 def outcome_samples(outcome: RolloutOutcome, advantage: float) -> list[TrainingSample]:
     """The rows of one ok outcome (one per sample of its trace; a trace with none gives none),
-    each with the outcome's reward and `advantage`."""
+    each with the outcome's reward and `advantage`. A sample the agent did not get all of (the
+    gateway marks it `delivered: false`: a reply lost on its way, say a turn the agent's client
+    gave up on and sent again) is no row: nothing the agent did, nor its reward, followed
+    from it."""
     rid = outcome.request.request_id
     if outcome.outcome is not Outcome.OK:
         raise ValueError(
@@ -86,6 +89,7 @@ def outcome_samples(outcome: RolloutOutcome, advantage: float) -> list[TrainingS
     return [
         _row(outcome, sample, reward, advantage, i)
         for i, sample in enumerate(outcome.trace.get("samples", []))
+        if sample.get("delivered", True)
     ]
 
 
