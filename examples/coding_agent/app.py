@@ -27,6 +27,9 @@ claude_code = RolloutApp()
 codex = RolloutApp()
 
 # Nothing but the policy: no telemetry, no update checks, no error reports.
+# The CA files an agent trusts a gateway's TLS certificate by (Node's, Codex's, OpenSSL's): a
+# private CA set in the session's environment reaches the agent.
+TRUST = ("NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE", "SSL_CERT_FILE", "SSL_CERT_DIR")
 QUIET = {
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     "DISABLE_TELEMETRY": "1",
@@ -85,7 +88,8 @@ async def _run_and_check(
     argv: list[str], env: dict[str, str], work: Path, payload: dict[str, Any], ctx: RolloutContext
 ) -> RolloutOutput:
     """Run the agent in `work` until it exits (or the rollout's time is up), then the check."""
-    env = {"PATH": os.environ.get("PATH", ""), **env}
+    trust = {name: os.environ[name] for name in TRUST if name in os.environ}
+    env = {"PATH": os.environ.get("PATH", ""), **trust, **env}
     agent = await asyncio.create_subprocess_exec(
         *argv,
         cwd=work,
