@@ -132,10 +132,14 @@ def qwen3_worker(tool: str, arguments: dict[str, Any], then: str | None = None) 
 
 
 @asynccontextmanager
-async def gateway_for(worker: TaskWorker) -> AsyncIterator[tuple[Gateway, GatewayAdmin, Any]]:
-    """The gateway in front of `worker`, its admin client and a new session."""
+async def gateway_for(
+    worker: TaskWorker, **tls: str
+) -> AsyncIterator[tuple[Gateway, GatewayAdmin, Any]]:
+    """The gateway in front of `worker` (on HTTPS with `tls_cert` and `tls_key`), its admin
+    client and a new session."""
     async with worker:
-        gateway = Gateway(SGLangBackend(worker.url), worker.renderer, model_name="policy")
+        backend = SGLangBackend(worker.url)
+        gateway = Gateway(backend, worker.renderer, model_name="policy", **tls)
         async with gateway, GatewayAdmin(gateway.admin_url, gateway.admin_token) as admin:
             yield gateway, admin, await admin.create_session("released-client")
 
@@ -429,13 +433,18 @@ async def test_mini_swe_agent(sandbox: Sandbox, tmp_path: Path) -> None:
 # -- the example agents: the same clients inside a RolloutApp -----------------------------------
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 @pytest.mark.parametrize("agent", ["claude_code", "codex"])
 async def test_the_coding_agent_example_runs_each_client_and_checks_its_work(
-    agent: str, monkeypatch: pytest.MonkeyPatch
+    agent: str, tls: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """examples/coding_agent/app.py as a user copies it: the rollout function runs the released
-    client on the instruction with `ctx.llm` only, then the payload's check: reward 1."""
+    client on the instruction with `ctx.llm` only, then the payload's check: reward 1. Over
+    HTTPS too, the client verifying the gateway's certificate against a private CA that the
+    session's environment names in the variable the client reads."""
     import time
+
+    import trustme
 
     from agentcore_rollout.agent import RolloutContext
     from agentcore_rollout.contract import LLMSettings
@@ -450,7 +459,18 @@ async def test_the_coding_agent_example_runs_each_client_and_checks_its_work(
         worker, rollout = qwen3_worker("exec_command", {"cmd": COMMAND}), app.codex_rollout
         ignored = {"client_metadata", "prompt_cache_key", "reasoning.summary"}
         ignored |= {"tools:namespace", "tools:web_search"}
-    async with gateway_for(worker) as (gateway, admin, session):
+    options = {}
+    if tls:
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1")
+        cert.private_key_pem.write_to_path(tmp_path / "key.pem")
+        cert.cert_chain_pems[0].write_to_path(tmp_path / "cert.pem")
+        ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+        options = {"tls_cert": str(tmp_path / "cert.pem"), "tls_key": str(tmp_path / "key.pem")}
+        trusts = "NODE_EXTRA_CA_CERTS" if agent == "claude_code" else "CODEX_CA_CERTIFICATE"
+        monkeypatch.setenv(trusts, str(tmp_path / "ca.pem"))
+    async with gateway_for(worker, **options) as (gateway, admin, session):
+        assert gateway.url.startswith("https://" if tls else "http://")
         llm = LLMSettings(base_url=f"{gateway.url}/v1", model="policy", api_key=session.api_key)
         ctx = RolloutContext("x", 0, "r", "i", 0, "s", time.time() + TIMEOUT, llm)
         payload = {"instruction": TASK, "check": "grep -qx hi out.txt"}
