@@ -21,10 +21,12 @@ nesting, a bound on a session's requests in flight, and a thread pool for the CP
   CPU work (parsing its body, rendering) runs one request at a time (`Session.cpu`), which also
   keeps its render states consistent, while its sampling runs concurrently. Past
   `DEFAULT_SESSION_REQUESTS` requests in flight the next is a 429, which the SDKs retry later.
-- The pool: rendering (the tokenizer releases the GIL; a chat template yields it every few ms)
-  and the depth check run in threads, one per CPU, so a huge prompt delays neither the other
-  sessions' turns nor `/health`. orjson holds the GIL while it parses, so a thread would not help
-  there: a bounded body bounds it (about 1 ms per MiB).
+- The pool: for a body over `POOL_BYTES` (a Claude Code turn, with its tools, is over it),
+  rendering (the tokenizer releases the GIL; a chat template yields it every few ms), parsing
+  the sample and the depth check run in threads, one per CPU, so a huge prompt delays neither
+  the other sessions' turns nor `/health`. A smaller turn's work is cheaper than the hop, and
+  stays on the loop. orjson holds the GIL while it parses, so a thread would not help there: a
+  bounded body bounds it (about 1 ms per MiB).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from ..serving.http import json_object
 from . import _fastjson
 from ._http import GatewayHTTPError
 
@@ -47,6 +50,7 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 READ_TIMEOUT = 20.0
 DEFAULT_SESSION_REQUESTS = 16
 MAX_DEPTH = 64
+POOL_BYTES = 64 * 1024
 
 
 def cpu_count() -> int:
@@ -65,7 +69,8 @@ def new_pool() -> ThreadPoolExecutor:
 
 
 async def in_pool(pool: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` in `pool`, or here without one (a pipeline used outside a server)."""
+    """`fn(*args)` in `pool`, or here without one (a small request's work, or a pipeline used
+    outside a server)."""
     if pool is None:
         return fn(*args)
     return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
@@ -88,44 +93,40 @@ async def in_flight(session: Any, limit: int) -> AsyncIterator[None]:
         session.requests -= 1
 
 
-async def read_json(
-    request: web.Request, session: Any, pool: ThreadPoolExecutor | None, max_bytes: int
-) -> dict[str, Any]:
-    """The body as a JSON object no deeper than MAX_DEPTH: a 413 past `max_bytes` (before
-    reading it when its length is declared), a 408 if it is not all in within READ_TIMEOUT,
-    a 400 if it is not JSON, not an object, or too deep. Parsed in the pool, in `session`'s
-    turn of it."""
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The body's bytes: a 413 past `max_bytes` (before reading it when its length is
+    declared), a 408 if it is not all in within READ_TIMEOUT."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise _too_large(max_bytes)
     try:
         async with asyncio.timeout(READ_TIMEOUT):
-            raw = await request.read()
+            return await request.read()
     except TimeoutError:
         message = f"the request body did not arrive within {READ_TIMEOUT:g} s"
         raise GatewayHTTPError(408, message, code="request_timeout") from None
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(max_bytes) from None
-    async with session.cpu:
-        return await in_pool(pool, _parsed, raw)
 
 
-def _too_large(max_bytes: int) -> GatewayHTTPError:
-    message = f"the request body is over the gateway's limit of {max_bytes} bytes (max_body_bytes)"
-    return GatewayHTTPError(413, message, code="request_too_large")
+def pool_for(raw: bytes, pool: ThreadPoolExecutor | None) -> ThreadPoolExecutor | None:
+    """Where a request's CPU work runs: `pool` for a body over POOL_BYTES, else the loop (a
+    hop to a thread costs about 60 µs of CPU, more than a short turn's render or parse)."""
+    return pool if len(raw) > POOL_BYTES else None
 
 
-def _parsed(raw: bytes) -> dict[str, Any]:
-    try:
-        body = _fastjson.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ValueError("request body must be a JSON object")
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object no deeper than MAX_DEPTH; a 400 otherwise."""
+    body = json_object(raw, _fastjson.loads)
     path = too_deep(body, 1)
     if path is not None:
         where = ".".join(map(str, path[:6])) + (".…" if len(path) > 6 else "")
         raise ValueError(f"{where} nests deeper than {MAX_DEPTH} levels: the gateway refuses it")
     return body
+
+
+def _too_large(max_bytes: int) -> GatewayHTTPError:
+    message = f"the request body is over the gateway's limit of {max_bytes} bytes (max_body_bytes)"
+    return GatewayHTTPError(413, message, code="request_too_large")
 
 
 def too_deep(value: dict[str, Any] | list[Any], depth: int) -> list[Any] | None:

@@ -17,11 +17,11 @@ The backend call is not streamed: the whole turn is needed to parse tool calls a
 atomically. A generation the backend aborts for a weight update is resumed (`resume`): the
 agent gets one answer.
 
-Rendering and parsing run in the server's thread pool (`_limits`), a session's renders one at a
-time (`Session.cpu`), so one session's huge prompt does not hold up the others' turns. A turn
-whose reply the agent never got (it went away, or the reply failed) stays in the trace, marked
-`delivered: false` (`undelivered`): its tokens were sampled, but nothing the agent did next
-followed from them.
+Rendering and parsing run in the thread pool the server passes for a big request (`_limits`),
+a session's renders one at a time (`Session.cpu`), so one session's huge prompt does not hold up
+the others' turns. A turn whose reply the agent never got (it went away, or the reply failed)
+stays in the trace, marked `delivered: false` (`undelivered`): its tokens were sampled, but
+nothing the agent did next followed from them.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ class TurnPipeline:
         self.ignored_fields: Counter[str] = Counter()  # per field name, the turns that sent it
         self.undelivered_turns = 0  # recorded turns whose reply the agent did not get
         self.counted_prompts = 0  # count_tokens requests answered
-        self.pool: ThreadPoolExecutor | None = None  # the server's, while it serves
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -73,12 +72,14 @@ class TurnPipeline:
             "count_tokens": self.counted_prompts,
         }
 
-    async def answer(self, session: Session, turn: ChatTurn) -> TurnAnswer:
+    async def answer(
+        self, session: Session, turn: ChatTurn, pool: ThreadPoolExecutor | None = None
+    ) -> TurnAnswer:
         """Render, sample, parse and record one turn of `session`. Past the session's turn
         limit the turn ends at once as `length` (what agent loops stop on), unrecorded."""
         self.ignored_fields.update(turn.ignored)
         # Render before reserving a turn: a malformed request is a 400 and costs no turn.
-        prompt_ids, render, reused = await self._render(session, turn.messages, turn.tools)
+        prompt_ids, render, reused = await self._render(session, turn.messages, turn.tools, pool)
         index = session.begin_turn()
         if index is None:
             message = {"role": "assistant", "content": ""}
@@ -91,7 +92,7 @@ class TurnPipeline:
                 prompt_ids=prompt_ids,
                 stop_token_ids=self.renderer.stop_token_ids if self.renderer else (),
             )
-            recorded, completion, parsed = await self._sample(session, index, request)
+            recorded, completion, parsed = await self._sample(session, index, request, pool)
             recorded.render, recorded.reused_prompt_tokens = render, reused
             recorded.ignored = list(turn.ignored)
         finally:
@@ -107,21 +108,26 @@ class TurnPipeline:
         )
 
     async def _render(
-        self, session: Session, messages: Any, tools: list[dict[str, Any]] | None
+        self,
+        session: Session,
+        messages: Any,
+        tools: list[dict[str, Any]] | None,
+        pool: ThreadPoolExecutor | None,
     ) -> tuple[list[int] | None, str | None, int]:
         """Prompt ids, how they were rendered (one of RENDER_KINDS; None without a renderer),
-        and how many of them were reused from an earlier render of the session; in the pool,
-        one render of a session at a time (each starts from the states the last one left)."""
+        and how many of them were reused from an earlier render of the session; in `pool`
+        (None: here), one render of a session at a time (each starts from the states the last
+        one left)."""
         if self.renderer is None:
             return None, None, 0
         async with session.cpu:
             if self._incremental is None:
-                ids = await in_pool(self.pool, self.renderer.render, messages, tools)
+                ids = await in_pool(pool, self.renderer.render, messages, tools)
                 render, reused = "full", 0
             else:
                 states = list(session.render_states)
                 rendered: Rendered = await in_pool(
-                    self.pool, self._incremental.render_from, messages, tools, states, self.prefixes
+                    pool, self._incremental.render_from, messages, tools, states, self.prefixes
                 )
                 ids, reused = rendered.ids, rendered.reused
                 render = _render_kind(rendered, bool(states))
@@ -131,12 +137,14 @@ class TurnPipeline:
         self.prompt_tokens["encoded"] += len(ids) - reused
         return ids, render, reused
 
-    async def count(self, session: Session, messages: Any, tools: Any) -> int:
-        """The prompt tokens `messages` and `tools` render to (Anthropic's count_tokens): in
-        the pool, in the session's turn of it, recorded nowhere."""
+    async def count(
+        self, session: Session, turn: ChatTurn, pool: ThreadPoolExecutor | None = None
+    ) -> int:
+        """The prompt tokens `turn` renders to (Anthropic's count_tokens): in `pool`, in the
+        session's turn of it, recorded nowhere."""
         assert self.renderer is not None
         async with session.cpu:
-            ids = await in_pool(self.pool, self.renderer.render, messages, tools)
+            ids = await in_pool(pool, self.renderer.render, turn.messages, turn.tools)
         self.counted_prompts += 1
         return len(ids)
 
@@ -150,7 +158,7 @@ class TurnPipeline:
                 return
 
     async def _sample(
-        self, session: Session, index: int, request: TurnRequest
+        self, session: Session, index: int, request: TurnRequest, pool: ThreadPoolExecutor | None
     ) -> tuple[Turn, Completion, Parsed]:
         started = time.perf_counter()
         prompt_ids = request.prompt_ids
@@ -171,7 +179,7 @@ class TurnPipeline:
                 decode=self._decode,
                 live=lambda: not session.closed,
             )
-        parsed = await in_pool(self.pool, self._parse, completion, request)
+        parsed = await in_pool(pool, self._parse, completion, request)
         finish = completion.finish_reason
         if parsed.tool_calls and finish == "stop":
             finish = "tool_calls"

@@ -42,6 +42,7 @@ import functools
 import logging
 import secrets
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -55,8 +56,11 @@ from ._limits import (
     DEFAULT_SESSION_REQUESTS,
     READ_TIMEOUT,
     in_flight,
+    in_pool,
     new_pool,
-    read_json,
+    parse_body,
+    pool_for,
+    read_body,
 )
 from .admin import AdminAPI
 from .backends import Backend, BackendError
@@ -119,6 +123,7 @@ class Gateway(Server):
         tls = tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
         super().__init__(host, port, ssl_context=tls)
         self.max_body_bytes, self.max_session_requests = max_body_bytes, max_session_requests
+        self._pool: ThreadPoolExecutor | None = None  # while serving: big requests' CPU work
         self.admin_token = admin_token or secrets.token_urlsafe(32)
         self.model_name = model_name
         self.sessions = SessionStore(ttl=session_ttl)
@@ -196,14 +201,14 @@ class Gateway(Server):
         are answered, the rest are closed, and the backend too."""
         ttl = self.sessions.ttl
         reaper = asyncio.create_task(self._reap(ttl)) if ttl is not None else None
-        self.pipeline.pool = pool = new_pool()
+        self._pool = pool = new_pool()
         yield
         if reaper is not None:
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
         self.sessions.close_all()
-        self.pipeline.pool = None
+        self._pool = None
         pool.shutdown(wait=False, cancel_futures=True)
         await self.pipeline.backend.close()
 
@@ -245,10 +250,9 @@ class Gateway(Server):
         whose reply does not reach the agent is marked undelivered in the trace."""
         session = self._agent_session(request)
         async with in_flight(session, self.max_session_requests):
-            pool = self.pipeline.pool
-            body = await read_json(request, session, pool, self.max_body_bytes)
+            body, pool = await self._read(request, session)
             turn = dialect.turn(body, session, self.model_name)
-            answer = await self.pipeline.answer(session, turn)
+            answer = await self.pipeline.answer(session, turn, pool)
             try:
                 if turn.stream:
                     return await sse_events(request, dialect.events(answer, turn), _fastjson.dumps)
@@ -264,11 +268,20 @@ class Gateway(Server):
         if self.pipeline.renderer is None:
             raise GatewayHTTPError(400, "count_tokens needs a renderer", code="no_renderer")
         async with in_flight(session, self.max_session_requests):
-            pool = self.pipeline.pool
-            body = await read_json(request, session, pool, self.max_body_bytes)
+            body, pool = await self._read(request, session)
             turn = self._messages.turn({**body, "max_tokens": 1}, session, self.model_name)
-            counted = await self.pipeline.count(session, turn.messages, turn.tools)
+            counted = await self.pipeline.count(session, turn, pool)
         return json_response({"input_tokens": counted})
+
+    async def _read(
+        self, request: web.Request, session: Session
+    ) -> tuple[dict[str, Any], ThreadPoolExecutor | None]:
+        """The request's JSON object, parsed in the session's turn of the CPU, and where the
+        rest of its CPU work runs (`_limits.pool_for`: the pool for a big body)."""
+        raw = await read_body(request, self.max_body_bytes)
+        pool = pool_for(raw, self._pool)
+        async with session.cpu:
+            return await in_pool(pool, parse_body, raw), pool
 
     # -- errors -------------------------------------------------------------------------------
 

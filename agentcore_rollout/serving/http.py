@@ -18,8 +18,13 @@ async def read_json_object(
 ) -> dict[str, Any]:
     """The request body as a JSON object; ValueError (a 400 to the servers) otherwise. `loads`
     must raise ValueError on bad JSON (the gateway passes orjson's)."""
+    return json_object(await request.read(), loads)
+
+
+def json_object(raw: bytes, loads: Callable[[bytes], Any] = json.loads) -> dict[str, Any]:
+    """`raw` parsed as a JSON object; ValueError (a 400 to the servers) otherwise."""
     try:
-        body = loads(await request.read())
+        body = loads(raw)
     except ValueError as exc:
         raise ValueError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
