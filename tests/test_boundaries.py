@@ -68,7 +68,8 @@ LAYERS = {
     "agent": {"serving"},
     "integrations": {"training", "gateway"},
     "local": {"gateway", "agent", "training", "serving"},
-    "cli": {"training", "local", "integrations"},
+    "harbor": {"agent", "serving"},  # Harbor tasks and the wrapper run in their environments
+    "cli": {"training", "local", "integrations", "harbor"},
 }
 # Must not be loaded by `import agentcore_rollout, agentcore_rollout.gateway` and its names.
 NOT_LOADED = (
