@@ -56,6 +56,9 @@ class Outcome(StrEnum):
 
     OK = "ok"
     AGENT_ERROR = "agent_error"
+    VERIFIER_ERROR = "verifier_error"
+    """The agent ran, but what judges it could not (a task's tests missing, crashing or past
+    their time, no reward written): no reward at all, rather than a 0 that would train."""
     TIMEOUT = "timeout"
     SUBMIT_FAILED = "submit_failed"
     INVALID_RESULT = "invalid_result"
@@ -68,7 +71,7 @@ class Outcome(StrEnum):
     failure nor the platform's."""
 
 
-AgentStatus = Literal["ok", "agent_error", "timeout", "cancelled"]
+AgentStatus = Literal["ok", "agent_error", "verifier_error", "timeout", "cancelled"]
 """The subset of outcomes an agent may write into its own result."""
 
 

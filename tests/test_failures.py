@@ -13,6 +13,7 @@ from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest, _inbox
 from agentcore_rollout.contract import (
     result_key,
 )
+from agentcore_rollout.training import outcome_samples
 
 from .agents.basic import controls, expected_reward
 from .conftest import engine_config
@@ -39,12 +40,14 @@ def _assert_rest_ok(batch, bad: set[int]) -> None:
 async def test_agent_error_and_hang_past_deadline(moto, channel, emulator):
     emu = await emulator()
     reqs = _batch(
-        7,
+        9,
         {
             1: {"mode": "raise"},
             4: {"mode": "hang"},
             5: {"mode": "slow_cancel"},
             6: {"mode": "bad_output"},
+            7: {"mode": "unjudged"},
+            8: {"mode": "agent_timeout"},
         },
     )
     cfg = engine_config(moto, channel, emu, rollout_timeout=3.0, result_grace=3.0)
@@ -63,7 +66,15 @@ async def test_agent_error_and_hang_past_deadline(moto, channel, emulator):
     bad = batch.outcomes[6]  # output the contract rejects is the agent's error, said in one line
     assert bad.outcome is Outcome.AGENT_ERROR
     assert bad.error.startswith("InvalidOutput: rewards") and "\n" not in bad.error
-    _assert_rest_ok(batch, {1, 4, 5, 6})
+    # a verifier that could not judge is its own outcome, with no reward (not a 0 to train)
+    unjudged = batch.outcomes[7]
+    assert unjudged.outcome is Outcome.VERIFIER_ERROR and unjudged.reward is None
+    assert unjudged.error == "VerifierError: tests/test.sh exited 2 and wrote no reward"
+    with pytest.raises(ValueError, match="ended verifier_error: a failure never becomes"):
+        outcome_samples(unjudged, 1.0)
+    late = batch.outcomes[8]  # an agent's own time limit ends it as the deadline would
+    assert late.outcome is Outcome.TIMEOUT and late.error.startswith("AgentTimeout: ")
+    _assert_rest_ok(batch, {1, 4, 5, 6, 7, 8})
     assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started)
 
 

@@ -37,7 +37,14 @@ TRAINER_API = {
     "StaleResult",
     "load_config",
 }
-AGENT_API = {"ResultWriter", "RolloutApp", "RolloutContext", "RolloutOutput"}
+AGENT_API = {
+    "AgentTimeout",
+    "ResultWriter",
+    "RolloutApp",
+    "RolloutContext",
+    "RolloutOutput",
+    "VerifierError",
+}
 TRAINING_API = {
     "Group",
     "GroupPolicy",

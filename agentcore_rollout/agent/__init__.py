@@ -1,6 +1,13 @@
 """Agent side: what runs inside an AgentCore session (needs the `[agent]` extra)."""
 
-from .app import RolloutApp, RolloutContext, RolloutOutput
+from .app import AgentTimeout, RolloutApp, RolloutContext, RolloutOutput, VerifierError
 from .writer import ResultWriter
 
-__all__ = ["ResultWriter", "RolloutApp", "RolloutContext", "RolloutOutput"]
+__all__ = [
+    "AgentTimeout",
+    "ResultWriter",
+    "RolloutApp",
+    "RolloutContext",
+    "RolloutOutput",
+    "VerifierError",
+]

@@ -72,6 +72,17 @@ class RolloutOutput:
     stop_reason: str | None = "done"
 
 
+class VerifierError(Exception):
+    """Raise it when what judges the rollout could not (its tests missing, crashing or out of
+    time, no reward written): the rollout ends `verifier_error`, never a reward of 0, and no
+    trainer trains it. The message (the verifier's last output, say) is the outcome's error."""
+
+
+class AgentTimeout(Exception):
+    """Raise it when the agent ran past a time limit of its own, shorter than the rollout's
+    deadline: the rollout ends `timeout`, as one past its deadline does."""
+
+
 RolloutFn = Callable[[dict[str, Any], RolloutContext], Awaitable[Any] | Any]
 
 
@@ -184,7 +195,11 @@ def _fields(work: asyncio.Future[Any]) -> dict[str, Any]:
         return _failure("timeout", "deadline", "DeadlineExceeded", "rollout ran past its deadline")
     if work.cancelled():
         return _failure("cancelled", "cancelled", "CancelledError", "rollout cancelled itself")
-    if (e := work.exception()) is not None:
+    if isinstance(e := work.exception(), VerifierError):
+        return _failure("verifier_error", "verifier_error", "VerifierError", str(e))
+    if isinstance(e, AgentTimeout):
+        return _failure("timeout", "agent_timeout", "AgentTimeout", str(e))
+    if e is not None:
         return _failure("agent_error", "error", type(e).__name__, str(e))
     return _output_fields(work.result())
 

@@ -73,6 +73,7 @@ class StackFailed(RuntimeError):
 
 _FAILED = (
     Outcome.AGENT_ERROR,
+    Outcome.VERIFIER_ERROR,
     Outcome.TIMEOUT,
     Outcome.SUBMIT_FAILED,
     Outcome.INVALID_RESULT,

@@ -11,7 +11,13 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from agentcore_rollout.agent import RolloutApp, RolloutContext, RolloutOutput
+from agentcore_rollout.agent import (
+    AgentTimeout,
+    RolloutApp,
+    RolloutContext,
+    RolloutOutput,
+    VerifierError,
+)
 from agentcore_rollout.contract import (
     DEFAULT_MAX_RESULT_BYTES,
     RolloutControl,
@@ -148,6 +154,10 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
     await asyncio.sleep(payload.get("sleep", 0))
     if mode == "raise":
         raise ValueError(f"bad input {payload['a']}")
+    if mode == "unjudged":
+        raise VerifierError("tests/test.sh exited 2 and wrote no reward")
+    if mode == "agent_timeout":
+        raise AgentTimeout("the agent ran past its 1 s")
     if mode == "hang":
         await asyncio.sleep(3600)
     if mode == "slow_cancel":  # ignores cancellation for a while, as badly behaved code does
