@@ -73,6 +73,7 @@ class RequestDispatcher:
         }
         self._queue = StartQueue(endpoints, self._accounts, cfg)
         self._endpoints = self._queue.endpoints
+        self.environment_of = self._queue.environment_of
         self.max_live = self._held_at_once()
         self._live_slots = OrderedSlots(self.max_live)
         rates = sum(a.limits.start_rate for a in self._accounts.values())
@@ -123,16 +124,22 @@ class RequestDispatcher:
 
     @asynccontextmanager
     async def live_session(
-        self, session_id: str, start_deadline: float, *, priority: int = 0
+        self,
+        session_id: str,
+        start_deadline: float,
+        *,
+        priority: int = 0,
+        environment: str | None = None,
     ) -> AsyncIterator[LiveSession]:
         """Take one of the live-session slots (waiting until `start_deadline` at most, else
         SubmitFailed) for one session; waiters get slots, and then endpoints, lowest `priority`
         first (the engine passes the request's step: oldest-first admission). Leaving frees it: at
         once if no session may have started, else once the session is stopped where it started,
         which runs behind, at `stop_rate`, so the caller's outcome never waits for it and the live
-        bounds bound every session alive, stopping ones included."""
+        bounds bound every session alive, stopping ones included. It starts only on endpoints
+        of `environment` (`StartQueue.serving`)."""
         await self._take_live_slot(start_deadline, priority)
-        session = LiveSession(session_id, start_deadline, priority)
+        session = LiveSession(session_id, start_deadline, priority, environment=environment)
         try:
             yield session
         finally:
@@ -233,7 +240,9 @@ class RequestDispatcher:
             log.debug("retrying session_id=%s in %.2fs after %s", session.session_id, delay, error)
             pinned = self._queue.pinned_to(session)
             retry = asyncio.sleep(delay)
-            await self._queue.until(retry, session.start_deadline, "a retry", error, pinned)
+            await self._queue.until(
+                retry, session.start_deadline, "a retry", error, pinned, session.environment
+            )
         raise SubmitFailed(f"gave up after {self._cfg.max_retries + 1} attempts: {error}")
 
     async def _attempt(

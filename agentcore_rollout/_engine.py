@@ -278,6 +278,7 @@ class RolloutEngine:
         """Check the request and its step, and register it with the buffer (so no result
         arrives unclaimed): its job."""
         check_request(request.request_id, request.input_id, request.sample_index, request.payload)
+        environment = self._dispatcher.environment_of(request.payload)
         cfg, submitted = self.config, time.time()
         step = self._step if step is None else step
         unbounded = cfg.limits.stale_policy == "keep" or not checked_step
@@ -298,6 +299,7 @@ class RolloutEngine:
             result_key=self._buffer.expect(request.request_id, step=step, sig_key=sig_key),
             timeout=cfg.limits.rollout_timeout if timeout is None else timeout,
             deadline=deadline,
+            environment=environment,
             start_deadline=min(deadline, submitted + queue_timeout),
             submitted_at=submitted,
             on_start=on_start,

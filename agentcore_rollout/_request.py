@@ -62,6 +62,7 @@ class Job:
     started, `min(start + timeout, that)`, as written into the invocation."""
     start_deadline: float  # its session must have started by then (queue_timeout, deadline)
     submitted_at: float
+    environment: str | None  # where its session may start (`RequestDispatcher.environment_of`)
     on_start: Callable[[RolloutStart], None] | None
     prices: CostConfig
     resuming: bool = False  # an earlier engine submitted it: its result may be in S3
@@ -211,7 +212,7 @@ class RequestRunner:
             job.took_over(*await self._its_gateway_session(job), self._gateway)
             return found
         async with self._dispatcher.live_session(
-            job.session_id, job.start_deadline, priority=job.step
+            job.session_id, job.start_deadline, priority=job.step, environment=job.environment
         ) as session:
             job.session = session
             if earlier is not None and earlier.deadline > time.time():

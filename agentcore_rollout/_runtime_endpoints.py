@@ -46,6 +46,9 @@ class RuntimeEndpoint:
     account: str = ""
     """`<account id>:<region>` (`RuntimeTarget.account`): endpoints of one account share its
     start rate, data-plane rate and live bound."""
+    environment: str | None = None
+    """The environment its image is (`RuntimeTarget.environment`): a request naming one starts
+    only where it is."""
 
 
 class Outage:
@@ -132,6 +135,7 @@ class EndpointState:
     ) -> None:
         self.name = spec.name
         self.runtime = spec.runtime
+        self.environment = spec.environment
         self.account = account
         rate = account.limits.start_rate
         self.max_starting = max(1, math.ceil(rate * cfg.session_start_time))

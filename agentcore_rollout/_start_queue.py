@@ -8,6 +8,10 @@ retry after a clear refusal may go elsewhere; once an attempt may have created t
 every retry goes where it was sent. An endpoint declared down sends its waiters to the others;
 only with every endpoint down do they all fail at once with the cause, and a down endpoint is
 probed by one attempt per `backoff_max` seconds.
+
+Once an endpoint names an environment (its image: a Harbor task's), each attempt goes only to
+endpoints of its payload's environment (`serving`), and "every endpoint" above means every
+endpoint of that environment: one environment's outage fails its own requests alone.
 """
 
 from __future__ import annotations
@@ -17,14 +21,15 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Awaitable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ._limits import Gauge
 from ._runtime_endpoints import EARLY, Account, EndpointState, RuntimeEndpoint, SubmitFailed
 from ._sandbox import SessionCallError
 from .config import DispatchConfig
+from .contract import ENVIRONMENT_KEY
 
 _T = TypeVar("_T")
 
@@ -47,6 +52,9 @@ class LiveSession:
     refused_on: set[str] = field(default_factory=set)
     """Endpoints that clearly refused an attempt (unreachable, throttled, full): its retries
     wait for the others while any of those is up, so it spends no retries on a dead one."""
+    environment: str | None = None
+    """The environment its request needs: it starts only on endpoints of it, once any endpoint
+    names one (`StartQueue.serving`)."""
 
 
 @dataclass(order=True)
@@ -72,12 +80,35 @@ class StartQueue:
             spec.name: EndpointState(spec, accounts[spec.account], cfg, self._outage_changed)
             for spec in endpoints
         }
+        self._routed = any(e.environment is not None for e in self.endpoints.values())
+        self._down = {e.environment: asyncio.Event() for e in self.endpoints.values()}
         self.starting = Gauge()
         self.all_down = asyncio.Event()
         self._waiters: list[_Waiter] = []  # heap: lowest step first, then arrival
         self._pinned: list[_Waiter] = []  # retries that must go where they were sent
         self._arrivals = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
+
+    def serving(self, environment: str | None) -> list[EndpointState]:
+        """The endpoints a request of `environment` may start on: those of that environment
+        once any endpoint names one, else every endpoint."""
+        if not self._routed:
+            return list(self.endpoints.values())
+        return [e for e in self.endpoints.values() if e.environment == environment]
+
+    def environment_of(self, payload: dict[str, Any]) -> str | None:
+        """The environment a payload's session must start in (None: any endpoint), or a
+        ValueError if no endpoint is of it."""
+        if not self._routed:
+            return None  # the payload's key, if any, is the agent's business
+        environment = payload.get(ENVIRONMENT_KEY)
+        if self.serving(environment):
+            return environment
+        known = sorted({str(e.environment) for e in self.endpoints.values()})
+        raise ValueError(
+            f"payload {ENVIRONMENT_KEY} {environment!r}: no runtime in engine.runtimes is of it "
+            f"(theirs: {', '.join(known)})"
+        )
 
     def pinned_to(self, session: LiveSession) -> EndpointState | None:
         """Where a session that may have started must be retried (None: anywhere)."""
@@ -89,10 +120,10 @@ class StartQueue:
         pinned = self.pinned_to(session)
         if pinned is not None and not pinned.outage.due():
             raise pinned.outage.refusal()
-        if pinned is None and not any(e.outage.due() for e in self.endpoints.values()):
-            raise self._refusal()
+        if pinned is None and not any(e.outage.due() for e in self.serving(session.environment)):
+            raise self._refusal(session.environment)
         waiting = self._pinned if pinned is not None else self._waiters
-        if not waiting and (endpoint := self._pick(pinned, session.refused_on)) is not None:
+        if not waiting and (endpoint := self._pick(pinned, session)) is not None:
             self._take(endpoint, session)
             return endpoint
         granted: asyncio.Future[EndpointState] = asyncio.get_running_loop().create_future()
@@ -101,7 +132,9 @@ class StartQueue:
         self._wake()
         try:
             what = "a start on its endpoint" if pinned is not None else "a free endpoint"
-            return await self.until(granted, session.start_deadline, what, error, pinned)
+            return await self.until(
+                granted, session.start_deadline, what, error, pinned, session.environment
+            )
         except BaseException:
             if granted.done() and not granted.cancelled():  # granted as it gave up: undo
                 self._untake(granted.result(), session)
@@ -125,10 +158,14 @@ class StartQueue:
         what: str,
         cause: SessionCallError | None = None,
         pinned: EndpointState | None = None,
+        environment: str | None = None,
     ) -> _T:
         """Await `work` unless `start_deadline` passes or, first, the endpoint it is pinned to
-        or (unpinned) every endpoint is declared down."""
-        down_event = pinned.outage.declared if pinned is not None else self.all_down
+        or (unpinned) every endpoint it may start on is declared down."""
+        if pinned is not None:
+            down_event = pinned.outage.declared
+        else:
+            down_event = self._down[environment] if self._routed else self.all_down
         task = asyncio.ensure_future(work)
         down = asyncio.ensure_future(down_event.wait())
         try:
@@ -147,7 +184,7 @@ class StartQueue:
         if task in done:  # it won (even if the other finished too): what it got is ours
             return task.result()
         if down in done:
-            raise pinned.outage.refusal() if pinned is not None else self._refusal()
+            raise pinned.outage.refusal() if pinned is not None else self._refusal(environment)
         last = f" (last error: {cause})" if cause is not None else ""
         raise SubmitFailed(f"not started in time: still waiting for {what}{last}")
 
@@ -155,29 +192,21 @@ class StartQueue:
         if self._timer is not None:
             self._timer.cancel()
 
-    def _pick(
-        self, pinned: EndpointState | None, refused_on: Collection[str] = ()
-    ) -> EndpointState | None:
+    def _pick(self, pinned: EndpointState | None, session: LiveSession) -> EndpointState | None:
         """Where to start now: the pinned endpoint if it can; else the least loaded endpoint
-        that is up and can start, of those that have not refused this session while any such
-        is up; else one down and due for its probe; None: wait."""
+        it may start on that is up and can start, of those that have not refused this session
+        while any such is up; else one down and due for its probe; None: wait."""
         if pinned is not None:
             return pinned if pinned.can_start(holding=True) and pinned.outage.may_try() else None
-        up = [e for e in self.endpoints.values() if not e.outage.declared.is_set()]
-        untried = [e for e in up if e.name not in refused_on]
+        serving = self.serving(session.environment)
+        up = [e for e in serving if not e.outage.declared.is_set()]
+        untried = [e for e in up if e.name not in session.refused_on]
         free = [e for e in untried or up if e.can_start(holding=False)]
         if free:
             return min(free, key=EndpointState.load)
         if up:
             return None  # an endpoint that is up frees a slot or a token soon
-        return next(
-            (
-                e
-                for e in self.endpoints.values()
-                if e.can_start(holding=False) and e.outage.may_try()
-            ),
-            None,
-        )
+        return next((e for e in serving if e.can_start(holding=False) and e.outage.may_try()), None)
 
     def _take(self, endpoint: EndpointState, session: LiveSession) -> None:
         endpoint.account.starts.bucket.take()
@@ -207,9 +236,9 @@ class StartQueue:
                 if waiter.granted.done():  # gave up waiting
                     heapq.heappop(line)
                     continue
-                endpoint = self._pick(waiter.pinned, waiter.session.refused_on)
+                endpoint = self._pick(waiter.pinned, waiter.session)
                 if endpoint is None:
-                    if waiter.pinned is None and not waiter.session.refused_on:
+                    if waiter.pinned is None and not waiter.session.refused_on and not self._routed:
                         break  # no endpoint can start anyone
                     held.append(heapq.heappop(line))
                     continue
@@ -246,14 +275,19 @@ class StartQueue:
     def _outage_changed(self) -> None:
         """An endpoint was declared down or answers again: all down, waiters fail; back, they
         may go there."""
+        for environment, down in self._down.items():
+            if all(e.outage.declared.is_set() for e in self.serving(environment)):
+                down.set()
+            else:
+                down.clear()
         if all(e.outage.declared.is_set() for e in self.endpoints.values()):
             self.all_down.set()
         else:
             self.all_down.clear()
             self._wake()
 
-    def _refusal(self) -> SubmitFailed:
-        refusals = [str(e.outage.refusal()) for e in self.endpoints.values()]
+    def _refusal(self, environment: str | None) -> SubmitFailed:
+        refusals = [str(e.outage.refusal()) for e in self.serving(environment)]
         if len(refusals) == 1:
             return SubmitFailed(refusals[0])
         return SubmitFailed(f"every endpoint down: {'; '.join(refusals)}")

@@ -63,7 +63,9 @@ async def runtime_endpoints(
             t.region, t.data_plane_url or cfg.service_urls.agentcore
         )
         runtime = AgentCoreRuntime(client, t.arn, t.qualifier)
-        endpoints.append(RuntimeEndpoint(t.name, runtime, t.max_live_sessions, t.account))
+        endpoints.append(
+            RuntimeEndpoint(t.name, runtime, t.max_live_sessions, t.account, t.environment)
+        )
     return endpoints
 
 

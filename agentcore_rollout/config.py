@@ -199,6 +199,13 @@ class RuntimeTarget(Section):
         description="sessions alive here at once; None: only the account's bound "
         "(engine.dispatch.max_live_sessions)",
     )
+    environment: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the environment its image is (a Harbor task's environment id): once any "
+        "runtime names one, each request starts only on runtimes of its payload's "
+        "`environment`; None: no routing",
+    )
     data_plane_url: str | None = Field(
         default=None,
         description="the data plane's URL for this runtime; None: engine.service_urls.agentcore, "

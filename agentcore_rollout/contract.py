@@ -24,6 +24,10 @@ from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 1
 CONTROL_KEY = "_rollout"
+ENVIRONMENT_KEY = "environment"
+"""A payload's environment (a Harbor task's environment id): once a runtime of the engine's
+names an environment (`RuntimeTarget.environment`), the request starts only on runtimes of
+its payload's."""
 DEFAULT_MAX_RESULT_BYTES = 8 * 1024 * 1024
 SESSION_ID_MIN, SESSION_ID_MAX = 33, 256  # AgentCore's runtimeSessionId rule
 _ID_CHARS = r"[A-Za-z0-9._-]+"

@@ -296,3 +296,57 @@ async def test_every_endpoint_down_fails_waiting_starts_one_down_moves_them():
     assert d.stats()["runtime_down"] and d.stats()["endpoints_down"] == 2
     with pytest.raises(SubmitFailed, match=r"every endpoint down"):  # at once, no probe due
         await _started_on(d, "z" * 40)
+
+
+async def test_each_request_starts_on_a_runtime_of_its_environment(moto, channel, emulator):
+    emu = await emulator(runtime_arns=tuple(ARNS))
+    runtimes = [
+        {"arn": ARNS[0], "environment": "env-a"},
+        {"arn": ARNS[1], "environment": "env-b"},
+        {"arn": ARNS[2], "environment": "env-b"},
+    ]
+    cfg = _runtimes_config(moto, channel, emu, runtimes, start_rate=50.0)
+    requests = [
+        RolloutRequest({"a": i, "b": 1, "environment": "ab"[i % 2].join(("env-", ""))}, f"q{i}")
+        for i in range(12)
+    ]
+    started: list[RolloutStart] = []
+    async with RolloutEngine(cfg) as engine:
+        with pytest.raises(ValueError, match=r"^payload environment 'env-c': no runtime in"):
+            engine.submit(RolloutRequest({"a": 1, "b": 1, "environment": "env-c"}, "qc"))
+        with pytest.raises(ValueError, match=r"environment None: .*theirs: env-a, env-b\)$"):
+            engine.submit(RolloutRequest({"a": 1, "b": 1}, "qn"))
+        outcomes = [await h for h in [engine.submit(r, on_start=started.append) for r in requests]]
+    assert [o.outcome for o in outcomes] == [Outcome.OK] * 12
+    where: dict[str, set[str]] = {"env-a": set(), "env-b": set()}
+    for s in started:
+        where[s.request.payload["environment"]].add(s.endpoint.split("#")[0])
+    assert where == {"env-a": {ARNS[0]}, "env-b": {ARNS[1], ARNS[2]}}  # b's spread over its two
+
+
+async def test_an_environment_whose_runtimes_are_down_fails_alone():
+    def down() -> SessionCallError:
+        error = SessionCallError("EndpointConnectionError", "x", retryable=True, outage=True)
+        error.maybe_started = False
+        return error
+
+    base = {"bucket": "bkt", "queue_url": "q", "runtime_arn": RUNTIME_ARN, "start_rate": 1000.0}
+    config = flat_config(**(base | {"backoff_base": 0.01, "backoff_max": 0.05, "max_retries": 3}))
+    a, b = FakeRuntime(errors=[down() for _ in range(200)]), FakeRuntime()
+    endpoints = [RuntimeEndpoint("a", a, environment="A"), RuntimeEndpoint("b", b, environment="B")]
+    d = RequestDispatcher(endpoints, config)
+
+    async def start(sid: str, environment: str) -> str:
+        async with d.live_session(sid, math.inf, environment=environment) as session:
+            started = await d.start(session, lambda _: b"{}", timeout=10.0, deadline=math.inf)
+        return started.endpoint
+
+    with pytest.raises(SubmitFailed):  # A's one runtime refuses: B's is no place for it
+        await start("x" * 40, "A")
+    await asyncio.sleep(retry_budget(d._cfg))
+    with pytest.raises(SubmitFailed, match=r"^a down for "):  # A down: at once, and alone
+        await start("y" * 40, "A")
+    assert [await start(f"{i:040d}", "B") for i in range(5)] == ["b"] * 5
+    assert sorted(b.invoked) == [f"{i:040d}" for i in range(5)]  # none of A's went to B
+    assert d.stats()["endpoints_down"] == 1 and not d.stats()["runtime_down"]
+    await d.aclose()

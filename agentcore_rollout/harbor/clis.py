@@ -4,6 +4,6 @@ OpenHands."""
 
 from __future__ import annotations
 
-from .agents import HarborAgent
+from .launch import HarborAgent
 
 CLI_AGENTS: tuple[HarborAgent, ...] = ()
