@@ -49,7 +49,9 @@ async def one_session(
     if engine is not None:
         config = EmulatorConfig(mode="container", image=AGENT_IMAGE)
         label = f"{os.getpid()}-bench"
-        agent: ProcessAgent = await ContainerAgent.spawn_container(config, engine, label, "bench")
+        agent: ProcessAgent = await ContainerAgent.spawn_container(
+            config, engine, label, "bench", config.image
+        )
     else:
         config = EmulatorConfig(app=APP, env={"PYTHONPATH": str(ROOT)})
         agent = await ProcessAgent.spawn(config, "bench")

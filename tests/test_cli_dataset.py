@@ -43,7 +43,7 @@ def stack_starts(monkeypatch) -> list[object]:
     """Records every LocalStack the CLI constructs (and refuses to start one)."""
     made: list[object] = []
 
-    def refuse(config: object) -> None:
+    def refuse(config: object, **_: object) -> None:
         made.append(config)
         raise RuntimeError("the test refuses to start the local stack")
 

@@ -1,6 +1,8 @@
 """The dataset `run` and `train` read: JSONL, one payload per line, read a line at a time and
 checked as it is read, so a bad row is named before anything starts and no copy of the whole
-file is ever held; and the requests it makes (`n` samples of each row, grouped by its id)."""
+file is ever held; or Harbor tasks (a folder of task folders, or a JSONL naming them), one
+row each (`harbor.tasks`); and the requests it makes (`n` samples of each row, grouped by its
+id)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 from .. import RolloutRequest
 from ..contract import ID_MAX, ContractError, check_request
+from ..harbor.tasks import TaskError, is_task_source, read_tasks, task_payload
 from .errors import UsageError
 from .journal import Journal
 
@@ -22,7 +25,11 @@ def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(input_id, payload) per good non-empty line, lazily. The id names the row's group (its
     `n` samples): the row's `id`, as text (`7` -> "7"), or `line-<N>` if it has none (absent,
     null or ""). Bad rows are skipped and, once the file is read, raised as one UsageError
-    naming each (one line per row), so every mistake is found in one pass."""
+    naming each (one line per row), so every mistake is found in one pass. Harbor tasks are
+    a row each, named by their folder."""
+    if is_task_source(path):
+        yield from _task_rows(path)
+        return
     bad: list[str] = []
     seen: dict[str, int] = {}  # input_id -> its line; the only thing kept per row
     try:
@@ -41,6 +48,16 @@ def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         raise UsageError("\nerror: ".join(bad[:MAX_SHOWN] + tail))  # main() prints "error: "
     if not seen:
         raise UsageError(f"data: {path} has no rows")
+
+
+def _task_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    try:
+        tasks = read_tasks(path)
+    except TaskError as e:
+        lines = [f"data: {line}" for line in str(e).splitlines()]
+        raise UsageError("\nerror: ".join(lines)) from None  # main() prints "error: "
+    for task in tasks:
+        yield task.name, task_payload(task)
 
 
 def _check(raw: bytes, seen: dict[str, int], number: int) -> tuple[str, dict[str, Any]] | str:

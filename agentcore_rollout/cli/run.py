@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from .. import EngineStats, Outcome, RolloutEngine, RolloutHandle
 from ..contract import new_run_secret
+from ..harbor.tasks import is_task_source, read_tasks
 from .config import Config
 from .dataset import journal_requests
 from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, Interrupted, UsageError
@@ -205,8 +206,11 @@ async def roll_out(
         if config.stack == "local":
             from ..local.stack import LocalStack  # lazily: it loads moto, numpy, the gateway
 
+            environments = await asyncio.to_thread(task_environments, config)
             with console.status("starting the local stack (moto, emulator, policy, gateway)"):
-                local = await stack.enter_async_context(LocalStack(config.local))
+                local = await stack.enter_async_context(
+                    LocalStack(config.local, environments=environments)
+                )
             engine_config = local.engine_config(engine_config)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
         console.print(engine.quotas, style="dim", markup=False, soft_wrap=True)
@@ -229,6 +233,19 @@ async def roll_out(
         await _collect(engine, feed, begin.total, run, journal, interrupted)
         summary = run.summary(interrupted=interrupted.is_set())
     return summary
+
+
+def task_environments(config: Config) -> dict[str, str]:
+    """A dataset of Harbor tasks: each environment's image (environment id -> image, with
+    `harbor.agent` in it), built where missing; any other dataset: none."""
+    data = Path(config.run.data)
+    if not is_task_source(data):
+        return {}
+    from ..local.containers import container_engine  # lazily: subprocesses only
+    from .harbor import task_images
+
+    engine = container_engine(config.local.container_engine)
+    return task_images(read_tasks(data), config.harbor.agent, engine)
 
 
 def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:

@@ -172,9 +172,14 @@ class ContainerAgent(ProcessAgent):
 
     @classmethod
     async def spawn_container(
-        cls, config: EmulatorConfig, engine: ContainerEngine, label: str, session_id: str
+        cls,
+        config: EmulatorConfig,
+        engine: ContainerEngine,
+        label: str,
+        session_id: str,
+        image: str,
     ) -> ContainerAgent:
-        """A container of `config`'s image for one session, labelled `label` (its emulator's)."""
+        """A container of `image` for one session, labelled `label` (its emulator's)."""
         with socket.socket() as sock:  # free now, bound by podman's port forwarder next
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -187,7 +192,7 @@ class ContainerAgent(ProcessAgent):
             *("--label", f"{LABEL}={label}", "--label", f"{SESSION_LABEL}={session_id}"),
             *("--network", engine.network, "-p", f"127.0.0.1:{port}:8080"),
             *(f"--env={k}" for k in sorted(given)),  # values from the client's environment
-            config.image,
+            image,
         )
         # the values not in argv: credentials stay out of `ps`
         process = await _start(argv, {**engine.env, **given}, config.agent_log_dir, session_id)

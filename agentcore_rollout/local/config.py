@@ -106,6 +106,12 @@ class EmulatorConfig(EmulatorSettings):
         default="",
         description="the image each session runs as a container (mode container; app unused)",
     )
+    runtime_images: tuple[str, ...] = Field(
+        default=(),
+        description="mode container: ARN=IMAGE, the image a runtime's sessions run instead of "
+        "`image` (one runtime per environment, each its own image: Harbor tasks)",
+        json_schema_extra={"flag": "--runtime-image"},
+    )
     host_urls: tuple[str, ...] = Field(
         default=(),
         description="loopback services of the host agents are told of in their invocations "
@@ -141,12 +147,19 @@ class EmulatorConfig(EmulatorSettings):
         default=60.0, gt=0, description="seconds a new session's agent may take to be ready"
     )
 
+    def image_of(self, runtime_arn: str) -> str:
+        """The image the sessions of `runtime_arn` run (mode container)."""
+        images = dict(i.split("=", 1) for i in self.runtime_images)
+        return images.get(runtime_arn, self.image)
+
     @model_validator(mode="after")
     def _runnable(self) -> EmulatorConfig:
         """A config no emulator can run is refused when made."""
         if self.mode == "container":
-            if not self.image or self.command:
+            if not (self.image or self.runtime_images) or self.command:
                 raise ValueError("mode='container' needs an image and no command")
+            if bad := [i for i in self.runtime_images if "=" not in i]:
+                raise ValueError(f"runtime_images: {bad[0]!r} is not ARN=IMAGE")
             return self
         if bool(self.app) == bool(self.command):
             raise ValueError("EmulatorConfig needs exactly one of app and command")

@@ -18,7 +18,7 @@ import aiohttp
 
 from .._limits import Gauge
 from .agents import Agent, ContainerAgent, InProcessAgent, ProcessAgent, SharedApp, container_env
-from .config import EmulatorConfig
+from .config import DEFAULT_RUNTIME_ARN, EmulatorConfig
 from .containers import ContainerEngine, container_engine, emulator_label, loopback_ports
 from .quotas import Quotas
 from .relay import LoopbackRelay
@@ -89,10 +89,12 @@ class Sessions(Mapping[str, Session]):
         if cfg.mode == "container":
             self._engine = engine = await asyncio.to_thread(container_engine, cfg.container_engine)
             await asyncio.to_thread(engine.remove_orphans)  # an earlier emulator's
-            if not await asyncio.to_thread(engine.image_exists, cfg.image):
-                raise RuntimeError(
-                    f"image {cfg.image} not found: build it (agentcore-rollout local build)"
-                )
+            arns = cfg.runtime_arns or (DEFAULT_RUNTIME_ARN,)
+            for image in sorted({cfg.image_of(arn) for arn in arns}):
+                if not await asyncio.to_thread(engine.image_exists, image):
+                    raise RuntimeError(
+                        f"image {image} not found: build it (agentcore-rollout local build)"
+                    )
             urls = [*container_env(cfg.env).values(), *cfg.host_urls]  # their ports alone
             self._loopback = LoopbackRelay(engine.host, engine.subnet, loopback_ports(urls))
             await self._loopback.start()
@@ -176,7 +178,7 @@ class Sessions(Mapping[str, Session]):
             if self._shared is not None:
                 session.agent = InProcessAgent(self._shared, session.session_id)
             else:
-                agent = await self._spawn(session.session_id)
+                agent = await self._spawn(session.key)
                 session.agent = agent
                 if session.ended:  # during the spawn, so `_end` saw no agent to stop
                     await agent.terminate()
@@ -196,12 +198,15 @@ class Sessions(Mapping[str, Session]):
             self._watchers.add(watcher)
             watcher.add_done_callback(self._watchers.discard)
 
-    async def _spawn(self, session_id: str) -> ProcessAgent:
-        """The session's agent: a container of the image, or a process on the host."""
+    async def _spawn(self, key: Key) -> ProcessAgent:
+        """The session's agent: a container of its runtime's image, or a process on the
+        host."""
+        runtime_arn, _, session_id = key
         if self._engine is None:
             return await ProcessAgent.spawn(self.config, session_id)
+        image = self.config.image_of(runtime_arn)
         return await ContainerAgent.spawn_container(
-            self.config, self._engine, self._label, session_id
+            self.config, self._engine, self._label, session_id, image
         )
 
     async def _end(self, session: Session, why: str, ledger: list[str]) -> None:

@@ -30,7 +30,7 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,21 @@ TOY = "toy"  # local.policy's value for the toy
 class LocalStack:
     """`async with LocalStack(LocalConfig(...)) as stack: stack.engine_config(base)`"""
 
-    def __init__(self, config: LocalConfig | None = None, *, prefix: str = "rollouts") -> None:
+    def __init__(
+        self,
+        config: LocalConfig | None = None,
+        *,
+        prefix: str = "rollouts",
+        environments: Mapping[str, str] | None = None,
+    ) -> None:
+        """`environments`: environment id -> image (`local.mode: container`): one runtime per
+        environment, its sessions containers of its image, and the engine's `runtimes` each
+        of its environment, so a request starts in its payload's (Harbor tasks)."""
         self.config = config or LocalConfig()
         self.prefix = prefix
+        self.environments = dict(environments or {})
+        if self.environments and self.config.mode != "container":
+            raise ValueError("tasks with environments run in their images: local.mode: container")
         self.moto = MotoServer()
         self.model_dir: str | None = None  # the served model's directory; None: the toy
         self.workers: list[ServiceProcess] = []  # made on entry, once the model is resolved
@@ -81,7 +93,8 @@ class LocalStack:
                 engine = await asyncio.to_thread(container_engine, self.config.container_engine)
                 self._container_host = engine.host
                 cfg = self.config
-                await asyncio.to_thread(ensure_image, cfg.dockerfile, cfg.image, engine)
+                if not self.environments:
+                    await asyncio.to_thread(ensure_image, cfg.dockerfile, cfg.image, engine)
             self.workers = self._workers()
             await _together(
                 asyncio.to_thread(self.moto.start),
@@ -158,6 +171,8 @@ class LocalStack:
     def _start_emulator(self) -> None:
         cfg = self.config
         containers = ["--image", cfg.image]
+        for environment, image in self.environments.items():
+            containers += ["--runtime-image", f"{environment_arn(environment)}={image}"]
         # What agents call for their turns, and nothing else of the host: with a gateway in
         # front, the policy's port is not relayed to containers (moto's comes with its URLs).
         for url in [gateway.url for gateway in self.gateways] or [self.policy_url]:
@@ -166,7 +181,7 @@ class LocalStack:
             "runtime emulator",
             "agentcore_rollout.local.runtime",
             cfg.app,
-            *("--runtime-arn", LOCAL_RUNTIME_ARN),
+            *(arg for arn in self.runtime_arns for arg in ("--runtime-arn", arn)),
             *(arg for q in self.qualifiers for arg in ("--qualifier", q)),
             *to_flags(cfg, EmulatorSettings),  # `local.*`'s emulator settings, every one
             *(containers if self._containers else []),
@@ -247,6 +262,11 @@ class LocalStack:
         }
 
     @property
+    def runtime_arns(self) -> list[str]:
+        """The emulator's runtimes: one per environment, else the one local runtime."""
+        return [environment_arn(e) for e in self.environments] or [LOCAL_RUNTIME_ARN]
+
+    @property
     def qualifiers(self) -> list[str]:
         """The emulator's runtime endpoints (`local.runtime_endpoints`)."""
         count = self.config.runtime_endpoints
@@ -269,7 +289,13 @@ class LocalStack:
                 "service_quotas": self.emulator.url,  # its quotas, as Service Quotas tells them
             },
         }
-        if len(self.qualifiers) == 1:
+        if self.environments:
+            fill["runtimes"] = [
+                {"arn": environment_arn(e), "qualifier": q, "environment": e}
+                for e in self.environments
+                for q in self.qualifiers
+            ]
+        elif len(self.qualifiers) == 1:
             fill["runtime_arn"] = LOCAL_RUNTIME_ARN
         else:
             fill["runtimes"] = [{"arn": LOCAL_RUNTIME_ARN, "qualifier": q} for q in self.qualifiers]
@@ -340,3 +366,8 @@ async def _together(*steps: Awaitable[object]) -> None:
         raise cancelled
     if errors:
         raise errors[0]
+
+
+def environment_arn(environment: str) -> str:
+    """The local runtime of one environment (its id is the runtime's name)."""
+    return LOCAL_RUNTIME_ARN.rsplit("/", 1)[0] + f"/env_{environment}"
