@@ -66,7 +66,7 @@ LAYERS = {
     "training": set(),
     "gateway": {"serving"},
     "agent": {"serving"},
-    "integrations": {"training", "gateway"},
+    "integrations": {"training", "gateway", "harbor"},
     "local": {"gateway", "agent", "training", "serving"},
     "harbor": {"agent", "serving"},  # Harbor tasks and the wrapper run in their environments
     "cli": {"training", "local", "integrations", "harbor"},

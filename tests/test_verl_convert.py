@@ -65,6 +65,16 @@ def test_failures_and_traceless_outcomes_raise_or_give_no_row():
     with pytest.raises(ConversionError, match="no token trace"):
         agent_loop_outputs(traceless)
     assert agent_loop_outputs(traceless, on_failure="empty") == []
+    unjudged = _outcome([MULTI_TURN], outcome=Outcome.VERIFIER_ERROR)  # a verifier that could not
+    with pytest.raises(ConversionError, match="ended verifier_error: no veRL row"):
+        agent_loop_outputs(unjudged)
+
+
+def test_an_agent_that_never_called_the_model_gives_no_row_and_says_why(caplog):
+    oracle = make_outcome("uid-1", 0, Outcome.OK, 1.0, trace={"turns": [], "samples": []})
+    with caplog.at_level("INFO", logger="agentcore_rollout.integrations.verl.convert"):
+        assert agent_loop_outputs(oracle) == []  # not a failure: nothing sampled to train
+    assert "ended ok without a model call: no veRL row" in caplog.text
 
 
 def test_over_length_samples_raise_instead_of_being_truncated():

@@ -11,6 +11,10 @@ newest weight versions that sampled the row, as integers, for its staleness cont
 `reward_extra_info`: the named reward components, or `{}`) and what a user traces a row back
 with (`outcome`, `request_id`, `session_id`, `input_id`).
 
+An ok outcome whose agent never called the model (a Harbor task's `oracle` or `nop`: its trace
+has no sample) gives no row, and says so in the log: there is nothing the policy sampled to
+train, and no failure either.
+
 Nothing is cut to fit: a sample longer than the trainer's prompt or response length raises,
 since a truncated row would be trained as if the policy had sampled it that way. Cap lengths
 at the gateway (`engine.gateway.max_context`) instead.
@@ -18,6 +22,7 @@ at the gateway (`engine.gateway.max_context`) instead.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
@@ -27,6 +32,9 @@ from ...contract import NamedRewards
 from ...training import TrainingSample, outcome_samples
 
 OnFailure = Literal["raise", "empty"]
+
+
+log = logging.getLogger(__name__)
 
 
 class ConversionError(ValueError):
@@ -54,6 +62,10 @@ def agent_loop_outputs(
         samples = outcome_samples(outcome, advantage=0.0)  # veRL computes its own advantages
     except ValueError as e:
         raise ConversionError(str(e)) from None
+    if not samples:
+        log.info(
+            "request %s ended ok without a model call: no veRL row", outcome.request.request_id
+        )
     for s in samples:
         _check_length(s, "prompt", len(s.prompt_ids), max_prompt_length)
         _check_length(s, "response", len(s.response_ids), max_response_length)
