@@ -41,6 +41,12 @@ DATA_PLANE_TPS = 1_000  # every data-plane call together: invokes, stops (was 20
 ACTIVE_SESSIONS = {"us-east-1": 5_000, "us-west-2": 5_000}  # active session workloads
 ACTIVE_SESSIONS_ELSEWHERE = 2_500  # in every other region
 SERVICE_QUOTAS_CODE = "bedrock-agentcore"
+# Not adjustable, same guide, "AgentCore Runtime Service Quotas": "Maximum size for a Docker
+# image in an AgentCore Runtime: 2 GB" (it was 1 GB in the 2025 preview). Read as 2 x 10^9
+# bytes, the stricter reading, and checked against the image as ECR stores it (compressed
+# layers), the size AWS holds; `deploy --tasks` refuses an image over it. (Beside it, not
+# checked here: 1,000 agent runtimes per account, 10 endpoints per runtime, both adjustable.)
+MAX_IMAGE_BYTES = 2_000_000_000
 LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1_209_600  # what the API and CloudFormation accept
 # AgentCore Runtime's published prices (us-east-1; check your region's): it bills per second
 # (1 s minimum) the vCPUs a session actively uses and the peak GB of memory it holds.

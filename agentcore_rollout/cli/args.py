@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         args = _parse(argv)
         if args.command in ("deploy", "destroy", "infra"):
             _export_aws("agentcore.env")
+            if getattr(args, "tasks", None) or (args.command == "destroy" and args.manifest):
+                from .harbor_deploy import harbor_command  # a folder of Harbor tasks
+
+                return harbor_command(args)
             return infra_command(args)
         config = _load(args)
         if args.command == "run":
@@ -187,9 +191,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _infra_args(sub: Any) -> None:
-    deploy = sub.add_parser("deploy", help="create or update the AgentCore runtime; print its ARN")
-    deploy.add_argument("--name", required=True, help="runtime name ([a-zA-Z][a-zA-Z0-9_]{0,47})")
-    deploy.add_argument("--image", required=True, help="container image URI in ECR (arm64)")
+    deploy = sub.add_parser(
+        "deploy",
+        help="create or update the AgentCore runtime, print its ARN; or with --tasks one "
+        "runtime per environment of a folder of Harbor tasks, and their manifest",
+    )
+    deploy.add_argument(
+        "--name",
+        help="runtime name ([a-zA-Z][a-zA-Z0-9_]{0,47}); with --tasks, the prefix of each "
+        "runtime's name (default harbor)",
+    )
+    deploy.add_argument("--image", help="container image URI in ECR (arm64)")
+    deploy.add_argument("--tasks", help="a folder of Harbor tasks (or a JSONL naming them)")
+    deploy.add_argument("--agent", help="with --tasks: the agent the images run (e.g. oracle)")
+    deploy.add_argument("--repository", help="with --tasks: the ECR repository URI, no tag")
+    deploy.add_argument(
+        "--no-build",
+        action="store_true",
+        help="with --tasks: the images are in ECR already (built and pushed for linux/arm64)",
+    )
+    deploy.add_argument("--container-engine", choices=["auto", "podman", "docker"], default="auto")
     deploy.add_argument("--role", required=True, help="execution role ARN (stack output RoleArn)")
     deploy.add_argument("--network", choices=["PUBLIC", "VPC"], default="PUBLIC")
     deploy.add_argument("--subnet", action="append", default=[], help="VPC subnet (repeat)")
@@ -201,8 +222,8 @@ def _infra_args(sub: Any) -> None:
     deploy.add_argument(
         "--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for READY"
     )
-    destroy = sub.add_parser("destroy", help="delete the AgentCore runtime")
-    destroy.add_argument("--name", required=True)
+    destroy = sub.add_parser("destroy", help="delete the AgentCore runtime (or a manifest's)")
+    destroy.add_argument("--name")
     destroy.add_argument("--missing-ok", action="store_true", help="no runtime is not an error")
     infra = sub.add_parser("infra", help="the provisioned AWS stack")
     infra_sub = infra.add_subparsers(dest="infra_command", required=True)
@@ -210,6 +231,10 @@ def _infra_args(sub: Any) -> None:
     env.add_argument("--stack", required=True, help="CloudFormation stack name")
     env.add_argument("--out", default="agentcore.env")
     env.add_argument("--runtime-arn", help="wins over the stack's RuntimeArn output")
+    deploy.add_argument(
+        "--manifest", default="harbor-runtimes.json", help="with --tasks: where it is written"
+    )
+    destroy.add_argument("--manifest", help="delete every runtime of `deploy --tasks`'s manifest")
     for p in (deploy, destroy, env):
         p.add_argument("--region", help="default: the usual AWS configuration chain")
         p.add_argument("--endpoint-url", help="control-plane endpoint override (tests)")

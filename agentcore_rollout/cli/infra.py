@@ -404,13 +404,24 @@ def infra_command(args: argparse.Namespace) -> int:
         console.print(f"wrote {len(values)} entries to {args.out}")
         return 0
     client = aws_client("bedrock-agentcore-control", args.region, args.endpoint_url)
+    check_runtime_args(args)
     if args.command == "destroy":
         gone = destroy_runtime(args.name, client=client, missing_ok=args.missing_ok)
         console.print(f"deleted runtime {args.name}" if gone else f"no runtime {args.name}")
         return 0
-    spec = RuntimeSpec(
-        name=args.name,
-        container_uri=args.image,
+    spec = runtime_spec(args)
+    iam = aws_client("iam", args.region, args.endpoint_url)
+    with console.status(f"deploying runtime {args.name} (waiting for READY)"):
+        info = deploy_runtime(spec, client=client, iam_client=iam, timeout_s=args.timeout)
+    print(info.arn, flush=True)  # stdout: the one thing scripts want
+    return 0
+
+
+def runtime_spec(args: argparse.Namespace) -> RuntimeSpec:
+    """The runtime `deploy`'s flags describe (with --tasks, the template of each one's)."""
+    return RuntimeSpec(
+        name=args.name or "",
+        container_uri=args.image or "",
         role_arn=args.role,
         network_mode=args.network,
         subnets=tuple(args.subnet),
@@ -420,11 +431,23 @@ def infra_command(args: argparse.Namespace) -> int:
         environment=dict(_key_value(item) for item in args.env),
         gateway_url=args.gateway_url,
     )
-    iam = aws_client("iam", args.region, args.endpoint_url)
-    with console.status(f"deploying runtime {args.name} (waiting for READY)"):
-        info = deploy_runtime(spec, client=client, iam_client=iam, timeout_s=args.timeout)
-    print(info.arn, flush=True)  # stdout: the one thing scripts want
-    return 0
+
+
+def check_runtime_args(args: argparse.Namespace) -> None:
+    """One runtime (--name, --image) or a folder of Harbor tasks (--tasks; a manifest for
+    destroy), not a mix: a usage error in one line."""
+    if args.command == "destroy":
+        if bool(args.name) == bool(args.manifest):
+            raise ConfigError("destroy needs --name NAME or --manifest FILE (one of them)")
+        return
+    if args.tasks is None:
+        if not (args.name and args.image):
+            raise ConfigError("deploy needs --name and --image, or --tasks DIR with --agent")
+        return
+    if args.image or not (args.agent and args.repository):
+        raise ConfigError(
+            "deploy --tasks needs --agent and --repository (ECR), and takes no --image"
+        )
 
 
 def _key_value(item: str) -> tuple[str, str]:
