@@ -33,6 +33,7 @@ from agentcore_rollout.cli.harbor_deploy import (
     plan,
 )
 from agentcore_rollout.cli.infra import RUNTIME_NAME_RE, InfraError, RuntimeSpec
+from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.harbor.tasks import read_tasks
 from agentcore_rollout.local.containers import ContainerEngine
 
@@ -150,6 +151,8 @@ def test_a_task_folder_becomes_one_runtime_per_environment(
     assert snippet["engine"]["runtimes"] == [
         {"arn": e["arn"], "environment": e["environment"]} for e in written["environments"]
     ]
+    engine = EngineConfig.model_validate(snippet["engine"])  # the engine reads it as it is
+    assert {t.environment for t in engine.runtimes} == set(by_env)
     # Again: the same runtimes, found by name and left as they are; none made twice.
     assert main(_deploy_args(moto, tasks_dir, manifest)) == 0, capsys.readouterr().err
     assert {k: v for k, v in _runtimes(control).items() if k not in before} == made
