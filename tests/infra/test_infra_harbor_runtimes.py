@@ -11,6 +11,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,8 +152,12 @@ def test_a_task_folder_becomes_one_runtime_per_environment(
     assert snippet["engine"]["runtimes"] == [
         {"arn": e["arn"], "environment": e["environment"]} for e in written["environments"]
     ]
-    # the engine reads it as it is (moto's ARNs end in a `:version` real ones do not have)
-    real = [r | {"arn": r["arn"].rsplit(":", 1)[0]} for r in snippet["engine"]["runtimes"]]
+    # the engine reads it as it is (moto's ARNs are `agent/<uuid>[:version]`, AgentCore's
+    # `runtime/<name>-<id>`: put in that shape)
+    real = [
+        r | {"arn": re.sub(r":agent/([^:]+).*", r":runtime/rt-\1", r["arn"])}
+        for r in snippet["engine"]["runtimes"]
+    ]
     engine = EngineConfig.model_validate({"runtimes": real})
     assert {t.environment for t in engine.runtimes} == set(by_env)
     # Again: the same runtimes, found by name and left as they are; none made twice.
