@@ -205,9 +205,10 @@ def test_a_trainers_load_config_is_the_engine_section_loaded_the_same_way():
 
 
 def test_shipped_configs_document_every_key_with_its_default():
-    """configs/engine.yaml is the reference: every engine, run and train key, at its default."""
+    """configs/engine.yaml is the reference: every engine, run, train and harbor key, at its
+    default."""
     documented = yaml.safe_load((ROOT / "configs/engine.yaml").read_text())
-    for section in ("engine", "run", "train"):
+    for section in ("engine", "run", "train", "harbor"):
         assert set(documented[section]) == set(type(getattr(Config(), section)).model_fields)
     assert load_config(ROOT / "configs/engine.yaml", env_file=None, environ={}) == Config()
     local = yaml.safe_load((ROOT / "configs/local.yaml").read_text())["local"]

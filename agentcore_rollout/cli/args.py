@@ -87,11 +87,22 @@ async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
 
 def local_build(config: Config) -> int:
     """`local build`: the agent's image (`local.image`) from `local.dockerfile`, for this
-    machine, as `local.mode: container` runs it."""
+    machine, as `local.mode: container` runs it; where `run.data` names Harbor tasks, their
+    images instead (one per distinct environment, with `harbor.agent`)."""
+    from ..harbor.tasks import TaskError, is_task_source, read_tasks
     from ..local.containers import build_image, container_engine  # lazily: subprocesses only
 
     local = config.local
     engine = container_engine(local.container_engine)
+    if is_task_source(Path(config.run.data)):
+        from .harbor import task_images
+
+        try:
+            tasks = read_tasks(Path(config.run.data))
+        except TaskError as e:
+            raise UsageError(str(e)) from None
+        task_images(tasks, config.harbor.agent, engine, rebuild=True)
+        return 0
     base = build_image(local.dockerfile, local.image, engine=engine)
     print(f"built {local.image} from {local.dockerfile} on {base} ({engine.name})", file=sys.stderr)
     return 0
@@ -184,7 +195,11 @@ def _parser() -> argparse.ArgumentParser:
     local_sub = local_p.add_subparsers(dest="local_command", required=True)
     _config_args(local_sub.add_parser("up", help="start the stack and keep it running"))
     _config_args(
-        local_sub.add_parser("build", help="build the agent's image (local.dockerfile) here")
+        local_sub.add_parser(
+            "build",
+            help="build the agent's image (local.dockerfile) here, or the images of the Harbor "
+            "tasks run.data names (harbor.agent)",
+        )
     )
     _infra_args(sub)
     return parser

@@ -1,16 +1,17 @@
 """The CLI's config file: every section in one YAML (`stack`, `engine`, `local`, `run`,
-`train`), read by the core's one loader (`config.load_sections`: YAML < environment and
-`agentcore.env` < overrides, each error one line naming its key). The engine's section is the
-core's, `local` and `train` the local stack's; `stack` and `run` are the CLI's own."""
+`train`, `harbor`), read by the core's one loader (`config.load_sections`: YAML < environment
+and `agentcore.env` < overrides, each error one line naming its key). The engine's section is
+the core's, `local` and `train` the local stack's; `stack`, `run` and `harbor` the CLI's own."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ..config import EngineConfig, Section, load_sections
+from ..harbor.agents import agent_named
 from ..local.config import LocalConfig, TrainConfig
 
 
@@ -32,6 +33,21 @@ class RunConfig(Section):
     )
 
 
+class HarborConfig(Section):
+    """Harbor tasks (`run.data` a folder of task folders): what runs them."""
+
+    agent: str = Field(
+        default="oracle",
+        description="the agent each task's image runs: oracle (its solve.sh), nop, or a "
+        "coding agent",
+    )
+
+    @field_validator("agent")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return agent_named(v).name
+
+
 class Config(Section):
     stack: Literal["local", "aws"] = Field(
         default="local",
@@ -42,6 +58,7 @@ class Config(Section):
     local: LocalConfig = Field(default_factory=LocalConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    harbor: HarborConfig = Field(default_factory=HarborConfig)
 
 
 def load_config(path: str | Path | None = None, **options: Any) -> Config:

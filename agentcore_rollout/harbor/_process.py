@@ -1,0 +1,92 @@
+"""One command in a process group of its own, bounded in time and killed whole: how the
+wrapper runs the agent and the verifier runs `test.sh`, so nothing either spawned outlives it.
+
+Its output goes to a file (Harbor's `/logs/...`), not a pipe: a process that escaped the group
+(`setsid`) cannot then hold the wrapper up by keeping a pipe open; the tail is read back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TAIL_LINES = 30
+_TAIL_BYTES = 4096
+_GONE_POLLS = 100  # 5 s at 0.05 s for the group's last members to die once killed
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How it ended: its exit code (None: killed at the time limit), the end of its output,
+    seconds taken."""
+
+    exit_code: int | None
+    tail: str
+    seconds: float
+
+
+async def run_group(
+    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], timeout: float, output: Path
+) -> Ran:
+    """Run `argv` until it exits or `timeout` seconds pass; either way (and if cancelled) its
+    whole process group is SIGKILLed and gone before this returns."""
+    started = time.monotonic()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    code: int | None = None
+    try:
+        code = await asyncio.wait_for(process.wait(), timeout=max(timeout, 0.0))
+    except TimeoutError:
+        pass
+    finally:
+        await kill_group(process)
+    return Ran(code, tail(output), time.monotonic() - started)
+
+
+async def kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL `process`'s group (it leads one), reap it, and wait until no member is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    await process.wait()
+    for _ in range(_GONE_POLLS):  # orphans are reaped by init, a moment later
+        if not group_alive(process.pid):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Some process of group `pgid` still exists (a zombie not yet reaped counts)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last `lines` lines of the file at `path` ("" if there is none)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            end = f.read()
+    except OSError:
+        return ""
+    return "\n".join(end.decode(errors="replace").splitlines()[-lines:])

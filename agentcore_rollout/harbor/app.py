@@ -1,0 +1,143 @@
+"""The agent wrapper: a RolloutApp inside the task's environment (the image `images.py`
+layers), serving one Harbor task per rollout.
+
+    python -m agentcore_rollout.agent.serve agentcore_rollout.harbor.app:app --port 8080
+
+A rollout starts the image's agent (`AGENT_ENV`) headless in the image's working directory on
+the task's instruction, pointed at the gateway (`ctx.llm`), bounded by the task's agent
+timeout; its whole process group is killed when it ends or at that bound (`AgentTimeout`:
+outcome `timeout`). Then the verifier (`verifier.py`) writes the task's tests in, runs them
+and reads the reward. The tests travel in the payload and reach the filesystem only then.
+
+The agent and `test.sh` get the image's own environment (its Dockerfile's ENV), less what the
+session was given for the wrapper alone (AWS credentials, endpoints, region): the result is
+the wrapper's to write, and no key of it is the agent's to read."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..agent import AgentTimeout, RolloutApp, RolloutContext, RolloutOutput
+from ._process import Ran, run_group
+from .agents import AGENT_ENV, ENVIRONMENT_ENV, AgentRun, HarborAgent, agent_named
+from .tasks import write_files
+from .verifier import verify
+
+app = RolloutApp()
+
+WORKDIR = Path.cwd()
+"""The image's WORKDIR, the task's working directory: the wrapper starts there (the layer
+keeps it) and runs the agent and the tests there."""
+SOLUTION_DIR = Path("/solution")
+AGENT_LOG = Path("/logs/agent/output.txt")
+MARGIN = 5.0
+"""Seconds kept back from the rollout's deadline besides the verifier's timeout: the result
+must still be written once the tests are done."""
+_SESSION_ONLY = ("AWS_", "AGENTCORE_ROLLOUT_")
+"""Environment variables the session gives the wrapper alone, by prefix."""
+
+
+@app.rollout_entrypoint
+async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput:
+    agent = _image_agent(payload)
+    env = task_env(os.environ)
+    ran = await _run_agent(agent, payload, ctx, env)
+    verdict = await verify(
+        payload["tests"],
+        float(payload["verifier_timeout"]),
+        {**env, **(payload.get("verifier_env") or {})},
+        WORKDIR,
+    )
+    return RolloutOutput(
+        rewards=verdict.rewards,
+        trajectory={
+            "agent": agent.name,
+            "agent_output": ran.tail,
+            "verifier_output": verdict.output,
+            "verifier_exit": verdict.exit_code,
+        },
+        metrics={
+            "agent_seconds": ran.seconds,
+            "verifier_seconds": verdict.seconds,
+            "agent_exit": float(ran.exit_code or 0),
+        },
+    )
+
+
+async def _run_agent(
+    agent: HarborAgent, payload: dict[str, Any], ctx: RolloutContext, env: dict[str, str]
+) -> Ran:
+    """The agent, from start to the end of its process group, within its time; past it,
+    `AgentTimeout`."""
+    bound = min(float(payload["agent_timeout"]), _time_for_agent(payload, ctx))
+    if agent.needs_solution:
+        _write_solution(payload.get("solution") or [])
+    with tempfile.TemporaryDirectory(prefix="agent-home-") as home:
+        run = AgentRun(
+            instruction=payload["instruction"],
+            llm=ctx.llm,
+            workdir=WORKDIR,
+            home=Path(home),
+            solution=SOLUTION_DIR,
+            solution_env=dict(payload.get("solution_env") or {}),
+        )
+        launch = agent.launch(run)
+        ran = await run_group(
+            launch.argv,
+            cwd=WORKDIR,
+            env={**env, "HOME": home, **launch.env},
+            timeout=bound,
+            output=AGENT_LOG,
+        )
+    if ran.exit_code is None:
+        why = f"agent {agent.name} ran past its {bound:g}s limit: its process group was killed"
+        raise AgentTimeout(f"{why}; its output ended:\n{ran.tail[-1500:]}")
+    return ran
+
+
+def _image_agent(payload: dict[str, Any]) -> HarborAgent:
+    """The image's agent, once the payload is checked to be a task of the image's environment."""
+    needed = ("instruction", "agent_timeout", "verifier_timeout", "tests")
+    if missing := [k for k in needed if k not in payload]:
+        raise ValueError(f"not a Harbor task payload: no {', '.join(missing)}")
+    serves = os.environ.get(ENVIRONMENT_ENV)
+    if serves and payload.get("environment") != serves:
+        raise ValueError(
+            f"task {payload.get('id')!r} is of environment {payload.get('environment')!r}, "
+            f"this image serves {serves!r}"
+        )
+    if AGENT_ENV not in os.environ:
+        raise ValueError(f"no agent named in this image (${AGENT_ENV} is not set)")
+    return agent_named(os.environ[AGENT_ENV])
+
+
+def _write_solution(files: list[dict[str, Any]]) -> None:
+    shutil.rmtree(SOLUTION_DIR, ignore_errors=True)
+    SOLUTION_DIR.mkdir(parents=True)
+    write_files(files, SOLUTION_DIR)
+
+
+def _time_for_agent(payload: dict[str, Any], ctx: RolloutContext) -> float:
+    left = ctx.time_left() - float(payload["verifier_timeout"]) - MARGIN
+    if left <= 0:
+        raise AgentTimeout(
+            f"no time for the agent: {ctx.time_left():.0f}s left before the deadline, the "
+            f"verifier takes up to {payload['verifier_timeout']}s"
+        )
+    return left
+
+
+def task_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The image's environment for the agent and the tests: the wrapper's own, less what the
+    session gave it alone (`_SESSION_ONLY`, endpoint URLs). The TLS trust variables
+    (`NODE_EXTRA_CA_CERTS`, `SSL_CERT_FILE`, ...) stay: the gateway's CA is the agent's."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith(_SESSION_ONLY) and "ENDPOINT_URL" not in k
+    }

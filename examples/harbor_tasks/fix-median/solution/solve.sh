@@ -1,0 +1,17 @@
+#!/bin/bash
+# The oracle's answer: the mean of the two middle values for an even-length list.
+cat > /app/stats.py <<'PY'
+"""Small statistics helpers."""
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+PY

@@ -1,0 +1,2 @@
+#!/bin/sh-missing
+echo "report: ok"

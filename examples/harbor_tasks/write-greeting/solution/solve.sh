@@ -1,0 +1,3 @@
+#!/bin/bash
+# The oracle's answer.
+echo 'Hello from Harbor!' > /app/greeting.txt

@@ -1,0 +1,195 @@
+"""The agent wrapper (`harbor/app.py`) in-process, its roots (`/solution`, `/logs`, `/tests`,
+the WORKDIR) in a temporary directory: a task's rollout end to end with the real oracle and
+nop (bash, process groups), the agent killed whole at its timeout, a payload of another
+environment refused; and the image layer's Dockerfile text (`harbor/images.py`)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from agentcore_rollout import ConfigError
+from agentcore_rollout.agent import AgentTimeout, RolloutContext
+from agentcore_rollout.cli.config import load_config
+from agentcore_rollout.harbor import app as wrapper
+from agentcore_rollout.harbor import images, verifier
+from agentcore_rollout.harbor._process import group_alive
+from agentcore_rollout.harbor.agents import AGENT_ENV, ENVIRONMENT_ENV, NOP, ORACLE
+from agentcore_rollout.harbor.tasks import read_task, task_payload
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+# The task's files as Harbor writes them, the roots moved under $ROOTS for the test.
+TEST_SH = """\
+mkdir -p "$ROOTS/logs/verifier"
+ls -A "$ROOTS/tests" > "$ROOTS/tests-now"
+if [ "$(cat done.txt 2>/dev/null)" = "done" ]; then r=1; else r=0; fi
+echo "verifier says $r"; echo $r > "$ROOTS/logs/verifier/reward.txt"
+"""
+SOLVE_SH = """\
+ls -A "$ROOTS/tests" > "$ROOTS/tests-then" 2>&1
+echo "home=$HOME aws=${AWS_SECRET_ACCESS_KEY:-none}"
+echo done > done.txt
+"""
+
+
+@pytest.fixture
+def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("work", "tests"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setattr(wrapper, "WORKDIR", tmp_path / "work")
+    monkeypatch.setattr(wrapper, "SOLUTION_DIR", tmp_path / "solution")
+    monkeypatch.setattr(wrapper, "AGENT_LOG", tmp_path / "logs" / "agent" / "output.txt")
+    monkeypatch.setattr(verifier, "TESTS_DIR", tmp_path / "tests")
+    monkeypatch.setattr(verifier, "LOGS_DIR", tmp_path / "logs" / "verifier")
+    monkeypatch.setenv("ROOTS", str(tmp_path))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "session-secret")  # the wrapper's alone
+    monkeypatch.setenv(AGENT_ENV, ORACLE.name)
+    monkeypatch.setenv(ENVIRONMENT_ENV, "env1")
+    return tmp_path
+
+
+def _file(path: str, text: str) -> dict[str, object]:
+    return {"path": path, "mode": 0o755, "data": base64.b64encode(text.encode()).decode()}
+
+
+def _payload(solve: str = SOLVE_SH, agent_timeout: float = 30) -> dict[str, object]:
+    return {
+        "id": "t1",
+        "environment": "env1",
+        "instruction": "write done to done.txt",
+        "agent_timeout": agent_timeout,
+        "verifier_timeout": 30,
+        "verifier_env": {},
+        "solution_env": {},
+        "tests": [_file("test.sh", TEST_SH)],
+        "solution": [_file("solve.sh", solve)],
+    }
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def _ctx(seconds: float = 120) -> RolloutContext:
+    return RolloutContext("exp", 0, "r1", "t1", 0, "s1", time.time() + seconds, None)
+
+
+async def test_the_oracle_solves_in_the_workdir_and_the_tests_arrive_only_after_it(roots):
+    output = await wrapper.rollout(_payload(), _ctx())
+    assert output.rewards == 1.0
+    assert (roots / "tests-then").read_text() == ""  # /tests empty while the agent ran
+    assert (roots / "tests-now").read_text().split() == ["test.sh"]
+    assert output.trajectory["agent"] == "oracle"
+    assert output.trajectory["verifier_output"] == "verifier says 1"
+    assert output.trajectory["verifier_exit"] == 0
+    home, aws = output.trajectory["agent_output"].split()
+    assert aws == "aws=none" and home != f"home={os.environ.get('HOME')}"  # its own HOME
+    assert not _exists(home.removeprefix("home="))  # and gone after
+    assert output.metrics["agent_exit"] == 0 and output.metrics["agent_seconds"] > 0
+    assert (roots / "logs" / "agent" / "output.txt").read_text().startswith("home=")
+
+
+async def test_nop_leaves_the_task_undone_and_gets_no_solution(roots, monkeypatch):
+    monkeypatch.setenv(AGENT_ENV, NOP.name)
+    output = await wrapper.rollout(_payload(), _ctx())
+    assert output.rewards == 0.0
+    assert not (roots / "solution").exists()
+
+
+async def test_an_agent_past_its_timeout_is_killed_with_all_it_spawned(roots):
+    solve = 'sleep 300 & echo $! > "$ROOTS/child"; echo $$ > "$ROOTS/pid"; echo working; wait\n'
+    with pytest.raises(AgentTimeout, match=r"^agent oracle ran past its 1s limit") as raised:
+        await wrapper.rollout(_payload(solve, agent_timeout=1), _ctx())
+    assert str(raised.value).splitlines()[-1] == "working"
+    assert not group_alive(int((roots / "pid").read_text()))
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((roots / "child").read_text()), 0)
+    assert not (roots / "logs" / "verifier").exists()  # no verdict on a timed-out agent
+
+
+async def test_the_agent_gets_what_the_deadline_leaves_after_the_verifier(roots):
+    """30 s verifier timeout, 5 s margin: a rollout with 20 s left has no time for its agent."""
+    with pytest.raises(AgentTimeout, match="no time for the agent"):
+        await wrapper.rollout(_payload(), _ctx(seconds=20))
+
+
+async def test_a_task_of_another_environment_is_refused(roots, monkeypatch):
+    monkeypatch.setenv(ENVIRONMENT_ENV, "env2")
+    with pytest.raises(ValueError, match=r"^task 't1' is of environment 'env1', this image serves"):
+        await wrapper.rollout(_payload(), _ctx())
+    assert not (roots / "solution").exists()
+
+
+async def test_a_payload_that_is_no_task_is_refused(roots):
+    with pytest.raises(ValueError, match=r"^not a Harbor task payload: no agent_timeout, tests$"):
+        await wrapper.rollout({"instruction": "x", "verifier_timeout": 1}, _ctx())
+
+
+def test_the_wrapper_gives_the_agent_the_images_environment_without_the_sessions():
+    env = {
+        "PATH": "/bin",
+        "LANG": "C.UTF-8",
+        "NODE_EXTRA_CA_CERTS": "/ca.pem",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:1",
+        AGENT_ENV: "oracle",
+    }
+    assert wrapper.task_env(env) == {
+        "PATH": "/bin",
+        "LANG": "C.UTF-8",
+        "NODE_EXTRA_CA_CERTS": "/ca.pem",
+    }
+
+
+def test_the_image_layer_keeps_the_workdir_and_serves_the_wrapper():
+    text = images.layer_dockerfile("localhost/env:abc", ORACLE, "abc")
+    assert text.startswith("FROM localhost/env:abc\nUSER root\n")
+    assert "WORKDIR" not in text
+    assert f"ENV {AGENT_ENV}=oracle {ENVIRONMENT_ENV}=abc\n" in text
+    assert '"agentcore_rollout.harbor.app:app", "--host", "0.0.0.0", "--port", "8080"]' in text
+    assert '"/tmp/agentcore-rollout[agent]"' in text
+    task = read_task(ROOT / "examples/harbor_tasks/sum-sales")
+    assert images.environment_image(task.docker_image, task.environment) == (
+        f"localhost/agentcore-rollout-harbor-env:{task.environment}"
+    )
+    assert images.agent_image("abc", "nop") == "localhost/agentcore-rollout-harbor:abc-nop"
+    assert images.environment_image("ubuntu:24.04", "abc") == "ubuntu:24.04"
+
+
+def test_the_example_tasks_share_one_environment_between_two():
+    from agentcore_rollout.harbor.tasks import read_tasks
+
+    tasks = read_tasks(ROOT / "examples/harbor_tasks")
+    assert len(tasks) == 4 and len({t.environment for t in tasks}) == 3
+    assert all(task_payload(t)["solution"] for t in tasks)
+
+
+def test_an_unknown_harbor_agent_is_one_line(tmp_path):
+    (tmp_path / "c.yaml").write_text("harbor:\n  agent: aider\n")
+    with pytest.raises(ConfigError, match="no Harbor agent 'aider': one of") as raised:
+        load_config(tmp_path / "c.yaml")
+    assert "\n" not in str(raised.value)
+    (tmp_path / "c.yaml").write_text("run:\n  n: 1\n")
+    assert load_config(tmp_path / "c.yaml").harbor.agent == "oracle"
+
+
+def test_local_build_names_a_bad_harbor_task_in_one_line(tmp_path, capsys):
+    """`local build` with `run.data` naming Harbor tasks reads them first: a bad one is one
+    line and exit 2, before any image is built."""
+    from agentcore_rollout.cli.args import main
+
+    (tmp_path / "t1").mkdir()
+    (tmp_path / "t1" / "instruction.md").write_text("do it\n")
+    (tmp_path / "c.yaml").write_text(f"run:\n  data: {tmp_path}\n")
+    code = main(["local", "build", "--config", str(tmp_path / "c.yaml")])
+    err = capsys.readouterr().err
+    if "container runtime" in err or "docker is present" in err:
+        pytest.skip(f"no container engine to get that far: {err.strip()}")
+    assert (code, err) == (2, f"error: {tmp_path}/t1: no tests/test.sh (the verifier)\n")
