@@ -206,7 +206,7 @@ def stack_starts(monkeypatch) -> list[object]:
     made: list[object] = []
 
     class RecordingStack:
-        def __init__(self, config: object) -> None:
+        def __init__(self, config: object, **_: object) -> None:
             made.append(config)
             raise RuntimeError("the test refuses to start the local stack")
 
