@@ -44,7 +44,7 @@ def _task_image(
     image = agent_image(task.environment, agent.name)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="agentcore-rollout-harbor-") as tmp:
-        context = _source_context(Path(tmp))
+        context = source_context(Path(tmp) / "context")
         base = environment_image(task.docker_image, task.environment)
         text = layer_dockerfile(base, agent, task.environment)
         digest = _digest(context, text)
@@ -89,21 +89,21 @@ def _environment(task: HarborTask, engine: ContainerEngine, rebuild: bool) -> st
     return image
 
 
-def _source_context(into: Path) -> Path:
-    """A build context holding this package's source (`SOURCE`), from the checkout it is
-    installed from: the layer installs the wrapper from it."""
+def source_context(into: Path) -> Path:
+    """A build context (`into`, made here) holding this package's source (`SOURCE`), from the
+    checkout it is installed from, never the whole tree (a venv, caches): the layer installs
+    the wrapper from it, locally and for AgentCore (`deploy --tasks`)."""
     root = Path(__file__).resolve().parents[2]
     if missing := [name for name in SOURCE if not (root / name).exists()]:
         raise ImageBuildError(
             f"a Harbor task image needs agentcore-rollout's source ({', '.join(missing)} "
             f"missing in {root}): install it from a clone (pip install -e .)"
         )
-    context = into / "context"
-    context.mkdir()
+    into.mkdir()
     for name in SOURCE:
         if (root / name).is_dir():
             ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(root / name, context / name, ignore=ignore)
+            shutil.copytree(root / name, into / name, ignore=ignore)
         else:
-            shutil.copy2(root / name, context / name)
-    return context
+            shutil.copy2(root / name, into / name)
+    return into

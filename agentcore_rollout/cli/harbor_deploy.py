@@ -18,7 +18,6 @@ import argparse
 import base64
 import json
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,8 +32,10 @@ import yaml
 
 from .._agentcore import MAX_IMAGE_BYTES
 from ..harbor.agents import agent_named
+from ..harbor.images import layer_dockerfile
 from ..harbor.tasks import HarborTask, TaskError, read_tasks
 from .errors import UsageError
+from .harbor import source_context
 from .infra import (
     CONTAINER_URI_RE,
     READY_TIMEOUT_S,
@@ -57,8 +58,6 @@ MANIFEST = "harbor-runtimes.json"
 PREFIX = "harbor"
 MAX_PREFIX = 31  # a runtime name is at most 48 characters: the prefix, "_", a 16-character id
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
-SOURCE_ROOT = Path(__file__).resolve().parents[2]
-"""The checkout the agent layer installs this package from."""
 WORKERS = 8  # runtimes created or updated at once (each waits for READY)
 STEP_TIMEOUT_S = 3600.0
 """The agent layer's build, and a push: emulated arm64 builds run several times slower than
@@ -162,8 +161,8 @@ def build_and_push(
         base = _environment_image(env, engine)
         with tempfile.TemporaryDirectory(prefix="agentcore-rollout-layer-") as tmp:
             dockerfile = Path(tmp) / "Dockerfile"
-            dockerfile.write_text(_layer_dockerfile(base, agent, env.id))
-            context = _source_context(Path(tmp) / "context")
+            dockerfile.write_text(layer_dockerfile(base, agent_named(agent), env.id))
+            context = source_context(Path(tmp) / "context")
             argv = _build_argv(engine, dockerfile, env.image, context)
             _stream(engine, argv, f"build {env.image}", STEP_TIMEOUT_S)
         _stream(engine, engine.argv("push", env.image), f"push {env.image}", STEP_TIMEOUT_S)
@@ -178,37 +177,6 @@ def _environment_image(env: Environment, engine: Any) -> str:
     argv = _build_argv(engine, task.dockerfile, tag, task.dockerfile.parent)
     _stream(engine, argv, f"build the environment of {task.name}", task.build_timeout)
     return tag
-
-
-def _layer_dockerfile(base: str, agent: str, environment: str) -> str:
-    """The agent layer's Dockerfile (the wrapper and the agent's CLI on `base`): the one
-    `local build` uses, from `harbor.images`."""
-    try:
-        from ..harbor.images import layer_dockerfile
-    except ImportError as e:
-        raise InfraError(
-            f"the agent layer (agentcore_rollout.harbor.images) is missing: {e}"
-        ) from None
-    return str(layer_dockerfile(base, agent_named(agent), environment))
-
-
-def _source_context(into: Path) -> Path:
-    """The layer's build context: this package's source (what the layer installs), copied
-    from the checkout it runs from, never the whole tree (a venv, caches)."""
-    names = ("pyproject.toml", "README.md", "agentcore_rollout")
-    if missing := [name for name in names if not (SOURCE_ROOT / name).exists()]:
-        raise InfraError(
-            f"building a Harbor task image needs agentcore-rollout's source ({', '.join(missing)} "
-            f"missing in {SOURCE_ROOT}): install it from a clone (pip install -e .)"
-        )
-    into.mkdir()
-    for name in names:
-        if (SOURCE_ROOT / name).is_dir():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(SOURCE_ROOT / name, into / name, ignore=ignore)
-        else:
-            shutil.copy2(SOURCE_ROOT / name, into / name)
-    return into
 
 
 def _build_argv(engine: Any, dockerfile: Path, tag: str, context: Path) -> list[str]:
