@@ -3,7 +3,8 @@ environment with the wrapper's layer, `cli.harbor.task_images`), through the emu
 container mode and the engine: the example tasks with `oracle` (all 1.0) and `nop` (all 0.0),
 a verifier that cannot judge, an agent past its timeout, tests the agent cannot read.
 
-One emulator per environment (one image each), as AgentCore has one runtime per environment.
+One emulator with one runtime per environment, each running its image, and one engine whose
+runtimes each serve an environment, as AgentCore has them.
 Marked `containers`, run with Podman and with Docker: without that runtime, or where it does
 not work, they skip, saying why. The images are built once per machine (cached by name)."""
 
@@ -13,19 +14,25 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 from agentcore_rollout.cli.harbor import task_images
+from agentcore_rollout.contract import LLMSettings
 from agentcore_rollout.harbor.tasks import HarborTask, read_tasks, task_payload
+from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.containers import (
     LABEL,
     ContainerEngine,
     ContainerRuntimeError,
     container_engine,
 )
+from agentcore_rollout.local.stack import LocalStack, environment_arn
 
 from .conftest import ROOT, engine_config
+from .factories import flat_config
+from .test_traces import _runs
 
 pytestmark = [pytest.mark.containers, pytest.mark.e2e]
 
@@ -77,19 +84,34 @@ def _fixture_tasks(into: Path) -> list[HarborTask]:
 
 
 async def _roll_out(emulator, moto, channel, engine, images, tasks) -> dict[str, object]:
-    """Each environment's tasks on an emulator of its image: outcome by task name."""
-    outcomes = {}
-    for environment, image in images.items():
-        emu = await emulator(mode="container", container_engine=engine.name, image=image)
-        config = engine_config(moto, channel, emu, exp_id=f"h-{image[-20:]}", rollout_timeout=90)
-        requests = [
-            RolloutRequest(task_payload(t), input_id=t.name)
+    """Every task through one engine and one emulator with a runtime per environment, each its
+    image's (as `LocalStack(environments=)` and AgentCore have them): outcome by task name."""
+    arns = {environment: environment_arn(environment) for environment in images}
+    emu = await emulator(
+        mode="container",
+        container_engine=engine.name,
+        runtime_arns=tuple(arns.values()),
+        runtime_images=tuple(f"{arns[e]}={image}" for e, image in images.items()),
+    )
+    runtimes = [{"arn": arn, "environment": e} for e, arn in arns.items()]
+    config = engine_config(moto, channel, emu, rollout_timeout=90)
+    config = type(config).model_validate(
+        config.model_dump(exclude={"runtime_arn"}) | {"runtimes": runtimes}
+    )
+    started: dict[str, str] = {}  # task -> the runtime its session started on
+    async with RolloutEngine(config) as rollouts:
+        handles = [
+            rollouts.submit(
+                RolloutRequest(task_payload(t), input_id=t.name),
+                on_start=lambda s: started.__setitem__(s.request.input_id, s.endpoint),
+            )
             for t in tasks
-            if t.environment == environment
         ]
-        async with RolloutEngine(config) as rollouts:
-            batch = await rollouts.rollout(requests)
-        outcomes |= {o.request.input_id: o for o in batch.outcomes}
+        outcomes = {o.request.input_id: o for o in [await h for h in handles]}
+    by_name = {t.name: t for t in tasks}
+    assert {n: e.split("#")[0] for n, e in started.items()} == {
+        n: arns[by_name[n].environment] for n in started
+    }  # each in its own environment's runtime
     return outcomes
 
 
@@ -127,3 +149,68 @@ async def test_a_verifier_that_cannot_judge_an_agent_too_slow_and_tests_kept_hid
     assert "agent oracle ran past its 2s limit: its process group was killed" in slow.error
     peek = outcomes["peeks-at-tests"]
     assert (peek.outcome, peek.reward) == (Outcome.OK, 1.0)  # /tests was empty as it ran
+
+
+@pytest.mark.timeout(900)  # SmolLM2 on 2 cores: Claude Code's first reply alone takes ~3 min
+@pytest.mark.parametrize("agent", ["mini-swe-agent", "claude-code"])
+async def test_a_real_agent_on_the_local_model_is_scored_by_the_tests_with_an_exact_trace(
+    agent, tmp_path
+):
+    """The agent as it ships, in the task's image, calls SmolLM2 through the gateway; whatever
+    it does, the task's tests score it, and every token it was given and sampled is in the
+    trace exactly as the policy worker recorded it. Once, on the first engine that works."""
+    pytest.importorskip("torch")
+    from .smollm2 import model_dir
+
+    try:
+        engine = container_engine("auto")
+    except ContainerRuntimeError as e:
+        pytest.skip(f"no container runtime here: {e}")
+    (task,) = [t for t in read_tasks(EXAMPLES) if t.name == "write-greeting"]
+    images = task_images([task], agent, engine)
+    local = LocalConfig(
+        mode="container",
+        container_engine=engine.name,
+        policy=str(model_dir()),
+        policy_workers=1,  # its recorded generations are all there are
+        max_context=4096,  # as configs/harbor-local.yaml: a turn within a few minutes
+        record_samples=True,
+        bucket=f"harbor-{agent}",
+        queue=f"harbor-{agent}",
+    )
+    async with LocalStack(local, environments=images) as stack:
+        base = flat_config(exp_id=f"harbor-{agent}", rollout_timeout=900.0)
+        # A reply's length where the agent asks none (mini-swe-agent): SmolLM2 at temperature
+        # 1 may otherwise write to the end of its context, minutes a turn. Claude Code asks.
+        bounded = LLMSettings(base_url=f"{stack.gateways[0].url}/v1", sampling={"max_tokens": 384})
+        async with RolloutEngine(stack.engine_config(base, llm=bounded)) as rollouts:
+            batch = await rollouts.rollout([RolloutRequest(task_payload(task), task.name)])
+        samples = f"{stack.workers[0].url}/debug/samples"
+        async with (
+            aiohttp.ClientSession(headers=stack.policy_headers) as http,
+            http.get(samples) as resp,
+        ):
+            recorded = (await resp.json())["samples"]
+    (outcome,) = batch.outcomes
+    assert outcome.outcome is Outcome.OK, outcome.error
+    trajectory = outcome.result.trajectory
+    assert trajectory["agent"] == agent and trajectory["verifier_exit"] == 0
+    assert outcome.reward in (0.0, 1.0)  # the tests' verdict, whatever the model managed
+    trace = outcome.trace
+    assert trace["token_capture"] is True and trace["num_turns"] >= 1
+    by_prompt = {tuple(s["input_ids"]): s for s in recorded}
+    for sample in trace["samples"]:
+        ids, lps = sample["response_ids"], sample["logprobs"]
+        for start, end in _runs(sample["loss_mask"]):
+            worker = by_prompt.pop(tuple(sample["prompt_ids"] + ids[:start]))
+            assert worker["output_ids"] == ids[start:end]
+            assert worker["output_logprobs"] == lps[start:end]
+    assert not by_prompt, "every generation the worker recorded is in the trace"
+    # veRL's rows of it, as `rollout.mode=agentcore` makes them: the tests' reward on each
+    pytest.importorskip("verl")
+    from agentcore_rollout.integrations.verl.convert import agent_loop_outputs
+
+    rows = agent_loop_outputs(outcome)
+    assert len(rows) == sum(s.get("delivered", True) for s in trace["samples"]) >= 1
+    assert all(r.reward_score == outcome.reward for r in rows)
+    assert {tuple(r.prompt_ids) for r in rows} <= {tuple(s["prompt_ids"]) for s in trace["samples"]}
