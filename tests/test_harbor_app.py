@@ -190,6 +190,4 @@ def test_local_build_names_a_bad_harbor_task_in_one_line(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text(f"run:\n  data: {tmp_path}\n")
     code = main(["local", "build", "--config", str(tmp_path / "c.yaml")])
     err = capsys.readouterr().err
-    if "container runtime" in err or "docker is present" in err:
-        pytest.skip(f"no container engine to get that far: {err.strip()}")
-    assert (code, err) == (2, f"error: {tmp_path}/t1: no tests/test.sh (the verifier)\n")
+    assert (code, err) == (2, f"error: data: {tmp_path}/t1: no tests/test.sh (the verifier)\n")

@@ -18,6 +18,7 @@ from rich.table import Table
 from .. import ConfigError
 from .._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 from .config import Config, load_config
+from .dataset import read_task_source
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, Interrupted, UsageError
 from .infra import READY_TIMEOUT_S, infra_command
 from .run import run_command
@@ -89,18 +90,15 @@ def local_build(config: Config) -> int:
     """`local build`: the agent's image (`local.image`) from `local.dockerfile`, for this
     machine, as `local.mode: container` runs it; where `run.data` names Harbor tasks, their
     images instead (one per distinct environment, with `harbor.agent`)."""
-    from ..harbor.tasks import TaskError, is_task_source, read_tasks
+    from ..harbor.tasks import is_task_source
     from ..local.containers import build_image, container_engine  # lazily: subprocesses only
 
-    local = config.local
+    local, data = config.local, Path(config.run.data)
+    tasks = read_task_source(data) if is_task_source(data) else None  # before anything starts
     engine = container_engine(local.container_engine)
-    if is_task_source(Path(config.run.data)):
+    if tasks is not None:
         from .harbor import task_images
 
-        try:
-            tasks = read_tasks(Path(config.run.data))
-        except TaskError as e:
-            raise UsageError(str(e)) from None
         task_images(tasks, config.harbor.agent, engine, rebuild=True)
         return 0
     base = build_image(local.dockerfile, local.image, engine=engine)

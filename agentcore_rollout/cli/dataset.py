@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import RolloutRequest
 from ..contract import ID_MAX, ContractError, check_request
-from ..harbor.tasks import TaskError, is_task_source, read_tasks, task_payload
+from ..harbor.tasks import HarborTask, TaskError, is_task_source, read_tasks, task_payload
 from .errors import UsageError
 from .journal import Journal
 
@@ -50,13 +50,17 @@ def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         raise UsageError(f"data: {path} has no rows")
 
 
-def _task_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+def read_task_source(path: Path) -> list[HarborTask]:
+    """The Harbor tasks at `path`, or a UsageError naming each bad one, one line each."""
     try:
-        tasks = read_tasks(path)
+        return read_tasks(path)
     except TaskError as e:
         lines = [f"data: {line}" for line in str(e).splitlines()]
         raise UsageError("\nerror: ".join(lines)) from None  # main() prints "error: "
-    for task in tasks:
+
+
+def _task_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    for task in read_task_source(path):
         yield task.name, task_payload(task)
 
 

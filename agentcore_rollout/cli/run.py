@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 
 from .. import EngineStats, Outcome, RolloutEngine, RolloutHandle
 from ..contract import new_run_secret
-from ..harbor.tasks import is_task_source, read_tasks
+from ..harbor.tasks import is_task_source
 from .config import Config
-from .dataset import journal_requests
+from .dataset import journal_requests, read_task_source
 from .errors import EXIT_INTERRUPTED, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, Interrupted, UsageError
 from .feed import Feed
 from .journal import (
@@ -245,7 +245,7 @@ def task_environments(config: Config) -> dict[str, str]:
     from .harbor import task_images
 
     engine = container_engine(config.local.container_engine)
-    return task_images(read_tasks(data), config.harbor.agent, engine)
+    return task_images(read_task_source(data), config.harbor.agent, engine)
 
 
 def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
