@@ -121,7 +121,7 @@ def test_the_process_environment_wins_over_the_env_file(tmp_path, monkeypatch):
         monkeypatch.delenv(name)
     monkeypatch.setenv("AWS_PROFILE", "process")
 
-    def refuse(config: object) -> None:
+    def refuse(config: object, **_: object) -> None:
         raise RuntimeError("the test stops before the local stack")
 
     monkeypatch.setattr("agentcore_rollout.local.stack.LocalStack", refuse)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import time
 import urllib.request
@@ -77,9 +78,26 @@ def _small_image(engine: ContainerEngine, tmp_path: Path, lines: str) -> str:
     return image
 
 
+FAKE = "agentcore-rollout.test-fake"
+"""On the containers the orphan-sweep test labels as emulators' (gone ones' too): no leak."""
+
+
 def _ours(engine: ContainerEngine) -> list[str]:
-    """Every session container on this machine, running or not."""
-    return engine.run("ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
+    """The session containers, running or not, of this process's emulators or of emulators
+    gone (a leak, whoever's): not those of another xdist worker's emulator, still running."""
+    if not (ids := engine.run("ps", "-aq", "--filter", f"label={LABEL}").stdout.split()):
+        return []
+    labels = (f'{{{{index .Config.Labels "{name}"}}}}' for name in (FAKE, LABEL))
+    shown = engine.run("inspect", "--format", "|".join(("{{.Id}}", *labels)), *ids)
+    found = (line.split("|", 2) for line in shown.stdout.splitlines())  # some may be gone
+    here = f"/{os.getpid()}/"
+    return [
+        parts[0][:12]
+        for parts in found
+        if len(parts) == 3
+        and parts[1] != "1"
+        and (here in parts[2] or containers._orphaned(parts[2]))
+    ]
 
 
 @pytest.fixture
@@ -342,13 +360,15 @@ def test_the_orphan_sweep_removes_only_a_gone_emulators_containers(engine):
     }
     ids = {
         engine.run(
-            *("run", "-d", "--rm", "--label", f"{LABEL}={label}"), BASE_IMAGE, "sleep", "60"
+            *("run", "-d", "--rm", "--label", f"{LABEL}={label}", "--label", f"{FAKE}=1"),
+            *(BASE_IMAGE, "sleep", "60"),
         ).stdout.strip()[:12]: kept
         for label, kept in labels.items()
     }
     try:
         engine.remove_orphans()
-        left = [cid for cid in _ours(engine) if cid in ids]  # other tests' run alongside
+        labelled = engine.run("ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
+        left = [cid for cid in labelled if cid in ids]  # other tests' run alongside
         assert sorted(left) == sorted(cid for cid, kept in ids.items() if kept)
     finally:
         engine.remove(*ids)

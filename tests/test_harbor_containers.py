@@ -23,7 +23,6 @@ from agentcore_rollout.contract import LLMSettings
 from agentcore_rollout.harbor.tasks import HarborTask, read_tasks, task_payload
 from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.containers import (
-    LABEL,
     ContainerEngine,
     ContainerRuntimeError,
     container_engine,
@@ -32,6 +31,7 @@ from agentcore_rollout.local.stack import LocalStack, environment_arn
 
 from .conftest import ROOT, engine_config
 from .factories import flat_config
+from .test_containers import _ours
 from .test_traces import _runs
 
 pytestmark = [pytest.mark.containers, pytest.mark.e2e]
@@ -66,7 +66,7 @@ def engine(request: pytest.FixtureRequest) -> ContainerEngine:
 @pytest.fixture
 def no_container_left(engine: ContainerEngine) -> Iterator[None]:
     yield
-    assert engine.run("ps", "-aq", "--filter", f"label={LABEL}").stdout.split() == []
+    assert _ours(engine) == []
 
 
 def _fixture_tasks(into: Path) -> list[HarborTask]:
