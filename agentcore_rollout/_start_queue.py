@@ -82,6 +82,11 @@ class StartQueue:
         }
         self._routed = any(e.environment is not None for e in self.endpoints.values())
         self._down = {e.environment: asyncio.Event() for e in self.endpoints.values()}
+        everyone = list(self.endpoints.values())  # unrouted, all of environment None
+        self._serving = {  # unrouted: every endpoint, under None
+            environment: [e for e in everyone if e.environment == environment]
+            for environment in self._down
+        }
         self.starting = Gauge()
         self.all_down = asyncio.Event()
         self._waiters: list[_Waiter] = []  # heap: lowest step first, then arrival
@@ -92,9 +97,7 @@ class StartQueue:
     def serving(self, environment: str | None) -> list[EndpointState]:
         """The endpoints a request of `environment` may start on: those of that environment
         once any endpoint names one, else every endpoint."""
-        if not self._routed:
-            return list(self.endpoints.values())
-        return [e for e in self.endpoints.values() if e.environment == environment]
+        return self._serving.get(environment if self._routed else None, [])
 
     def environment_of(self, payload: dict[str, Any]) -> str | None:
         """The environment a payload's session must start in (None: any endpoint), or a
@@ -231,15 +234,23 @@ class StartQueue:
         again when the next start token is due."""
         for line in (self._pinned, self._waiters):
             held: list[_Waiter] = []
+            full: set[str | None] = set()  # environments none of whose endpoints can start one
             while line:
                 waiter = line[0]
                 if waiter.granted.done():  # gave up waiting
                     heapq.heappop(line)
                     continue
+                anywhere = waiter.pinned is None and not waiter.session.refused_on
+                environment = waiter.session.environment if self._routed else None
+                if anywhere and environment in full:  # as the last of its environment: wait
+                    held.append(heapq.heappop(line))
+                    continue
                 endpoint = self._pick(waiter.pinned, waiter.session)
                 if endpoint is None:
-                    if waiter.pinned is None and not waiter.session.refused_on and not self._routed:
-                        break  # no endpoint can start anyone
+                    if anywhere:
+                        full.add(environment)
+                        if len(full) == len(self._serving):
+                            break  # no endpoint can start anyone
                     held.append(heapq.heappop(line))
                     continue
                 heapq.heappop(line)
