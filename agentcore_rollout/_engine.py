@@ -24,6 +24,7 @@ from ._request import Job, RequestRunner
 from ._sandbox import SandboxRuntime
 from ._startup import account_limits, preflight, runtime_endpoints
 from ._stats import EngineStats
+from ._tracing import flush as flush_spans
 from .config import EngineConfig
 from .contract import check_request, new_run_secret, session_id, signing_key
 
@@ -135,6 +136,7 @@ class RolloutEngine:
         if self._gateway is not None:
             await self._gateway.close()
         await self._clients.__aexit__(None, None, None)
+        await flush_spans()  # the rollouts' trace spans, when OpenTelemetry is configured
 
     # ------------------------------------------------------------------ public API
 

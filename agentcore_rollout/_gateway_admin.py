@@ -132,14 +132,18 @@ class GatewayAdmin:
         sampling: dict[str, Any] | None = None,
         max_context: int | None = None,
         max_turns: int | None = None,
+        traceparent: str | None = None,
     ) -> GatewaySession:
-        """A new session with sampling defaults and limits; its key goes into `_rollout.llm`."""
+        """A new session with sampling defaults and limits; its key goes into `_rollout.llm`.
+        With `traceparent` (the rollout's span), its turns join the rollout's trace."""
         body = {
             "request_id": request_id,
             "sampling": sampling,
             "max_context": max_context,
             "max_turns": max_turns,
         }
+        if traceparent is not None:  # only then: a gateway before it needs no new field
+            body["traceparent"] = traceparent
         data = await self._call("POST", "/admin/sessions", body)
         return GatewaySession(
             data["session_id"], data["api_key"], data.get("model", ""), data.get("url", "")

@@ -9,7 +9,7 @@ What happened is gathered as facts: the buffer's `Delivery` (a result, an invali
 result and why), the dispatcher's `SubmitFailed`, a cancel (and whether `set_step` made it), a
 bug's exception, and what the gateway kept of the trace. One pure function, `_decide`, turns
 them into the `Outcome`; nothing else chooses one. No outcome is invented: a failure carries no
-rewards.
+rewards. With OpenTelemetry configured, each life is one trace (`_tracing.RolloutSpans`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ._dispatcher import LiveSession, RequestDispatcher, SubmitFailed
 from ._gateway_admin import GatewayError, GatewaySession
 from ._gateway_replicas import GatewayReplicas
 from ._redact import get_logger, redact
+from ._tracing import UNTRACED, RolloutSpans, tracer
 from .config import CostConfig, EngineConfig
 from .contract import (
     CONTROL_KEY,
@@ -73,6 +74,7 @@ class Job:
     gateway_session_id: str | None = None
     gateway_url: str | None = None  # the replica its gateway session is on
     stale: str | None = None  # why `set_step` ended it, if it did
+    spans: RolloutSpans = UNTRACED  # its trace, when OpenTelemetry is configured
 
     def took_over(
         self, session_id: str | None, url: str | None, gateway: GatewayReplicas | None
@@ -186,9 +188,17 @@ class RequestRunner:
         self._buffer = buffer
         self._gateway = gateway
         self._cleanups: set[asyncio.Task[Any]] = set()  # gateway sessions being dropped
+        self._tracer = tracer("agentcore-rollout-engine")  # None: OTel not configured
 
     async def run(self, job: Job) -> RolloutOutcome:
-        """One request's life, start to outcome (see the module's docstring)."""
+        """One request's life, start to outcome (see the module's docstring), traced."""
+        if self._tracer is not None:
+            job.spans = RolloutSpans(self._tracer, _span_attributes(job), job.submitted_at)
+        outcome = await self._run(job)
+        job.spans.ended(outcome)
+        return outcome
+
+    async def _run(self, job: Job) -> RolloutOutcome:
         try:
             delivery = await self._deliver(job)
         except SubmitFailed as e:
@@ -243,10 +253,11 @@ class RequestRunner:
         gateway_session = await self._open_gateway_session(job)
         started = await self._dispatcher.start(
             session,
-            lambda deadline: self._payload(job, deadline, gateway_session),
+            lambda deadline: self._payload(job, deadline, gateway_session, job.spans.attempt()),
             timeout=job.timeout,
             deadline=job.deadline,
         )
+        job.spans.started(started.endpoint)
         job.started_at, job.deadline, job.running = started.sent_at, started.deadline, True
         if job.on_start is not None:
             job.on_start(
@@ -267,6 +278,7 @@ class RequestRunner:
         without its tokens is not a training sample); without a result, its gateway session
         is dropped for its tokens so far."""
         trace, usage = Trace(), None
+        job.spans.delivered(delivery)
         if delivery.result is None:
             usage = await self._dropped_usage(job)
         else:
@@ -355,13 +367,20 @@ class RequestRunner:
                 sampling=llm.sampling if llm else None,
                 max_context=gw.max_context,
                 max_turns=gw.max_turns,
+                traceparent=job.spans.traceparent,
             )
         except GatewayError as e:
             raise SubmitFailed(f"gateway: {e}") from None
         job.gateway_session_id = session.session_id
         return session
 
-    def _payload(self, job: Job, deadline: float, gateway_session: GatewaySession | None) -> bytes:
+    def _payload(
+        self,
+        job: Job,
+        deadline: float,
+        gateway_session: GatewaySession | None,
+        traceparent: str | None,
+    ) -> bytes:
         cfg, llm, request = self._cfg, self._cfg.llm, job.request
         if gateway_session is not None:  # agents call their session's replica with its key
             assert self._gateway is not None and job.gateway_url is not None
@@ -389,10 +408,22 @@ class RequestRunner:
             deadline=deadline,
             sig_key=job.sig_key,
             max_result_bytes=cfg.results.max_result_bytes,
+            traceparent=traceparent,
         )
-        return json.dumps(
-            {**request.payload, CONTROL_KEY: control.model_dump(mode="json")}
-        ).encode()
+        untraced = None if traceparent else {"traceparent"}  # as agents before it know it
+        block = control.model_dump(mode="json", exclude=untraced)
+        return json.dumps({**request.payload, CONTROL_KEY: block}).encode()
+
+
+def _span_attributes(job: Job) -> dict[str, Any]:
+    request = job.request
+    return {
+        "rollout.request_id": request.request_id,
+        "rollout.input_id": request.input_id,
+        "rollout.sample_index": request.sample_index,
+        "rollout.step": job.step,
+        "rollout.session_id": job.session_id,
+    }
 
 
 async def _despite_cancel(work: Coroutine[Any, Any, _T]) -> _T:

@@ -124,6 +124,10 @@ class LLMSettings(_Model):
         return f"LLMSettings(base_url={self.base_url!r}, model={self.model!r}, api_key='***')"
 
 
+TRACEPARENT_PATTERN = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+"""W3C Trace Context's `traceparent`: version, trace id, parent span id, flags."""
+
+
 class RolloutControl(_Model):
     """The `_rollout` block the engine adds to the user's payload."""
 
@@ -141,6 +145,9 @@ class RolloutControl(_Model):
     max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=1024)
     """The largest result object the engine accepts, so the agent can refuse a bigger one as
     its own error instead of writing an object the engine would throw away."""
+    traceparent: str | None = Field(default=None, pattern=TRACEPARENT_PATTERN)
+    """The W3C trace context of the rollout's `agent` span, when the engine exports traces
+    (OpenTelemetry): the agent's own spans, and its LLM calls' `traceparent` header, join it."""
 
     @model_validator(mode="after")
     def _request_fields(self) -> RolloutControl:

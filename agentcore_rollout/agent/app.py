@@ -20,6 +20,7 @@ from bedrock_agentcore.runtime import BedrockAgentCoreApp
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from .._tracing import TRACEPARENT, child_span, current_headers, tracer
 from ..contract import (
     ContractError,
     ErrorInfo,
@@ -52,14 +53,24 @@ class RolloutContext:
     session_id: str
     deadline: float  # unix seconds
     llm: LLMSettings | None  # the policy to call; a result holding its api_key is refused too
+    traceparent: str | None = None
+    """The rollout's trace context (W3C), when the engine exports traces (OpenTelemetry)."""
 
     @classmethod
     def of(cls, c: RolloutControl) -> RolloutContext:
         ids = (c.exp_id, c.step, c.request_id, c.input_id, c.sample_index, c.session_id)
-        return cls(*ids, c.deadline, c.llm)
+        return cls(*ids, c.deadline, c.llm, c.traceparent)
 
     def time_left(self) -> float:
         return self.deadline - time.time()
+
+    def trace_headers(self) -> dict[str, str]:
+        """Headers for the agent's LLM client (`default_headers=`), so the gateway's turns
+        join the rollout's trace: the current span's context when this process exports
+        traces too, else the rollout's; none when the engine exports none."""
+        if self.traceparent is None:
+            return {}
+        return current_headers() or {TRACEPARENT: self.traceparent}
 
 
 @dataclass
@@ -182,6 +193,16 @@ class RolloutApp(BedrockAgentCoreApp):
             )
 
     async def _call(self, user: dict[str, Any], ctx: RolloutContext) -> Any:
+        """The rollout function; when this process exports traces, in an `agent.rollout`
+        span, the child of the rollout's, so the spans the agent makes join its trace."""
+        spans = tracer("agentcore-rollout-agent") if ctx.traceparent is not None else None
+        if spans is None:  # looked up per rollout: an agent may configure it after import
+            return await self._call_fn(user, ctx)
+        named = {"rollout.request_id": ctx.request_id, "rollout.session_id": ctx.session_id}
+        with child_span(spans, "agent.rollout", ctx.traceparent, named):
+            return await self._call_fn(user, ctx)
+
+    async def _call_fn(self, user: dict[str, Any], ctx: RolloutContext) -> Any:
         assert self._fn is not None
         if inspect.iscoroutinefunction(self._fn):
             return await self._fn(user, ctx)

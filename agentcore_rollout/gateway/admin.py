@@ -6,7 +6,9 @@ It is a listener of its own (`AdminAPI` is a `Server`), apart from the agents' A
 exposes the agents' port to a network exposes no admin route, and it binds 127.0.0.1 by
 default. It speaks plain HTTP: the engine reaches it on loopback, or through a tunnel it trusts.
 
-  POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?}
+  POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?,
+                                          "traceparent"?} (the rollout's span: its turns'
+                                          parent when an agent sends none, OpenTelemetry)
                                           -> 201 {"session_id", "api_key", "model", "url"};
                                           `url`: the agents' API the key opens
   POST   /admin/sessions/{id}/finish      -> 200 trace (see GatewayAdmin.finish_session);
@@ -97,6 +99,7 @@ class AdminAPI(Server):
             sampling=body.get("sampling"),
             max_context=body.get("max_context"),
             max_turns=body.get("max_turns"),
+            traceparent=body.get("traceparent"),
         )
         answer = {
             "session_id": session.id,

@@ -41,12 +41,13 @@ import contextlib
 import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
 
+from .._tracing import TRACEPARENT, child_span, flush, tracer
 from ..serving.http import Handler, sent, sse_events
 from ..serving.server import Server, tls_context
 from . import _fastjson
@@ -71,7 +72,7 @@ from .render import Renderer
 from .responses import ResponsesDialect
 from .resume import ResumePolicy
 from .sessions import Session, SessionStore
-from .turns import Dialect
+from .turns import Dialect, TurnAnswer
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class Gateway(Server):
         self.model_name = model_name
         self.sessions = SessionStore(ttl=session_ttl)
         self.pipeline = TurnPipeline(backend, renderer, resume or ResumePolicy())
+        self._tracer = tracer("agentcore-rollout-gateway")  # None: OpenTelemetry not configured
         self.admin = AdminAPI(
             self.sessions,
             self.pipeline,
@@ -184,6 +186,8 @@ class Gateway(Server):
             await self.admin.stop()
         finally:
             await super().stop()
+        if self._tracer is not None:
+            await flush()  # the turns' spans still batched
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors], client_max_size=self.max_body_bytes)
@@ -252,7 +256,8 @@ class Gateway(Server):
         async with in_flight(session, self.max_session_requests):
             body, pool = await self._read(request, session)
             turn = dialect.turn(body, session, self.model_name)
-            answer = await self.pipeline.answer(session, turn, pool)
+            work = self.pipeline.answer(session, turn, pool)
+            answer = await (work if self._tracer is None else self._traced(request, session, work))
             try:
                 if turn.stream:
                     return await sse_events(request, dialect.events(answer, turn), _fastjson.dumps)
@@ -260,6 +265,18 @@ class Gateway(Server):
             except BaseException:
                 self.pipeline.undelivered(session, answer.id)
                 raise
+
+    async def _traced(
+        self, request: web.Request, session: Session, work: Awaitable[TurnAnswer]
+    ) -> TurnAnswer:
+        """A turn in a `gateway.turn` span, the child of the agent's `traceparent` header, else
+        of its session's rollout: the turn joins the rollout's trace."""
+        parent = request.headers.get(TRACEPARENT) or session.traceparent
+        named = {"gateway.session_id": session.id, "rollout.request_id": session.request_id}
+        with child_span(self._tracer, "gateway.turn", parent, named) as span:
+            answer = await work
+            span.set_attributes(_turn_attributes(session, answer))
+        return answer
 
     async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
         """Anthropic's `count_tokens`: the prompt a Messages request renders to, counted; one
@@ -329,3 +346,21 @@ def _routes(app: web.Application) -> str:
     """The routes `app` serves (one listener's: the agents' never name the admin's)."""
     routes = [f"{r.method} {r.resource.canonical}" for r in app.router.routes() if r.resource]
     return "this listener serves " + ", ".join(r for r in routes if not r.startswith("HEAD "))
+
+
+def _turn_attributes(session: Session, answer: TurnAnswer) -> dict[str, Any]:
+    """What a turn's span says of it: its usage, and how it was recorded, if it was."""
+    found: dict[str, Any] = {
+        "gateway.finish_reason": answer.finish_reason,
+        "gateway.prompt_tokens": answer.prompt_tokens,
+        "gateway.completion_tokens": answer.completion_tokens,
+    }
+    turn = next((t for t in reversed(session.trajectory.turns) if t.rid == answer.id), None)
+    if turn is not None:
+        found["gateway.turn"] = turn.index
+        found["gateway.reused_prompt_tokens"] = turn.reused_prompt_tokens
+        found["gateway.render"] = turn.render or "none"
+        found["gateway.resumed"] = turn.resumed
+        if turn.weight_version is not None:
+            found["gateway.weight_version"] = turn.weight_version
+    return found

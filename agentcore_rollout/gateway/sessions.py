@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._tracing import checked_traceparent
 from .render import Rendered, RenderState
 from .sampling import check_sampling
 from .trajectory import RENDER_KINDS, Trajectory, Turn
@@ -56,6 +57,7 @@ class Session:
     requests: int = 0  # HTTP requests in flight, turns and count_tokens (`_limits.in_flight`)
     rejected_turns: int = 0
     closed: bool = False
+    traceparent: str | None = None  # the rollout's span: its turns' parent (OpenTelemetry)
     render_states: list[RenderState] = field(default_factory=list, repr=False)  # newest first
     # Held while the session's CPU work runs in the pool: one request of a session at a time.
     cpu: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -149,6 +151,7 @@ class SessionStore:
         sampling: dict[str, Any] | None = None,
         max_context: int | None = None,
         max_turns: int | None = None,
+        traceparent: str | None = None,
     ) -> tuple[Session, str]:
         """A new session and its API key (the only time the key exists in clear)."""
         if not isinstance(request_id, str) or not 0 < len(request_id) <= 256:
@@ -165,6 +168,7 @@ class SessionStore:
             sampling=check_sampling(sampling, "sampling"),
             max_context=max_context,
             max_turns=max_turns,
+            traceparent=checked_traceparent(traceparent),
             _digest=_digest(key),
         )
         self._by_id[session.id] = session

@@ -54,6 +54,7 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput
         base_url=ctx.llm.base_url,
         api_key=ctx.llm.api_key,
         model=ctx.llm.model,
+        default_headers=ctx.trace_headers(),  # its turns join the rollout's trace
         **{"max_tokens": 64, **ctx.llm.sampling},
     )
     agent = create_react_agent(model, [add], prompt=SYSTEM)

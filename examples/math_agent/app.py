@@ -57,8 +57,11 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput
     ]
     sampling = {"temperature": 1.0, "max_tokens": 16, **ctx.llm.sampling}
     correct, turns, formatted = False, 0, 0
-    async with AsyncOpenAI(
-        base_url=ctx.llm.base_url, api_key=ctx.llm.api_key, max_retries=2
+    async with AsyncOpenAI(  # its trace headers join its turns to the rollout's trace
+        base_url=ctx.llm.base_url,
+        api_key=ctx.llm.api_key,
+        max_retries=2,
+        default_headers=ctx.trace_headers(),
     ) as client:
         while turns < max_turns and not correct:
             turns += 1

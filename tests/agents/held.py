@@ -17,7 +17,10 @@ app = RolloutApp()
 @app.rollout_entrypoint
 async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput:
     assert ctx.llm is not None
-    async with AsyncOpenAI(base_url=ctx.llm.base_url, api_key=ctx.llm.api_key) as client:
+    llm, headers = ctx.llm, ctx.trace_headers()  # the headers join its turns to its trace
+    async with AsyncOpenAI(
+        base_url=llm.base_url, api_key=llm.api_key, default_headers=headers
+    ) as client:
         await client.chat.completions.create(
             model=ctx.llm.model,
             messages=[{"role": "user", "content": payload["question"]}],
