@@ -194,7 +194,11 @@ class RequestRunner:
         """One request's life, start to outcome (see the module's docstring), traced."""
         if self._tracer is not None:
             job.spans = RolloutSpans(self._tracer, _span_attributes(job), job.submitted_at)
-        outcome = await self._run(job)
+        try:
+            outcome = await self._run(job)
+        except BaseException:  # cancelled outright: its spans still end, unlabelled
+            job.spans.ended(None)
+            raise
         job.spans.ended(outcome)
         return outcome
 

@@ -201,8 +201,9 @@ class RolloutSpans:
         self._end("result", handed, valid=result is not None)
         self._begin("handoff", _ns(handed))
 
-    def ended(self, outcome: RolloutOutcome) -> None:
-        """The outcome is built: every open span ends, the root with what it says."""
+    def ended(self, outcome: RolloutOutcome | None) -> None:
+        """The outcome is built: every open span ends, the root with what it says (None: the
+        request's task was cancelled before it had one)."""
         if self._tracer is None:
             return
         from opentelemetry.trace import StatusCode
@@ -210,6 +211,10 @@ class RolloutSpans:
         for name in list(self._open):
             self._end(name)
         root = self._root
+        if outcome is None:
+            root.set_status(StatusCode.ERROR, "cancelled before its outcome")
+            root.end()
+            return
         root.set_attributes(_outcome_attributes(outcome))
         if outcome.error:
             root.set_status(StatusCode.ERROR, outcome.error[:256])
