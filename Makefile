@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 ARGS ?=
 
-.PHONY: run train models containers test check lint docs bench clean
+.PHONY: run train models containers browser test check lint docs bench clean
 
 $(VENV)/.dev: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,6 +35,15 @@ containers: $(VENV)/.dev  ## the container engine and the agent's image (ENGINE=
 	$(if $(filter docker,$(ENGINE)),$(SUDO) sh .ci/dockerd.sh)
 	$(VENV)/bin/agentcore-rollout local build --config configs/local-containers.yaml \
 		local.container_engine=$(ENGINE)
+
+$(VENV)/.browser: $(VENV)/.dev
+	$(PIP) -e '.[dev,browser]'
+	touch $@
+
+# Debian's Chromium and Playwright's driver for it: the browser-marked tests and bench/view.py
+browser: $(VENV)/.browser  ## Chromium and Playwright, for `pytest -m browser` (the view's page)
+	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) apt-get install -y chromium; }
 
 models: $(VENV)/.models  ## torch and SmolLM2's GGUF file, for `local.policy: smollm2-135m-instruct`
 

@@ -7,6 +7,7 @@
     agentcore-rollout local up                # keep the stack running; prints its endpoints
     agentcore-rollout deploy --name NAME --image URI --role ARN   # prints the runtime ARN
     agentcore-rollout infra env --stack NAME  # agentcore.env from the stack's outputs
+    agentcore-rollout view out                # out/view.html: the run's rollouts, offline
 
 Without --config (or $AGENTCORE_ROLLOUT_CONFIG), `run` and `local up` load configs/local.yaml
 and `train` configs/train.yaml from the current directory if it is there (the repository's

@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
 
                 return harbor_command(args)
             return infra_command(args)
+        if args.command == "view":
+            from .view import view_command  # lazily: the page's builder
+
+            return view_command(args.out, args.html, args.tokenizer)
         config = _load(args)
         if args.command == "run":
             return run_command(config, args.resume, args.overwrite)
@@ -199,6 +203,10 @@ def _parser() -> argparse.ArgumentParser:
             "tasks run.data names (harbor.agent)",
         )
     )
+    view = sub.add_parser("view", help="a run's output as one HTML page (OUT/view.html)")
+    view.add_argument("out", metavar="OUT", help="the run's output folder (rollouts.jsonl)")
+    view.add_argument("--html", metavar="FILE", help="where to write it (default OUT/view.html)")
+    view.add_argument("--tokenizer", metavar="DIR", help="tokenizer.json's folder: token text")
     _infra_args(sub)
     return parser
 
