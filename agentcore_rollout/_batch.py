@@ -1,9 +1,12 @@
 """What goes in and what comes out: `RolloutRequest` -> `RolloutOutcome`, many of them a
-`RolloutBatch`. A failure carries no rewards: no training row is ever invented for it."""
+`RolloutBatch`. A failure carries no rewards: no training row is ever invented for it.
+`RolloutTally` holds a batch's figures as counts and sums, for who takes them step by step
+without keeping the outcomes."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -171,16 +174,88 @@ class RolloutBatch:
         return sum(self.api_calls.values()) / len(self.outcomes) if self.outcomes else 0.0
 
     def metrics(self) -> dict[str, float]:
-        """A flat dict of numbers, ready for a trainer's logger."""
-        out: dict[str, float] = {f"rollout/outcome/{k}": v for k, v in self.counts.items()}
-        out |= {f"rollout/latency_{k}": v for k, v in self.latency().items()}
-        if self.reward_mean is not None:
-            out["rollout/reward_mean"] = self.reward_mean
+        """A flat dict of numbers, ready for a trainer's logger (see `RolloutTally.metrics`)."""
+        out = RolloutTally.of(self.outcomes).metrics()
         out["rollout/wall_time"] = self.wall_time
         out["rollout/throughput"] = self.throughput
         out["rollout/api_calls_per_rollout"] = self.api_calls_per_rollout
-        out |= self.cost.metrics(ok=len(self.ok))
         return out | self.stats.metrics()
+
+
+# Distinct failure reasons one tally keeps: an agent's error types are its own words, and a
+# logger (wandb, MLflow, ...) makes a chart per key. The rest count as `other`.
+_MAX_REASONS = 16
+_NOT_KEY = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def failure_reason(outcome: RolloutOutcome) -> str | None:
+    """A short key for why a rollout failed (None if ok): the error type the agent reported
+    (cleaned to `[A-Za-z0-9_.-]`, at most 40 characters), `unspecified` for an agent's own
+    failure without one, `engine` for an outcome the engine decided (a deadline, a refused
+    result, a start that failed: `EngineStats` counts those by cause). Never free text."""
+    if outcome.outcome is Outcome.OK:
+        return None
+    if outcome.result is None:
+        return "engine"
+    error = outcome.result.error
+    reason = _NOT_KEY.sub("_", error.type).strip("_")[:40] if error is not None else ""
+    return reason or "unspecified"
+
+
+@dataclass
+class RolloutTally:
+    """The figures of many outcomes as counts and sums, without keeping the outcomes (their
+    traces are large): what a long-lived consumer adds each outcome to, and takes per step."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    failures: Counter[str] = field(default_factory=Counter)
+    """By `<outcome>/<reason>` (`failure_reason`), at most `_MAX_REASONS` reasons, then `other`."""
+    latencies: list[float] = field(default_factory=list)
+    reward_sum: float = 0.0
+    rewarded: int = 0
+    cost: RolloutCost = field(default_factory=lambda: RolloutCost(rollouts=0))
+    turns: int = 0
+    resumed_turns: int = 0
+    """Turns a weight update aborted mid-generation that the gateway resumed."""
+
+    @classmethod
+    def of(cls, outcomes: Iterable[RolloutOutcome]) -> RolloutTally:
+        tally = cls()
+        for outcome in outcomes:
+            tally.add(outcome)
+        return tally
+
+    def add(self, outcome: RolloutOutcome) -> None:
+        self.counts[str(outcome.outcome)] += 1
+        if (reason := failure_reason(outcome)) is not None:
+            seen = {k.split("/", 1)[1] for k in self.failures}
+            if reason not in seen and len(seen) >= _MAX_REASONS:
+                reason = "other"
+            self.failures[f"{outcome.outcome}/{reason}"] += 1
+        self.latencies.append(outcome.latency)
+        if outcome.reward is not None:
+            self.reward_sum += outcome.reward
+            self.rewarded += 1
+        if outcome.cost is not None:
+            self.cost += outcome.cost
+        turns = (outcome.trace or {}).get("turns", [])
+        self.turns += len(turns)
+        self.resumed_turns += sum(1 for t in turns if t.get("resumed"))
+
+    def metrics(self) -> dict[str, float]:
+        """`rollout/outcome/<kind>` (every kind, 0 included), `rollout/failure/<outcome>/
+        <reason>`, `rollout/latency_p50|p95|p99`, `rollout/reward_mean`, `rollout/turns`,
+        `rollout/resumed_turns` and `rollout/cost/...` (`RolloutCost.metrics`)."""
+        out: dict[str, float] = {
+            f"rollout/outcome/{k}": self.counts.get(str(k), 0) for k in Outcome
+        }
+        out |= {f"rollout/failure/{k}": v for k, v in sorted(self.failures.items())}
+        out |= {f"rollout/latency_{k}": v for k, v in _quantiles(self.latencies).items()}
+        if self.rewarded:
+            out["rollout/reward_mean"] = self.reward_sum / self.rewarded
+        out["rollout/turns"] = self.turns
+        out["rollout/resumed_turns"] = self.resumed_turns
+        return out | self.cost.metrics(ok=self.counts.get("ok", 0))
 
 
 def _quantiles(

@@ -4,6 +4,8 @@
   sessions through one shared engine; groups below `min_group_ok` raise for every member.
 - `agent_loop_outputs` (`convert`): an ok outcome -> veRL `AgentLoopOutput` rows, one per sample
   of its token trace, exactly as captured.
+- `FiguresReplayBuffer`, `FiguresReplayBufferAsync` (`figures`): veRL's replay buffers, adding
+  the engine's `rollout/...` figures to each step's metrics (set by the switch).
 """
 
 from .agent_loop import AgentCoreAgentLoop, AgentCoreSettings, EngineService, GroupFailed

@@ -54,6 +54,9 @@ trains no row, so with the hosted gateway, which restarts with the trainer, ever
 member runs anew. Verifying an earlier engine's results needs its run secret: without
 `engine.run_secret`, the service keeps one in veRL's checkpoint folder
 (`trainer.default_local_dir`, mode 0600).
+
+The service also keeps the figures of what ended since they were last taken (`take_figures`:
+counts and sums, never the outcomes), which veRL's step metrics get through `figures`.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from dataclasses import asdict, dataclass, replace
@@ -69,10 +73,11 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
-from ... import RolloutEngine, RolloutOutcome, RolloutRequest, load_config
+from ... import EngineStats, RolloutEngine, RolloutOutcome, RolloutRequest, load_config
+from ..._batch import RolloutTally
 from ...config import GatewayConfig, LimitsConfig
 from ...contract import new_run_secret
-from ...training import Group, GroupPolicy
+from ...training import Group, GroupPolicy, staleness_report
 from .convert import OnFailure, agent_loop_outputs
 from .replicas import HostedGateways, check_replicas
 
@@ -170,6 +175,10 @@ class EngineService:
         self._starting = asyncio.Lock()
         # (input_id, step) -> its members ended so far (None: not even submitted), its verdict
         self._groups: dict[tuple[str, int], tuple[list[RolloutOutcome | None], asyncio.Future]] = {}
+        # The window `take_figures` empties: counts and sums, never the outcomes themselves.
+        self._tally = RolloutTally()
+        self._staleness: Counter[str] = Counter()  # "<lag>/delivered|dropped"
+        self._stats_taken: EngineStats | None = None
 
     async def rollout(
         self, request: RolloutRequest, step: int, policy: GroupPolicy, timeout: float | None
@@ -190,15 +199,28 @@ class EngineService:
             outcome = await self._reclaimed(engine, request, step, timeout)
             if outcome is None:
                 outcome = await engine.submit(request, step=step, timeout=timeout)
+            self._tally.add(outcome)
         finally:  # a member that could not even be submitted still counts, as not ok
             ended.append(outcome)
             if len(ended) >= policy.size:
                 del self._groups[key]
                 try:
-                    verdict.set_result(_enough_ok([o for o in ended if o is not None], policy))
+                    verdict.set_result(self._judged([o for o in ended if o is not None], policy))
                 except ValueError as e:  # an ok member without a reward: fail, hang no member
                     verdict.set_exception(GroupFailed(str(e)))
         return outcome, await asyncio.shield(verdict)
+
+    def _judged(self, members: list[RolloutOutcome], policy: GroupPolicy) -> bool:
+        """Whether the group has `policy.min_ok` kept (ok) members, not its status: a stale
+        member must not hide too few ok, and veRL trains an all-equal group too. Its members'
+        staleness, against the engine's step now, goes into the figures' window."""
+        if not members:
+            return False
+        group = Group.judge(members, policy)
+        now = self._engine.step if self._engine is not None else group.step
+        for lag, verdicts in staleness_report([group], now)["by_staleness"].items():
+            self._staleness.update({f"{lag}/{v}": n for v, n in verdicts.items()})
+        return len(group.kept) >= policy.min_ok
 
     async def _reclaimed(
         self, engine: RolloutEngine, request: RolloutRequest, step: int, timeout: float | None
@@ -221,10 +243,26 @@ class EngineService:
         """The engine's `EngineStats` as a dict (empty before the first rollout)."""
         return asdict(self._engine.stats()) if self._engine is not None else {}
 
+    def take_figures(self) -> dict[str, float]:
+        """The `rollout/...` figures of what ended since the last take (outcomes, failure
+        reasons, latency, cost, tokens, staleness) and of what the engine did meanwhile
+        (`rollout/engine/...`: retries, throttles, ...), then a fresh window. Empty before
+        the first rollout. What veRL's step metrics get (`figures`)."""
+        if self._engine is None:
+            return {}
+        tally, self._tally = self._tally, RolloutTally()
+        staleness, self._staleness = self._staleness, Counter()
+        stats = self._engine.stats()
+        since = stats if self._stats_taken is None else stats.since(self._stats_taken)
+        self._stats_taken = stats
+        out = tally.metrics() | {f"rollout/staleness/{k}": v for k, v in staleness.items()}
+        return {k: float(v) for k, v in (out | since.metrics()).items()}
+
     async def close(self) -> None:
         if self._engine is not None:
             await self._engine.aclose()
             self._engine = None
+            self._stats_taken = None
         if self._gateway is not None:
             await self._gateway.stop()
             self._gateway = None
@@ -333,12 +371,6 @@ def request_id(uid: str, session_id: int, step: int) -> str:
 def _known_keys(where: str, given: Iterable[str], known: Iterable[str]) -> None:
     if unknown := set(given) - set(known):
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-
-
-def _enough_ok(members: list[RolloutOutcome], policy: GroupPolicy) -> bool:
-    """`policy.min_ok` kept (ok) members, not the group's status: a stale member must not hide
-    too few ok, and veRL trains an all-equal group too."""
-    return bool(members) and len(Group.judge(members, policy).kept) >= policy.min_ok
 
 
 _local_services: dict[str, EngineService] = {}

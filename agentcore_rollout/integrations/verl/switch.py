@@ -9,8 +9,16 @@ recipes assert `mode == "async"`. So the switch is ours to translate, before veR
          actor_rollout_ref.rollout.agent.agent_loop_config_path=<agent_loops.yaml shipped here>
          +actor_rollout_ref.rollout.custom.agentcore.config=$AGENTCORE_ROLLOUT_CONFIG (if not set)
 
+         trainer.v1.sampler.custom_sampler={path: pkg://...figures, name: FiguresReplayBuffer}
+                                               (FiguresReplayBufferAsync under an async trainer)
+
 and the v1 trainer (`trainer.use_v1`, veRL's default): the legacy v0 trainer needs exactly one
 row per request, so a failed rollout could only be hidden behind a fabricated row.
+
+The sampler is veRL's own replay buffer, which adds the engine's figures to each step's metrics
+(`figures`). A sampler of your own is kept (one warning says how to mix the figures in), and
+so is veRL's when `algorithm.filter_groups` or `sync_refill_failed_groups` is on: veRL 0.9.1
+gives a custom sampler neither setting, so ours would silently turn them off.
 
 veRL's async trainers (`trainer.v1.trainer_mode=colocate_async` or `separate_async`) compose
 with the switch; what they assert at start-up (`trainer_base.py`, `trainer_separate_async.py`,
@@ -26,6 +34,7 @@ above instead (see docs/verl.md).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -35,6 +44,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 AGENT_LOOPS = Path(__file__).with_name("agent_loops.yaml")
 MODE = "agentcore"
+FIGURES = "pkg://agentcore_rollout.integrations.verl.figures"  # veRL's `load_extern_type` path
+
+log = logging.getLogger(__name__)
 
 
 class SwitchError(ValueError):
@@ -91,7 +103,32 @@ def translate(
                 )
             agentcore["config"] = str(Path(path).resolve())  # the workers may run elsewhere
         rollout.custom = OmegaConf.merge(custom, {MODE: agentcore})
+        _figures_sampler(config)
     return config
+
+
+def _figures_sampler(config: DictConfig) -> None:
+    """veRL's replay buffer with the engine's figures (`figures`), unless a sampler is set or
+    veRL would not give ours the settings its own gets."""
+    sampler = config.trainer.v1.sampler
+    custom = sampler.get("custom_sampler") or {}
+    if custom.get("path") or custom.get("name"):
+        why = f"trainer.v1.sampler.custom_sampler is yours ({custom.get('name')})"
+    elif (config.algorithm.get("filter_groups") or {}).get("enable"):
+        why = "algorithm.filter_groups is on (not given to a custom sampler)"
+    elif sampler.get("sync_refill_failed_groups"):
+        why = "trainer.v1.sampler.sync_refill_failed_groups is on (not given to a custom sampler)"
+    else:
+        sync = config.trainer.v1.trainer_mode == "sync"
+        name = "FiguresReplayBuffer" if sync else "FiguresReplayBufferAsync"
+        sampler.custom_sampler = {"path": FIGURES, "name": name}
+        return
+    log.warning(
+        "%s: the engine's rollout/... figures are not in veRL's step metrics; to add them, "
+        "put agentcore_rollout.integrations.verl.figures.EngineFigures first among your "
+        "sampler's bases (docs/verl.md)",
+        why,
+    )
 
 
 def _check_async(config: DictConfig) -> None:
