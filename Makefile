@@ -19,7 +19,7 @@ $(VENV)/.models: $(VENV)/.dev
 	touch $@
 
 $(VENV)/.test: $(VENV)/.models
-	$(PIP) -e '.[dev,gateway,infra,verl,models,frameworks,otel]'
+	$(PIP) -e '.[dev,gateway,infra,verl,models,frameworks,otel,tensorboard,wandb,mlflow]'
 	touch $@
 
 ENGINE ?= podman

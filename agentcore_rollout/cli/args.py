@@ -174,6 +174,14 @@ def _parser() -> argparse.ArgumentParser:
     train_p.add_argument(
         "--overwrite", action="store_true", help="replace an earlier training run in --out"
     )
+    for p in (run_p, train_p):
+        p.add_argument(
+            "--logger",
+            action="append",
+            metavar="NAME",
+            help="also log to an experiment tracker in --out: tensorboard, wandb (offline), "
+            "mlflow; repeat or comma-separate for several (each its own extra)",
+        )
     train_p.add_argument(
         "--max-staleness",
         type=int,
@@ -284,6 +292,9 @@ def _load(args: argparse.Namespace) -> Config:
     for key, name in dotted.items():
         if getattr(args, key, None) is not None:
             overrides.append(f"{name}={getattr(args, key)}")
+    if getattr(args, "logger", None):  # YAML's list: `run.loggers=[tensorboard, wandb]`
+        names = [n.strip() for arg in args.logger for n in arg.split(",") if n.strip()]
+        overrides.append(f"{section}.loggers=[{', '.join(names)}]")
     if getattr(args, "asynchronous", False):  # first, so a dotted stale_policy override wins
         overrides[:0] = ["engine.limits.stale_policy=keep"]
         overrides.append("train.asynchronous=true")

@@ -13,6 +13,12 @@ from pydantic import Field, field_validator
 from ..config import EngineConfig, Section, load_sections
 from ..harbor.agents import agent_named
 from ..local.config import LocalConfig, TrainConfig
+from .trackers import LoggerName
+
+_LOGGERS = (
+    "experiment trackers to log to, under engine.exp_id in the output folder (each its own "
+    "extra; `--logger`)"
+)
 
 
 class RunConfig(Section):
@@ -31,6 +37,13 @@ class RunConfig(Section):
     min_ok_fraction: float = Field(
         default=0.5, ge=0, le=1, description="below it, the run exits 3 (outputs still written)"
     )
+    loggers: list[LoggerName] = Field(default_factory=list, description=_LOGGERS)
+
+
+class TrainSection(TrainConfig):
+    __doc__ = TrainConfig.__doc__  # the local stack's section, and the trackers `train` logs to
+
+    loggers: list[LoggerName] = Field(default_factory=list, description=_LOGGERS)
 
 
 class HarborConfig(Section):
@@ -57,7 +70,7 @@ class Config(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
     run: RunConfig = Field(default_factory=RunConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
+    train: TrainSection = Field(default_factory=TrainSection)
     harbor: HarborConfig = Field(default_factory=HarborConfig)
 
 

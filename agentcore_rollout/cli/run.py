@@ -5,6 +5,7 @@ the exit code. Everything the user's input can get wrong is checked before the s
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -35,21 +36,27 @@ from .journal import (
 )
 from .outdir import begin_fresh, check_fresh, check_not_an_output, check_writable, locked
 from .summary import SUMMARY, RunSummary, Tally
+from .trackers import Trackers
 from .views import console, print_summary, progress_bar, run_async
+
+PROGRESS_EVERY_S = 2.0  # how often the trackers get the figures so far
 
 
 def run_command(config: Config, resume: str | None, overwrite: bool = False) -> int:
     """`run`, fresh or `--resume OUT`: the exit code."""
     out = Path(config.run.out if resume is None else resume)
+    trackers = Trackers(config.run.loggers, out, config.engine.exp_id, fresh=resume is None)
     with locked(out, "run.out" if resume is None else "--resume"):
         begin = _fresh(config, out, overwrite) if resume is None else _resumed(config, out)
-        run = RunState(out, begin.left)
+        run = RunState(out, begin.left, trackers)
         try:
             summary = run_async(
                 lambda stop: roll_out(config, begin, run, interrupted=stop), forced=run.forced
             )
+            trackers.log(summary.metrics(), config.run.step)
         finally:
             (out / STAGED_JOURNAL).unlink(missing_ok=True)  # the journal of a run never begun
+            trackers.close()
         embedded_unwritten = run.unwritten if config.stack == "local" else None
         return _finish(summary, out, config.run.min_ok_fraction, embedded_unwritten)
 
@@ -125,8 +132,9 @@ class RunState:
     """What a run has so far, so that even a forced exit writes its summary: the figures of the
     outcomes (in rollouts.jsonl as they arrive), the first write error, the engine's figures."""
 
-    def __init__(self, out: Path, left: LeftOpen | None) -> None:
-        self.out, self.left = out, left
+    def __init__(self, out: Path, left: LeftOpen | None, trackers: Trackers) -> None:
+        self.out, self.left, self.trackers = out, left, trackers
+        self._logged = -math.inf  # when the trackers were last given the figures so far
         self.tally = Tally()
         self.write_error: str | None = None
         self.unwritten = 0  # outcomes that ended after a write failed
@@ -139,6 +147,14 @@ class RunState:
             said = f"{self.write_error}: starting no more sessions; the running ones finish"
             console.print(said, style="red", markup=False, soft_wrap=True)
             self.write_failed.set()
+
+    def progress(self, *, last: bool = False) -> None:
+        """Give the trackers the figures so far: at the first outcome, then every few seconds,
+        and the `last` time."""
+        now = time.monotonic()
+        if self.trackers.names and (last or now - self._logged >= PROGRESS_EVERY_S):
+            self._logged = now
+            self.trackers.log(self.tally.progress(), len(self.tally.latencies))
 
     def summary(self, *, interrupted: bool) -> RunSummary:
         """The figures so far, written to summary.json if it can be."""
@@ -286,7 +302,9 @@ async def _collect(
                 if run.write_error is not None:  # that write, or an earlier one, failed
                     run.unwritten += 1
                 update(outcome, engine.stats().live_sessions)
+                run.progress()
     finally:
+        run.progress(last=True)
         rows.close()
         for watcher in watchers:
             watcher.cancel()

@@ -34,12 +34,25 @@ class Tally:
         self.latencies: list[float] = []
         self.groups: dict[str, list[tuple[Outcome, float | None]]] = {}  # (outcome, reward) each
         self.cost = RolloutCost.total(())
+        self._counts: Counter[Outcome] = Counter()
+        self._rewards = (0, 0.0)  # how many, their sum
 
     def add(self, o: RolloutOutcome) -> None:
         self.latencies.append(o.latency)
         if o.cost is not None:
             self.cost += o.cost
         self.groups.setdefault(o.request.input_id, []).append((o.outcome, o.reward))
+        self._counts[o.outcome] += 1
+        if o.reward is not None:
+            self._rewards = (self._rewards[0] + 1, self._rewards[1] + o.reward)
+
+    def progress(self) -> dict[str, float]:
+        """The figures so far, for a tracker while the run goes on (at step `ended`)."""
+        out = {"progress/ended": float(len(self.latencies))}
+        out |= {f"progress/outcome/{k}": float(self._counts[k]) for k in Outcome}
+        if self._rewards[0]:
+            out["progress/reward_mean"] = self._rewards[1] / self._rewards[0]
+        return out
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,20 @@ class RunSummary:
             outcomes[outcome] += 1
         n = len(ended)
         return replace(self, requests=self.requests + n, outcomes=outcomes, resumed_after=n)
+
+    def metrics(self) -> dict[str, Any]:
+        """The figures for a tracker, under the keys `RolloutBatch.metrics()` gives them."""
+        out: dict[str, Any] = {f"rollout/outcome/{k}": v for k, v in self.outcomes.items()}
+        out |= {f"rollout/latency_{k}": v for k, v in self.latency_s.items()}
+        out |= {
+            "rollout/requests": self.requests,
+            "rollout/reward_mean": self.reward_mean,
+            "rollout/wall_time": self.wall_time_s,
+            "rollout/throughput": self.throughput_per_s,
+            "rollout/api_calls_per_rollout": self.api_calls_per_rollout,
+        }
+        out |= {f"rollout/cost/{k}": v for k, v in self.cost.items()}
+        return out | self.engine.metrics()
 
     def to_json(self) -> str:
         """summary.json's text: `resumed_after`, `run_again` and `write_error` only when they

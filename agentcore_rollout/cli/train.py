@@ -22,6 +22,7 @@ from .dataset import read_rows
 from .errors import EXIT_INTERRUPTED, EXIT_STACK_FAILED, UsageError
 from .journal import JOURNAL
 from .outdir import locked
+from .trackers import Trackers
 from .views import console, run_async, status_bar
 
 CURVE = "reward_curve.png"
@@ -38,9 +39,13 @@ def train_command(config: Config, *, resume: bool = False, overwrite: bool = Fal
     check_config(config)
     prompts = list(read_rows(Path(config.train.data)))  # each step samples from all
     out = Path(config.train.out)
+    trackers = Trackers(config.train.loggers, out, config.engine.exp_id, fresh=not resume)
     with locked(out, "train.out"):
         before = _trained_before(out, config.train.steps, resume=resume, overwrite=overwrite)
-        return _train(config, prompts, out, before)
+        try:
+            return _train(config, prompts, out, before, trackers)
+        finally:
+            trackers.close()
 
 
 def _trained_before(out: Path, steps: int, *, resume: bool, overwrite: bool) -> list[Any]:
@@ -75,9 +80,13 @@ def _trained_before(out: Path, steps: int, *, resume: bool, overwrite: bool) -> 
 
 
 def _train(
-    config: Config, prompts: list[tuple[str, dict[str, Any]]], out: Path, before: list[Any]
+    config: Config,
+    prompts: list[tuple[str, dict[str, Any]]],
+    out: Path,
+    before: list[Any],
+    trackers: Trackers,
 ) -> int:
-    progress = StepProgress(config.train.steps)
+    progress = StepProgress(config.train.steps, trackers)
     failed: StackFailed | None = None
     with progress.bar:
         try:
@@ -113,10 +122,10 @@ def _rows_written(out: Path) -> list[dict[str, Any]]:
 
 class StepProgress:
     """The trainer's view: one progress bar per step, groups resolved and how their members
-    ended; `bar` is live while training."""
+    ended; `bar` is live while training. Each step's row goes to the trackers as it ends."""
 
-    def __init__(self, steps: int) -> None:
-        self._steps = steps
+    def __init__(self, steps: int, trackers: Trackers | None = None) -> None:
+        self._steps, self._trackers = steps, trackers
         step = "[bold]step {task.fields[step]}/{task.fields[steps]}"
         self.bar = status_bar(step, "{task.completed}/{task.total} groups")
         self._task: Any = None
@@ -146,6 +155,26 @@ class StepProgress:
             f"skipped {row['groups_skipped']}  stale {row['stale']}  {row['wall_time_s']:.1f} s"
         )
         self.bar.update(self._task, status=status)
+        if self._trackers is not None:
+            self._trackers.log(tracked(row), row["step"])
+
+
+def tracked(row: dict[str, Any]) -> dict[str, Any]:
+    """A step's row for a tracker: under `RolloutBatch.metrics()`'s keys where it has the
+    figure (reward mean, ok and cancelled counts, cost), the rest under `train/`."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if key != "step":
+            out[_AS_ROLLOUT.get(key, f"train/{key}")] = value
+    return out
+
+
+_AS_ROLLOUT = {
+    "reward_mean": "rollout/reward_mean",
+    "ok": "rollout/outcome/ok",
+    "cancelled": "rollout/outcome/cancelled",
+    "cost": "rollout/cost",
+}
 
 
 def summary_tables(rows: Sequence[dict[str, Any]]) -> list[Table]:
