@@ -47,7 +47,9 @@ def exporter() -> Any:
 
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
+        with pytest.MonkeyPatch.context() as env:  # the SDK reads it once, here: a provider
+            env.delenv("OTEL_SDK_DISABLED", raising=False)  # made under it never records
+            provider = TracerProvider()
         trace.set_tracer_provider(provider)
     memory = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(memory))
