@@ -8,7 +8,14 @@ This module is the trainer's API. Agent authors use `agentcore_rollout.agent`; t
 contract is `agentcore_rollout.contract`. Modules whose names start with `_` are internal.
 """
 
-from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
+from ._batch import (
+    RolloutBatch,
+    RolloutOutcome,
+    RolloutRequest,
+    RolloutStart,
+    RolloutTally,
+    StaleResult,
+)
 from ._cost import RolloutCost
 from ._engine import RolloutEngine, RolloutHandle
 from ._sandbox import SandboxRuntime, SessionCallError
@@ -31,6 +38,7 @@ __all__ = [
     "RolloutOutcome",
     "RolloutRequest",
     "RolloutStart",
+    "RolloutTally",
     "SandboxRuntime",
     "SessionCallError",
     "StaleResult",

@@ -242,6 +242,10 @@ class RolloutTally:
         self.turns += len(turns)
         self.resumed_turns += sum(1 for t in turns if t.get("resumed"))
 
+    def latency(self) -> dict[str, float]:
+        """Latency quantiles (`p50`, `p95`, `p99`), as `RolloutBatch.latency` has them."""
+        return _quantiles(self.latencies)
+
     def metrics(self) -> dict[str, float]:
         """`rollout/outcome/<kind>` (every kind, 0 included), `rollout/failure/<outcome>/
         <reason>`, `rollout/latency_p50|p95|p99`, `rollout/reward_mean`, `rollout/turns`,
@@ -250,7 +254,7 @@ class RolloutTally:
             f"rollout/outcome/{k}": self.counts.get(str(k), 0) for k in Outcome
         }
         out |= {f"rollout/failure/{k}": v for k, v in sorted(self.failures.items())}
-        out |= {f"rollout/latency_{k}": v for k, v in _quantiles(self.latencies).items()}
+        out |= {f"rollout/latency_{k}": v for k, v in self.latency().items()}
         if self.rewarded:
             out["rollout/reward_mean"] = self.reward_sum / self.rewarded
         out["rollout/turns"] = self.turns

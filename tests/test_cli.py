@@ -444,7 +444,7 @@ def test_dataset_ids_name_groups(tmp_path):
 )
 def test_exit_code(ok, requests, min_ok_fraction, interrupted, code):
     summary = RunSummary(
-        requests, {"ok": ok}, None, {}, {}, 0.0, 0.0, {}, 0.0, {}, EngineStats(), interrupted
+        requests, {"ok": ok}, None, {}, {}, 0.0, 0.0, {}, 0.0, {}, {}, EngineStats(), interrupted
     )
     assert cli_run.exit_code(summary, min_ok_fraction) == code
 

@@ -26,6 +26,7 @@ TRAINER_API = {
     "EngineStats",
     "Outcome",
     "RolloutBatch",
+    "RolloutTally",
     "RolloutCost",
     "RolloutEngine",
     "RolloutHandle",

@@ -5,13 +5,10 @@ tally taken as they ended."""
 from __future__ import annotations
 
 import json
-import math
-from collections import Counter
-from dataclasses import asdict, dataclass, replace
-from itertools import chain
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .. import EngineStats, Outcome, RolloutCost, RolloutOutcome
+from .. import EngineStats, Outcome, RolloutCost, RolloutOutcome, RolloutTally
 
 SUMMARY = "summary.json"
 _WHEN_SET = ("resumed_after", "run_again", "write_error")
@@ -26,33 +23,31 @@ class GroupFigures:
     reward_mean: float | None
 
 
-class Tally:
-    """What the summary needs of each outcome, taken as it ends; not the outcomes, which hold
-    trajectories and traces (kilobytes each): a long run's memory would grow with them."""
+@dataclass
+class Tally(RolloutTally):
+    """What the summary needs of each outcome, taken as it ends (counts and sums, and each
+    group's members' outcome and reward); not the outcomes, which hold trajectories and traces
+    (kilobytes each): a long run's memory would grow with them."""
 
-    def __init__(self) -> None:
-        self.latencies: list[float] = []
-        self.groups: dict[str, list[tuple[Outcome, float | None]]] = {}  # (outcome, reward) each
-        self.cost = RolloutCost.total(())
-        self._counts: Counter[Outcome] = Counter()
-        self._rewards = (0, 0.0)  # how many, their sum
+    groups: dict[str, list[tuple[Outcome, float | None]]] = field(default_factory=dict)
 
-    def add(self, o: RolloutOutcome) -> None:
-        self.latencies.append(o.latency)
-        if o.cost is not None:
-            self.cost += o.cost
-        self.groups.setdefault(o.request.input_id, []).append((o.outcome, o.reward))
-        self._counts[o.outcome] += 1
-        if o.reward is not None:
-            self._rewards = (self._rewards[0] + 1, self._rewards[1] + o.reward)
+    def add(self, outcome: RolloutOutcome) -> None:
+        super().add(outcome)
+        self.groups.setdefault(outcome.request.input_id, []).append(
+            (outcome.outcome, outcome.reward)
+        )
 
     def progress(self) -> dict[str, float]:
-        """The figures so far, for a tracker while the run goes on (at step `ended`)."""
+        """The figures so far, for a tracker while the run goes on (at step `ended`): the
+        outcome counts, failure reasons and reward mean of `RolloutTally.metrics`."""
         out = {"progress/ended": float(len(self.latencies))}
-        out |= {f"progress/outcome/{k}": float(self._counts[k]) for k in Outcome}
-        if self._rewards[0]:
-            out["progress/reward_mean"] = self._rewards[1] / self._rewards[0]
+        for key, value in self.metrics().items():
+            if key.startswith(_PROGRESS):
+                out[f"progress/{key.removeprefix('rollout/')}"] = value
         return out
+
+
+_PROGRESS = ("rollout/outcome/", "rollout/failure/", "rollout/reward_mean")
 
 
 @dataclass(frozen=True)
@@ -70,6 +65,7 @@ class RunSummary:
     api_calls: dict[str, int]
     api_calls_per_rollout: float
     cost: dict[str, Any]  # RolloutCost's sums (estimated usd), usd_per_rollout, usd_per_ok
+    failures: dict[str, int]  # by `<outcome>/<reason>` (`RolloutTally.failures`)
     engine: EngineStats
     interrupted: bool
     resumed_after: int = 0  # a resumed run: the requests that had ended before it, counted in
@@ -80,19 +76,19 @@ class RunSummary:
     def of(
         cls, tally: Tally, stats: EngineStats, wall_time: float, *, interrupted: bool
     ) -> RunSummary:
-        requests, ended = len(tally.latencies), list(chain.from_iterable(tally.groups.values()))
-        counts = Counter(o for o, _ in ended)
+        requests, counts = len(tally.latencies), tally.counts
         return cls(
             requests=requests,
             outcomes={str(k): counts[k] for k in Outcome},
-            reward_mean=_mean([r for _, r in ended if r is not None]),
+            reward_mean=tally.reward_sum / tally.rewarded if tally.rewarded else None,
             groups={g: _group(members) for g, members in tally.groups.items()},
-            latency_s=_quantiles(tally.latencies),
+            latency_s=tally.latency(),
             wall_time_s=wall_time,
             throughput_per_s=requests / wall_time if wall_time > 0 else 0.0,
             api_calls=stats.api_calls,
             api_calls_per_rollout=sum(stats.api_calls.values()) / requests if requests else 0.0,
             cost=_cost(tally.cost, counts[Outcome.OK]),
+            failures=dict(sorted(tally.failures.items())),
             engine=stats,
             interrupted=interrupted,
         )
@@ -122,6 +118,7 @@ class RunSummary:
             "rollout/api_calls_per_rollout": self.api_calls_per_rollout,
         }
         out |= {f"rollout/cost/{k}": v for k, v in self.cost.items()}
+        out |= {f"rollout/failure/{k}": v for k, v in self.failures.items()}
         return out | self.engine.metrics()
 
     def to_json(self) -> str:
@@ -146,11 +143,3 @@ def _group(members: list[tuple[Outcome, float | None]]) -> GroupFigures:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _quantiles(values: list[float]) -> dict[str, float]:
-    """p50, p95, p99 by nearest rank, as `RolloutBatch.latency` has them."""
-    ordered = sorted(values)
-    if not ordered:
-        return {}
-    return {f"p{q}": ordered[max(0, math.ceil(q * len(ordered) / 100) - 1)] for q in (50, 95, 99)}

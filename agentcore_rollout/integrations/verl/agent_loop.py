@@ -73,8 +73,14 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
-from ... import EngineStats, RolloutEngine, RolloutOutcome, RolloutRequest, load_config
-from ..._batch import RolloutTally
+from ... import (
+    EngineStats,
+    RolloutEngine,
+    RolloutOutcome,
+    RolloutRequest,
+    RolloutTally,
+    load_config,
+)
 from ...config import GatewayConfig, LimitsConfig
 from ...contract import new_run_secret
 from ...training import Group, GroupPolicy, staleness_report
