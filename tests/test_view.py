@@ -150,6 +150,21 @@ def test_token_text_comes_from_the_tokenizer_when_given(tmp_path):
     assert plain["vocab"] == {}  # ids only
 
 
+def test_token_text_comes_from_the_runs_own_tokenizer_when_it_is_on_this_machine(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"[UNK]": 0, "sys": 1, "what": 2, "five": 3, "<end>": 4}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    row = _row(0)
+    row["trace"]["renderer"] = f"hf:{tmp_path / 'tok'}"  # the gateway's HFRenderer, by folder
+    data, _ = _embedded(build_view(_write(tmp_path / "out", [row])).path.read_text())
+    assert data["vocab"]["3"] == "five"
+    row["trace"]["renderer"] = f"hf:{tmp_path / 'elsewhere'}"  # rendered on another machine
+    data, _ = _embedded(build_view(_write(tmp_path / "out", [row])).path.read_text())
+    assert data["vocab"] == {}
+
+
 def test_a_nan_in_a_line_is_null_on_the_page_json_parse_would_refuse_it(tmp_path):
     out = _write(tmp_path / "out", [], extra=json.dumps(_row(0, latency=math.nan)) + "\n")
     page = build_view(out).path.read_text()

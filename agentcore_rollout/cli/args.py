@@ -214,7 +214,11 @@ def _parser() -> argparse.ArgumentParser:
     view = sub.add_parser("view", help="a run's output as one HTML page (OUT/view.html)")
     view.add_argument("out", metavar="OUT", help="the run's output folder (rollouts.jsonl)")
     view.add_argument("--html", metavar="FILE", help="where to write it (default OUT/view.html)")
-    view.add_argument("--tokenizer", metavar="DIR", help="tokenizer.json's folder: token text")
+    view.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="tokenizer.json's folder, for token text (default: the run's own, if it is here)",
+    )
     _infra_args(sub)
     return parser
 

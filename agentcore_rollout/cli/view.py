@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import itertools
 import json
 import math
 import os
@@ -57,7 +58,7 @@ def build_view(out: Path, dest: Path | None = None, *, tokenizer: str | None = N
     rollouts = out / "rollouts.jsonl"
     if not rollouts.is_file():
         raise UsageError(f"view: {out}: no rollouts.jsonl there (the output folder of a run)")
-    decode = _decoder(tokenizer)
+    decode = _decoder(tokenizer or _run_tokenizer(rollouts))
     stats = ViewStats(dest or out / "view.html")
     head, tail = _template()
     tmp = stats.path.with_name(stats.path.name + ".tmp")
@@ -192,6 +193,21 @@ def _add_tokens(row: dict[str, Any], vocab: dict[str, str], decode: Any) -> None
             for tid in sample.get(key) or []:
                 if str(tid) not in vocab:
                     vocab[str(tid)] = decode(tid)
+
+
+def _run_tokenizer(rollouts: Path) -> str | None:
+    """The tokenizer the run's gateway rendered with (a trace's `renderer`, `hf:<dir>`), when
+    that directory is on this machine: token text without `--tokenizer`."""
+    with open(rollouts, encoding="utf-8", errors="replace") as src:
+        for line in itertools.islice(src, 100):
+            try:
+                renderer = (json.loads(line).get("trace") or {}).get("renderer")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(renderer, str) and renderer.startswith("hf:"):
+                path = Path(renderer.removeprefix("hf:"))
+                return str(path) if (path / "tokenizer.json").is_file() else None
+    return None
 
 
 def _decoder(tokenizer: str | None) -> Any:

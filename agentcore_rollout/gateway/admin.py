@@ -114,7 +114,10 @@ class AdminAPI(Server):
         session = self._remove(request, "finished")
         backend = self.pipeline.backend
         trace = session.trace(
-            token_capture=backend.token_capture, backend=backend.name, model=self.model
+            token_capture=backend.token_capture,
+            backend=backend.name,
+            model=self.model,
+            renderer=getattr(self.pipeline.renderer, "name", None),  # None: a pass-through
         )
         return json_response(trace)
 

@@ -101,7 +101,9 @@ class Session:
             "reused_prompt_tokens": sum(t.reused_prompt_tokens for t in turns),
         }
 
-    def trace(self, *, token_capture: bool, backend: str, model: str) -> dict[str, Any]:
+    def trace(
+        self, *, token_capture: bool, backend: str, model: str, renderer: str | None
+    ) -> dict[str, Any]:
         """The JSON-serializable trace (see `GatewayAdmin.finish_session`)."""
         data = self.trajectory.to_json()
         turns = self.trajectory.turns
@@ -112,6 +114,7 @@ class Session:
             "token_capture": token_capture,
             "backend": backend,
             "model": model,
+            "renderer": renderer,  # what the ids are tokens of: `hf:<tokenizer>`, or `char`
             "created": self.created,
             "finished": time.time(),
             "num_turns": len(turns),
