@@ -17,6 +17,7 @@ import signal
 import subprocess
 import tomllib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,20 @@ def test_codex_gets_the_policy_as_its_only_provider_in_its_home(tmp_path: Path) 
         "--skip-git-repo-check",
         "--dangerously-bypass-approvals-and-sandbox",
     ]
+
+
+@pytest.mark.unit
+def test_the_rollouts_traceparent_rides_on_each_coding_agents_calls(tmp_path: Path) -> None:
+    """Codex's provider headers and Claude Code's custom headers, when the engine traces; none
+    when it does not."""
+    header = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"}
+    run = replace(a_run(tmp_path), llm_headers=header)
+    agent_named("codex").launch(run)
+    config = tomllib.loads((run.home / ".codex" / "config.toml").read_text())
+    assert config["model_providers"]["policy"]["http_headers"] == header
+    claude = agent_named("claude-code").launch(run).env
+    assert claude["ANTHROPIC_CUSTOM_HEADERS"] == f"traceparent: {header['traceparent']}"
+    assert "ANTHROPIC_CUSTOM_HEADERS" not in agent_named("claude-code").launch(a_run(tmp_path)).env
 
 
 @pytest.mark.unit

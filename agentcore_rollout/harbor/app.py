@@ -85,6 +85,7 @@ async def _run_agent(
             home=Path(home),
             solution=SOLUTION_DIR,
             solution_env=dict(payload.get("solution_env") or {}),
+            llm_headers=ctx.trace_headers(),
         )
         launch = agent.launch(run)
         ran = await run_group(

@@ -94,6 +94,8 @@ def _claude_code(run: AgentRun) -> Launch:
         "ANTHROPIC_MODEL": llm.model,
         "IS_SANDBOX": "1",  # the session is the sandbox: lets it skip permissions as root
     }
+    if run.llm_headers:  # "Name: Value" lines
+        env["ANTHROPIC_CUSTOM_HEADERS"] = "\n".join(f"{k}: {v}" for k, v in run.llm_headers.items())
     argv = [_bin("claude-code", "claude"), "-p", "--bare", "--dangerously-skip-permissions"]
     return Launch([*argv, "--", run.instruction], env)
 
@@ -101,8 +103,10 @@ def _claude_code(run: AgentRun) -> Launch:
 # -- Codex CLI -----------------------------------------------------------------------------------
 
 
-def _codex_config(model: str, base_url: str) -> str:
-    """Its config.toml: the policy as its only provider (JSON strings are TOML strings)."""
+def _codex_config(model: str, base_url: str, headers: dict[str, str]) -> str:
+    """Its config.toml: the policy as its only provider, `headers` on each of its calls (JSON
+    strings are TOML strings)."""
+    header_table = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in headers.items())
     return (
         f"model = {json.dumps(model)}\n"
         'model_provider = "policy"\n'
@@ -111,6 +115,7 @@ def _codex_config(model: str, base_url: str) -> str:
         f"base_url = {json.dumps(base_url)}\n"
         'wire_api = "responses"\n'
         'env_key = "POLICY_API_KEY"\n'
+        f"http_headers = {{ {header_table} }}\n"
         "[features]\n"
         "plugins = false\n"  # else it syncs a plugin catalog from github.com at start
         "[analytics]\n"
@@ -122,7 +127,7 @@ def _codex(run: AgentRun) -> Launch:
     llm = _llm(run)
     codex_home = run.home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
-    (codex_home / "config.toml").write_text(_codex_config(llm.model, llm.base_url))
+    (codex_home / "config.toml").write_text(_codex_config(llm.model, llm.base_url, run.llm_headers))
     env = {"HOME": str(run.home), "CODEX_HOME": str(codex_home), "POLICY_API_KEY": llm.api_key}
     argv = [_bin("codex", "codex"), "exec", "--skip-git-repo-check"]
     argv += ["--dangerously-bypass-approvals-and-sandbox", "--", run.instruction]

@@ -32,6 +32,9 @@ class AgentRun:
     solution: Path
     """Where the task's solution was written (empty for any agent but `oracle`)."""
     solution_env: dict[str, str] = field(default_factory=dict)
+    llm_headers: dict[str, str] = field(default_factory=dict)
+    """Headers each call to the policy should carry: the rollout's `traceparent`, when the
+    engine exports traces, so the gateway's turns join the agent's span."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ The binaries are `claude` (`npm install @anthropic-ai/claude-code@2.1.197`) and 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -50,6 +51,8 @@ async def claude_code_rollout(payload: dict[str, Any], ctx: RolloutContext) -> R
             "ANTHROPIC_MODEL": llm.model,
             "IS_SANDBOX": "1",  # the session is the sandbox: lets it skip permissions as root
         }
+        if headers := ctx.trace_headers():  # each call joins the rollout's trace (OpenTelemetry)
+            env["ANTHROPIC_CUSTOM_HEADERS"] = "\n".join(f"{k}: {v}" for k, v in headers.items())
         argv = [os.environ.get("CLAUDE_BIN", "claude"), "-p", payload["instruction"]]
         argv.append("--dangerously-skip-permissions")
         return await _run_and_check(argv, env, Path(work), payload, ctx)
@@ -67,6 +70,7 @@ async def codex_rollout(payload: dict[str, Any], ctx: RolloutContext) -> Rollout
             f'base_url = "{llm.base_url}"\n'
             'wire_api = "responses"\n'
             'env_key = "POLICY_API_KEY"\n'
+            f"http_headers = {_toml_table(ctx.trace_headers())}\n"  # the rollout's trace
             "[features]\n"
             "plugins = false\n"  # else it syncs a plugin catalog from github.com at start
             "[analytics]\n"
@@ -76,6 +80,10 @@ async def codex_rollout(payload: dict[str, Any], ctx: RolloutContext) -> Rollout
         argv = [os.environ.get("CODEX_BIN", "codex"), "exec", "--skip-git-repo-check"]
         argv += ["--dangerously-bypass-approvals-and-sandbox", payload["instruction"]]
         return await _run_and_check(argv, env, Path(work), payload, ctx)
+
+
+def _toml_table(values: dict[str, str]) -> str:
+    return "{ " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in values.items()) + " }"
 
 
 def _llm(ctx: RolloutContext) -> Any:
