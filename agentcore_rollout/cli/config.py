@@ -73,6 +73,12 @@ class Config(Section):
     train: TrainSection = Field(default_factory=TrainSection)
     harbor: HarborConfig = Field(default_factory=HarborConfig)
 
+    @field_validator("train", mode="before")
+    @classmethod
+    def _train_section(cls, v: object) -> object:
+        """The local stack's own `TrainConfig` is taken as it is: no tracker."""
+        return v.model_dump() if type(v) is TrainConfig else v
+
 
 def load_config(path: str | Path | None = None, **options: Any) -> Config:
     """The whole file at `path`, then the environment, then `key.path=value` overrides
