@@ -137,12 +137,17 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys, monke
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-def test_token_text_comes_from_the_tokenizer_when_given(tmp_path):
+def _tokenizer(folder: Path) -> None:
+    """A word-level tokenizer.json in `folder`: ids 1-4 are `sys what five <end>`."""
     tokenizers = pytest.importorskip("tokenizers")
     vocab = {"[UNK]": 0, "sys": 1, "what": 2, "five": 3, "<end>": 4}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    (tmp_path / "tok").mkdir()
-    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def test_token_text_comes_from_the_tokenizer_when_given(tmp_path):
+    _tokenizer(tmp_path / "tok")
     page = build_view(_write(tmp_path / "out", [_row(0)]), tokenizer=str(tmp_path / "tok"))
     data, _ = _embedded(page.path.read_text())
     assert data["vocab"] == {"1": "sys", "2": "what", "3": "five", "4": "<end>"}
@@ -151,11 +156,7 @@ def test_token_text_comes_from_the_tokenizer_when_given(tmp_path):
 
 
 def test_token_text_comes_from_the_runs_own_tokenizer_when_it_is_on_this_machine(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers")
-    vocab = {"[UNK]": 0, "sys": 1, "what": 2, "five": 3, "<end>": 4}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    (tmp_path / "tok").mkdir()
-    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    _tokenizer(tmp_path / "tok")
     row = _row(0)
     row["trace"]["renderer"] = f"hf:{tmp_path / 'tok'}"  # the gateway's HFRenderer, by folder
     data, _ = _embedded(build_view(_write(tmp_path / "out", [row])).path.read_text())
