@@ -89,6 +89,24 @@ def _trainer_config(
     )
 
 
+async def one_step(config, prompts: dict, server_manager=None) -> AgentLoopManagerTQ:
+    """Step 1's prompts, registered in TransferQueue and generated as veRL's trainer does; its
+    agent loop manager, whose workers (and their engine actor) live as long as it does."""
+    manager = await asyncio.to_thread(AgentLoopManagerTQ.create, config, server_manager)
+    batch = tu.get_tensordict(
+        {
+            "uid": np.array(list(prompts), dtype=object),
+            "index": np.arange(len(prompts)),
+            "extra_info": np.array(list(prompts.values()), dtype=object),
+        }
+    )
+    tu.assign_non_tensor_data(batch, "global_steps", 1)
+    tags = [{"is_prompt": True, "status": "pending", "global_steps": 1}] * len(prompts)
+    tq.kv_batch_put(keys=list(prompts), partition_id="train", tags=tags)
+    await asyncio.to_thread(manager.generate_sequences, batch)
+    return manager
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("model", ["char", "smollm2"])
 @pytest.mark.parametrize("hosted", [False, True], ids=["stack-gateway", "hosted-gateway"])
@@ -123,20 +141,8 @@ async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(
         _start_ray()
         try:
             tq.init(config.transfer_queue)
-            manager = await asyncio.to_thread(
-                AgentLoopManagerTQ.create, config, server_manager if hosted else None
-            )
-            batch = tu.get_tensordict(
-                {
-                    "uid": np.array(list(prompts), dtype=object),
-                    "index": np.arange(len(prompts)),
-                    "extra_info": np.array(list(prompts.values()), dtype=object),
-                }
-            )
-            tu.assign_non_tensor_data(batch, "global_steps", 1)
-            tags = [{"is_prompt": True, "status": "pending", "global_steps": 1}] * len(prompts)
-            tq.kv_batch_put(keys=list(prompts), partition_id="train", tags=tags)
-            await asyncio.to_thread(manager.generate_sequences, batch)
+            # held: its workers (and their engine actor) live as long as it does
+            _held = await one_step(config, prompts, server_manager if hosted else None)
             listing = await _until_settled(list(prompts))
             keys = sorted(k for k, tag in listing.items() if not tag.get("is_prompt"))
             rows = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=FIELDS)

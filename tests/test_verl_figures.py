@@ -14,7 +14,6 @@ import json
 import logging
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import ray
 import transfer_queue as tq
@@ -24,8 +23,8 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl.utils.import_utils import load_extern_type
 from verl.utils.tracking import Tracking
 
-from agentcore_rollout import EngineStats, Outcome, RolloutBatch
-from agentcore_rollout._batch import RolloutTally, failure_reason
+from agentcore_rollout import EngineStats, Outcome, RolloutBatch, RolloutTally
+from agentcore_rollout._batch import failure_reason
 from agentcore_rollout.contract import ErrorInfo
 from agentcore_rollout.integrations.verl.agent_loop import SERVICE_NAME
 from agentcore_rollout.integrations.verl.figures import (
@@ -39,7 +38,14 @@ from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.stack import LocalStack
 
 from .factories import flat_config, make_outcome, make_result
-from .test_verl_e2e import ROOT, _model_dir, _start_ray, _trainer_config, _until_settled
+from .test_verl_e2e import (
+    ROOT,
+    _model_dir,
+    _start_ray,
+    _trainer_config,
+    _until_settled,
+    one_step,
+)
 
 SWITCH = "actor_rollout_ref.rollout.mode=agentcore"
 
@@ -181,7 +187,7 @@ async def test_veRLs_step_metrics_and_its_file_logger_hold_the_engines_figures(
             tq.init(config.transfer_queue)
             buffer = _veRLs_buffer(config)
             assert engine_figures() == {}  # no rollout yet: no engine actor, no figures
-            manager = await _one_step(config, prompts)  # held: its workers hold the engine
+            manager = await one_step(config, prompts)  # held: its workers hold the engine
             await _until_settled(list(prompts))
             _, metrics = await asyncio.to_thread(buffer.sample, 1, "train", 1)
             _, again = await asyncio.to_thread(buffer.sample, 1, "train", 1)  # same step
@@ -223,24 +229,3 @@ def _veRLs_buffer(config):
         sampler_kwargs=sampler.sampler_kwargs,
         refill_fn=None,
     )
-
-
-async def _one_step(config, prompts: dict):
-    """Step 1's prompts, registered in TransferQueue and generated as veRL's trainer does; its
-    agent loop manager, whose workers (and their engine actor) live as long as it does."""
-    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
-    from verl.utils import tensordict_utils as tu
-
-    manager = await asyncio.to_thread(AgentLoopManagerTQ.create, config, None)
-    batch = tu.get_tensordict(
-        {
-            "uid": np.array(list(prompts), dtype=object),
-            "index": np.arange(len(prompts)),
-            "extra_info": np.array(list(prompts.values()), dtype=object),
-        }
-    )
-    tu.assign_non_tensor_data(batch, "global_steps", 1)
-    tags = [{"is_prompt": True, "status": "pending", "global_steps": 1}] * len(prompts)
-    tq.kv_batch_put(keys=list(prompts), partition_id="train", tags=tags)
-    await asyncio.to_thread(manager.generate_sequences, batch)
-    return manager
