@@ -1,10 +1,13 @@
 """Result objects for tests that play the agent's part by hand, ended outcomes (with their
-token traces) for tests of what trainers do with them, and engine configs written flat."""
+token traces) for tests of what trainers do with them, engine configs written flat, and what a
+local stack's policy worker recorded."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+import aiohttp
 
 from agentcore_rollout import EngineConfig, Outcome, RolloutOutcome, RolloutRequest
 from agentcore_rollout.contract import RolloutResult, Timings, encode_result, sign_result
@@ -106,3 +109,13 @@ def make_outcome(
         trace=trace,
         finished_at=finished_at,
     )
+
+
+async def recorded_samples(stack: Any) -> list[dict[str, Any]]:
+    """What the `LocalStack`'s first policy worker sampled (`/debug/samples`, behind the
+    stack's admin token): the oracle a trace's tokens are checked against."""
+    async with (
+        aiohttp.ClientSession(headers=stack.policy_headers) as http,
+        http.get(f"{stack.workers[0].url}/debug/samples") as resp,
+    ):
+        return (await resp.json())["samples"]

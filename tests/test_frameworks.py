@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import pytest_asyncio
 
@@ -31,6 +30,7 @@ from agentcore_rollout.contract import LLMSettings
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, SGLangBackend
 from agentcore_rollout.local.stack import LocalStack
 
+from .factories import recorded_samples
 from .framework_support import (
     LiveSession,
     Wire,
@@ -355,12 +355,7 @@ async def test_example_runs_on_the_local_stack_and_every_rollout_ends_ok_with_a_
     async with LocalStack(config.local) as stack:
         async with RolloutEngine(stack.engine_config(config.engine)) as engine:
             batch = await engine.rollout(requests)
-        url = f"{stack.workers[0].url}/debug/samples"
-        async with (
-            aiohttp.ClientSession(headers=stack.policy_headers) as http,
-            http.get(url) as response,
-        ):
-            by_rid = {s["rid"]: s for s in (await response.json())["samples"]}
+        by_rid = {s["rid"]: s for s in await recorded_samples(stack)}
     assert batch.counts["ok"] == len(requests), [o.error for o in batch.outcomes]
     for outcome in batch.outcomes:
         assert outcome.reward in (0.0, 1.0)

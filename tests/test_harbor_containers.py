@@ -14,7 +14,6 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
@@ -30,7 +29,7 @@ from agentcore_rollout.local.containers import (
 from agentcore_rollout.local.stack import LocalStack, environment_arn
 
 from .conftest import ROOT, engine_config
-from .factories import flat_config
+from .factories import flat_config, recorded_samples
 from .test_containers import _ours
 from .test_traces import _runs
 
@@ -185,12 +184,7 @@ async def test_a_real_agent_on_the_local_model_is_scored_by_the_tests_with_an_ex
         bounded = LLMSettings(base_url=f"{stack.gateways[0].url}/v1", sampling={"max_tokens": 384})
         async with RolloutEngine(stack.engine_config(base, llm=bounded)) as rollouts:
             batch = await rollouts.rollout([RolloutRequest(task_payload(task), task.name)])
-        samples = f"{stack.workers[0].url}/debug/samples"
-        async with (
-            aiohttp.ClientSession(headers=stack.policy_headers) as http,
-            http.get(samples) as resp,
-        ):
-            recorded = (await resp.json())["samples"]
+        recorded = await recorded_samples(stack)
     (outcome,) = batch.outcomes
     assert outcome.outcome is Outcome.OK, outcome.error
     trajectory = outcome.result.trajectory

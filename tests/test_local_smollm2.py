@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 
-import aiohttp
 import numpy as np
 import pytest
 
@@ -23,7 +22,7 @@ from agentcore_rollout.local.policy.__main__ import main as policy_main
 from agentcore_rollout.local.stack import LocalStack
 from agentcore_rollout.local.trainer import make_learner
 
-from .factories import flat_config
+from .factories import flat_config, recorded_samples
 from .test_traces import _runs
 
 pytestmark = pytest.mark.e2e
@@ -116,12 +115,7 @@ async def test_a_real_tool_call_from_smollm2_through_the_gateway_is_token_exact(
         base = flat_config(exp_id="smollm2", rollout_timeout=120.0)
         async with RolloutEngine(stack.engine_config(base, llm=greedy)) as engine:
             batch = await engine.rollout([request])
-        samples = f"{stack.workers[0].url}/debug/samples"
-        async with (
-            aiohttp.ClientSession(headers=stack.policy_headers) as http,
-            http.get(samples) as resp,
-        ):
-            recorded = (await resp.json())["samples"]
+        recorded = await recorded_samples(stack)
     (outcome,) = batch.outcomes
     assert outcome.outcome == "ok", outcome.error
     assert outcome.result is not None and outcome.trace is not None

@@ -21,7 +21,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from agentcore_rollout import EngineConfig, RolloutEngine, RolloutRequest
@@ -30,7 +29,7 @@ from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.stack import LocalStack
 
-from .factories import flat_config
+from .factories import flat_config, recorded_samples
 
 pytestmark = pytest.mark.e2e
 
@@ -106,7 +105,7 @@ async def test_a_new_engine_reclaims_written_and_running_sessions_with_their_tra
         s3 = stack.moto.client("s3")
         give_up = time.monotonic() + 60
         # Kill once both quick agents wrote and all four took their turn.
-        while _stored(s3, config.bucket) < 2 or len(await _samples(stack)) < 4:
+        while _stored(s3, config.bucket) < 2 or len(await recorded_samples(stack)) < 4:
             assert first.returncode is None, (await first.communicate())[1][-2000:]
             assert time.monotonic() < give_up, "the first engine's sessions did not run in time"
             await asyncio.sleep(0.1)
@@ -124,7 +123,7 @@ async def test_a_new_engine_reclaims_written_and_running_sessions_with_their_tra
                 outcomes = await asyncio.gather(*handles)
             assert await admin.session_of("req-untouched") is None  # dropped
             assert await admin.drop_session(untouched.session_id) is None
-        sampled = await _samples(stack)
+        sampled = await recorded_samples(stack)
 
     assert [o.outcome for o in outcomes] == ["ok"] * 4, [o.error for o in outcomes]
     assert [o.reward for o in outcomes] == [0.0] * 4  # the held agent's reward: sample index 0
@@ -149,14 +148,6 @@ async def test_a_new_engine_reclaims_written_and_running_sessions_with_their_tra
 
 def _stored(s3, bucket: str) -> int:
     return s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
-
-
-async def _samples(stack: LocalStack) -> list:
-    async with (
-        aiohttp.ClientSession(headers=stack.policy_headers) as http,
-        http.get(f"{stack.workers[0].url}/debug/samples") as resp,
-    ):
-        return (await resp.json())["samples"]
 
 
 async def test_a_resumed_result_whose_start_was_never_journaled_keeps_its_trace(tmp_path):
@@ -191,7 +182,7 @@ async def test_a_resumed_result_whose_start_was_never_journaled_keeps_its_trace(
             await admin.drop_session(gone.session_id)  # as a gateway restarted since would
         async with RolloutEngine(config) as second:
             outcomes = await asyncio.gather(*(second.resume(r, step=0) for r in requests))
-        sampled = await _samples(stack)
+        sampled = await recorded_samples(stack)
 
     assert [o.outcome for o in outcomes] == ["ok", "ok", "invalid_result"], [
         o.error for o in outcomes

@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import aiohttp
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -31,7 +30,7 @@ from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.stack import LocalStack
 
-from .factories import flat_config
+from .factories import flat_config, recorded_samples
 from .gateway_support import TOKENIZER_DIR
 
 pytestmark = pytest.mark.e2e
@@ -108,11 +107,7 @@ async def test_agent_loop_rows_failures_and_min_group_ok_through_the_wire(tmp_pa
             )
         finally:
             await close_services()
-        async with (
-            aiohttp.ClientSession(headers=stack.policy_headers) as http,
-            http.get(f"{stack.workers[0].url}/debug/samples") as resp,
-        ):
-            sampled = (await resp.json())["samples"]
+        sampled = await recorded_samples(stack)
     # Every member of a full group returns its rows, exactly what the worker sampled.
     assert all(isinstance(rows, list) and len(rows) == 1 for rows in ok), ok
     by_output = {tuple(s["output_ids"]): s for s in sampled}
@@ -241,14 +236,6 @@ async def test_a_group_behind_veRLs_drop_bound_fails_as_veRL_would_evict_it(tmp_
     assert all(isinstance(e, GroupFailed) for e in old_group), old_group
 
 
-async def _samples(stack: LocalStack) -> list:
-    async with (
-        aiohttp.ClientSession(headers=stack.policy_headers) as http,
-        http.get(f"{stack.workers[0].url}/debug/samples") as resp,
-    ):
-        return (await resp.json())["samples"]
-
-
 def _services() -> dict:
     from agentcore_rollout.integrations.verl import agent_loop
 
@@ -303,7 +290,7 @@ async def test_prompts_reissued_after_a_restart_take_over_their_earlier_sessions
         )
         s3, give_up = stack.moto.client("s3"), time.monotonic() + 90
         while s3.list_objects_v2(Bucket="verl-reissue").get("KeyCount", 0) < 2 or (
-            len(await _samples(stack)) < 4
+            len(await recorded_samples(stack)) < 4
         ):
             assert first.returncode is None, (await first.communicate())[1][-2000:]
             assert time.monotonic() < give_up, "the first life's sessions did not run in time"
@@ -322,7 +309,7 @@ async def test_prompts_reissued_after_a_restart_take_over_their_earlier_sessions
             stats = next(iter(_services().values())).stats()
         finally:
             await close_services()
-        sampled = await _samples(stack)
+        sampled = await recorded_samples(stack)
     for group in groups:
         assert all(isinstance(rows, list) and len(rows) == 1 for rows in group), groups
     assert sorted(rows[0].reward_score for group in groups for rows in group) == [0, 0, 0, 1, 1, 1]

@@ -22,7 +22,6 @@ import shutil
 import time
 from pathlib import Path
 
-import aiohttp
 import numpy as np
 import pytest
 import ray
@@ -35,7 +34,7 @@ from agentcore_rollout.integrations.verl.switch import trainer_config
 from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.stack import LocalStack
 
-from .factories import flat_config
+from .factories import flat_config, recorded_samples
 from .gateway_support import TOKENIZER_DIR
 from .verl_support import PolicyServerManager
 
@@ -149,11 +148,7 @@ async def test_veRLs_agent_loop_manager_drives_agentcore_rollouts(
         finally:
             tq.close()
             ray.shutdown()
-        async with (
-            aiohttp.ClientSession(headers=stack.policy_headers) as http,
-            http.get(f"{stack.workers[0].url}/debug/samples") as resp,
-        ):
-            sampled = (await resp.json())["samples"]
+        sampled = await recorded_samples(stack)
     status = {uid: listing[uid]["status"] for uid in prompts}
     assert status == {"all-ok": "finished", "one-failed": "failure", "two-failed": "failure"}
     # Rows of the survivors only: sessions 1 and 2 of one-failed, none of two-failed.
