@@ -27,7 +27,8 @@ from agentcore_rollout.integrations.verl.agent_loop import (
 from agentcore_rollout.local.policy import PolicyServer
 from agentcore_rollout.local.stack import LocalStack
 
-from .test_verl_agent_loop import _agent_loop, _engine_yaml, _held_stack, _samples
+from .factories import recorded_samples
+from .test_verl_agent_loop import _agent_loop, _engine_yaml, _held_stack
 from .verl_support import PolicyServerManager
 
 pytestmark = pytest.mark.e2e
@@ -233,7 +234,7 @@ async def test_agent_loops_under_ray_spread_sessions_over_two_gateway_actors(tmp
         finally:
             await close_services()
             ray.shutdown()
-        sampled = await _samples(stack)
+        sampled = await recorded_samples(stack)
     assert len(config.replicas) == 2
     assert all(s["turns"] >= 1 for s in stats), stats  # sessions opened on both
     assert sum(s["turns"] for s in stats) == len(sampled) == 6
