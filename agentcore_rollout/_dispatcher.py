@@ -138,7 +138,7 @@ class RequestDispatcher:
         which runs behind, at `stop_rate`, so the caller's outcome never waits for it and the live
         bounds bound every session alive, stopping ones included. It starts only on endpoints
         of `environment` (`StartQueue.serving`)."""
-        await self._take_live_slot(start_deadline, priority)
+        await self._take_live_slot(start_deadline, priority, environment)
         session = LiveSession(session_id, start_deadline, priority, environment=environment)
         try:
             yield session
@@ -185,13 +185,17 @@ class RequestDispatcher:
                 endpoint.probe.cancel()
         self._queue.close()
 
-    async def _take_live_slot(self, start_deadline: float, priority: int) -> None:
+    async def _take_live_slot(
+        self, start_deadline: float, priority: int, environment: str | None
+    ) -> None:
         if not self._live_slots.locked():
             await self._live_slots.acquire()  # free: returns without yielding to the loop
         else:
             acquired = asyncio.ensure_future(self._live_slots.acquire(priority))
             try:
-                await self._queue.until(acquired, start_deadline, "a live-session slot")
+                await self._queue.until(
+                    acquired, start_deadline, "a live-session slot", environment=environment
+                )
             except BaseException:
                 # cancelled in the same turn of the loop the slot was granted: give it back
                 if acquired.done() and not acquired.cancelled() and not acquired.exception():

@@ -324,6 +324,27 @@ async def test_each_request_starts_on_a_runtime_of_its_environment(moto, channel
     assert where == {"env-a": {ARNS[0]}, "env-b": {ARNS[1], ARNS[2]}}  # b's spread over its two
 
 
+async def test_many_more_requests_than_live_slots_over_environments_all_start(
+    moto, channel, emulator
+):
+    """Harbor's shape: every runtime of one environment, 3x more requests than live slots.
+    Each one waits its turn for a slot (the wait itself routed by environment), none fails."""
+    emu = await emulator(runtime_arns=tuple(ARNS))
+    runtimes = [{"arn": arn, "environment": f"env-{i}"} for i, arn in enumerate(ARNS)]
+    cfg = _runtimes_config(moto, channel, emu, runtimes, start_rate=50.0, max_live_sessions=4)
+    requests = [
+        RolloutRequest({"a": i, "b": 1, "environment": f"env-{i % 3}"}, f"q{i}") for i in range(15)
+    ]
+    started: list[RolloutStart] = []
+    async with RolloutEngine(cfg) as engine:
+        handles = [engine.submit(r, on_start=started.append) for r in requests]
+        outcomes = [await h for h in handles]
+    assert Counter(o.outcome for o in outcomes) == {Outcome.OK: 15}, [o.error for o in outcomes]
+    assert {s.request.payload["environment"]: s.endpoint.split("#")[0] for s in started} == {
+        f"env-{i}": arn for i, arn in enumerate(ARNS)
+    }
+
+
 async def test_an_environment_whose_runtimes_are_down_fails_alone():
     def down() -> SessionCallError:
         error = SessionCallError("EndpointConnectionError", "x", retryable=True, outage=True)
