@@ -38,6 +38,16 @@ class TaskError(ValueError):
 
 
 @dataclass(frozen=True)
+class Artifact:
+    """A path the agent's environment hands to a separate verifier's (`artifacts`): put at
+    `destination` (default: the same path) there; `exclude`: tar patterns left out."""
+
+    source: str
+    destination: str | None = None
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class HarborTask:
     """One task folder, read and checked."""
 
@@ -55,10 +65,25 @@ class HarborTask:
     solution_env: dict[str, str] = field(default_factory=dict)
     environment: str = ""
     """Its environment's id (`environment_id`): one image and one runtime per distinct id."""
+    verifier_mode: str = "shared"
+    """`shared`: the tests run in the agent's session once it is gone; `separate`: in a
+    session of the verifier's own environment, which receives `artifacts`."""
+    verifier_docker_image: str | None = None
+    verifier_environment: str = ""
+    """The verifier's environment id when `separate` ("" when shared)."""
+    artifacts: tuple[Artifact, ...] = ()
 
     @property
     def dockerfile(self) -> Path:
         return self.path / "environment" / "Dockerfile"
+
+    @property
+    def verifier_context(self) -> Path:
+        """The folder the separate verifier's image is built from: `tests/` when it holds a
+        Dockerfile (the tests are then in the image, as Harbor bundles them), else the
+        task's `environment/`."""
+        tests = self.path / "tests"
+        return tests if (tests / "Dockerfile").is_file() else self.path / "environment"
 
 
 def read_tasks(path: Path) -> list[HarborTask]:
@@ -176,8 +201,60 @@ def _from_config(folder: Path, instruction: str, config: dict[str, Any]) -> Harb
         memory_mb=_memory_mb(env),
         verifier_env=_env(verifier, "verifier"),
         solution_env=_env(solution, "solution"),
+        verifier_mode=_verifier_mode(verifier),
+        verifier_docker_image=_verifier_image(verifier),
+        artifacts=_artifacts(config.get("artifacts", [])),
     )
-    return HarborTask(**{**vars(task), "environment": environment_id(task)})
+    task = HarborTask(**{**vars(task), "environment": environment_id(task)})
+    if task.verifier_mode == "separate":
+        task = HarborTask(**{**vars(task), "verifier_environment": verifier_environment_id(task)})
+    return task
+
+
+def _verifier_mode(verifier: dict[str, Any]) -> str:
+    """As Harbor's `verifier_mode.py` resolves it: explicit, else `separate` when a
+    `[verifier.environment]` is given, else `shared`."""
+    mode = verifier.get("environment_mode")
+    if mode is None:
+        return "separate" if "environment" in verifier else "shared"
+    if mode not in ("shared", "separate"):
+        raise ValueError(f"[verifier] environment_mode must be shared or separate, not {mode!r}")
+    if mode == "shared" and "environment" in verifier:
+        raise ValueError("[verifier] environment_mode = 'shared' with a [verifier.environment]")
+    return str(mode)
+
+
+def _verifier_image(verifier: dict[str, Any]) -> str | None:
+    image = (verifier.get("environment") or {}).get("docker_image")
+    return str(image) if image else None
+
+
+def _artifacts(entries: Any) -> tuple[Artifact, ...]:
+    if not isinstance(entries, list):
+        raise ValueError("artifacts must be a list of paths or {source, destination, exclude}")
+    found = []
+    for entry in entries:
+        if isinstance(entry, str):
+            entry = {"source": entry}
+        if not isinstance(entry, dict) or not isinstance(entry.get("source"), str):
+            raise ValueError(f"artifacts entry {entry!r}: a path or a table with a source")
+        if ".." in Path(entry["source"]).parts:
+            raise ValueError(f"artifacts entry {entry['source']!r}: no '..' in a source")
+        exclude = entry.get("exclude", [])
+        found.append(Artifact(entry["source"], entry.get("destination"), tuple(exclude)))
+    return tuple(found)
+
+
+def verifier_environment_id(task: HarborTask) -> str:
+    """The separate verifier's environment as a short id: its `docker_image`, or a hash of
+    its build folder (`HarborTask.verifier_context`)."""
+    digest = hashlib.sha256(b"verifier\0")
+    if task.verifier_docker_image is not None:
+        digest.update(b"image\0" + task.verifier_docker_image.encode())
+    else:
+        for f in _files(task.verifier_context):
+            digest.update(f"{f['path']}\0{f['mode']}\0".encode() + f["data"].encode() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def _seconds(section: dict[str, Any], name: str, key: str = "timeout_sec") -> float:
