@@ -26,7 +26,14 @@ from ._startup import account_limits, preflight, runtime_endpoints
 from ._stats import EngineStats
 from ._tracing import flush as flush_spans
 from .config import EngineConfig
-from .contract import check_request, new_run_secret, session_id, signing_key
+from .contract import (
+    VERIFIER_KEY,
+    check_request,
+    new_run_secret,
+    session_id,
+    signing_key,
+    verifier_request_id,
+)
 
 log = get_logger("agentcore_rollout.engine")
 
@@ -290,6 +297,16 @@ class RolloutEngine:
                 f"step {step}: must be the engine's step {self._step} or, with engine.limits."
                 f"max_staleness={cfg.limits.max_staleness}, one no older than {max(0, oldest)}"
             )
+        verifier = request.payload.get(VERIFIER_KEY)
+        if verifier is not None:  # its own request, checked and registered with the agent's
+            verifier = RolloutRequest(
+                verifier,
+                request.input_id,
+                request.sample_index,
+                verifier_request_id(request.request_id),
+            )
+            verifier = self._job(verifier, step, timeout, deadline, None, checked_step=False)
+            verifier.calls_model = False
         deadline = math.inf if deadline is None else deadline
         sig_key = signing_key(self._run_secret, cfg.exp_id, request.request_id)
         queue_timeout = cfg.limits.queue_timeout or math.inf
@@ -306,6 +323,7 @@ class RolloutEngine:
             submitted_at=submitted,
             on_start=on_start,
             prices=cfg.cost,
+            verifier=verifier,
         )
 
     def _run(self, job: Job) -> RolloutHandle:

@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ._batch import RolloutOutcome, RolloutRequest, RolloutStart
@@ -31,8 +31,11 @@ from ._redact import get_logger, redact
 from ._tracing import UNTRACED, RolloutSpans, tracer
 from .config import CostConfig, EngineConfig
 from .contract import (
+    AGENT_ARTIFACTS_KEY,
+    ARTIFACTS_KEY,
     CONTROL_KEY,
     INLINE_RESULT_MAX_BYTES,
+    VERIFIER_KEY,
     LLMSettings,
     Outcome,
     ResultTarget,
@@ -75,6 +78,8 @@ class Job:
     gateway_url: str | None = None  # the replica its gateway session is on
     stale: str | None = None  # why `set_step` ended it, if it did
     spans: RolloutSpans = UNTRACED  # its trace, when OpenTelemetry is configured
+    verifier: Job | None = None  # its verifier's session, run once its agent's ended ok
+    calls_model: bool = True  # False: no gateway session (a verifier's)
 
     def took_over(
         self, session_id: str | None, url: str | None, gateway: GatewayReplicas | None
@@ -91,11 +96,25 @@ class Job:
         *,
         trace: dict[str, Any] | None = None,
         usage: dict[str, int] | None = None,
+        verification: RolloutOutcome | None = None,
         **ended: Any,
     ) -> RolloutOutcome:
         """Its outcome, with its cost: tokens from its trace, else from the usage its dropped
-        gateway session reported."""
+        gateway session reported; its verifier's session's, if one ran, added."""
         finished = time.time()
+        cost = rollout_cost(
+            self.prices,
+            self.sandbox_since(),
+            finished,
+            trace if trace is not None or usage is None else {"usage": usage},
+        )
+        if verification is not None and verification.cost is not None:  # its sandbox's
+            spent = verification.cost
+            cost = replace(
+                cost,
+                sandbox_seconds=cost.sandbox_seconds + spent.sandbox_seconds,
+                sandbox_usd=cost.sandbox_usd + spent.sandbox_usd,
+            )
         if ended.get("error"):  # the one door every error takes into an outcome
             ended["error"] = redact(ended["error"])
         return RolloutOutcome(
@@ -110,12 +129,7 @@ class Job:
             gateway_url=self.gateway_url,
             finished_at=finished,
             trace=trace,
-            cost=rollout_cost(
-                self.prices,
-                self.sandbox_since(),
-                finished,
-                trace if trace is not None or usage is None else {"usage": usage},
-            ),
+            cost=cost,
             **ended,
         )
 
@@ -146,10 +160,13 @@ def _decide(
     failure: BaseException | None = None,
     stale: str | None = None,
     trace: Trace = Trace(),
+    verification: RolloutOutcome | None = None,
 ) -> tuple[Outcome, RolloutResult | None, str | None]:
     """The outcome, the result it keeps and the error it reports, from what happened: no
     delivery because of `failure` (a `SubmitFailed`, a cancel, `stale` if `set_step` made it,
-    or a bug), else the buffer's delivery and what the gateway kept of its turns."""
+    or a bug), else the buffer's delivery, what the gateway kept of its turns and, for a
+    rollout with a verifier of its own, that verifier's outcome: its rewards are the
+    rollout's, and any way it failed to judge is `verifier_error`."""
     if delivery is None:
         if isinstance(failure, SubmitFailed):
             return Outcome.SUBMIT_FAILED, None, str(failure)
@@ -170,7 +187,35 @@ def _decide(
         return Outcome.INVALID_RESULT, None, f"{trace.lost}{said}"
     if trace.lost is not None and outcome is Outcome.OK:  # a reward without its tokens
         return Outcome.INVALID_RESULT, None, trace.lost
-    return outcome, result, error
+    if verification is None or outcome is not Outcome.OK:
+        return outcome, result, error
+    judged, verdict = verification.outcome, verification.result
+    if judged is Outcome.OK and verdict is not None:
+        return Outcome.OK, _judged(result, verdict), None
+    if judged in (Outcome.CANCELLED, Outcome.STALE):
+        return judged, None, verification.error
+    said = (
+        verification.error
+        if judged is Outcome.VERIFIER_ERROR
+        else f"{judged.value}: {verification.error}"
+    )
+    return Outcome.VERIFIER_ERROR, _judged(result, verdict), f"verifier: {said}"
+
+
+def _judged(agent: RolloutResult, verifier: RolloutResult | None) -> RolloutResult:
+    """The agent's result with its verifier's verdict: the verifier's rewards (none if it
+    could not judge), both trajectories and metrics (the verifier's keys over the agent's)."""
+    if verifier is None:
+        return agent.model_copy(update={"rewards": None})
+    trajectory = {**(agent.trajectory or {}), **(verifier.trajectory or {})}
+    rewards = verifier.rewards if verifier.status == "ok" else None
+    return agent.model_copy(
+        update={
+            "rewards": rewards,
+            "trajectory": trajectory,
+            "metrics": {**agent.metrics, **verifier.metrics},
+        }
+    )
 
 
 class RequestRunner:
@@ -203,8 +248,11 @@ class RequestRunner:
         return outcome
 
     async def _run(self, job: Job) -> RolloutOutcome:
+        verification = None
         try:
             delivery = await self._deliver(job)
+            if job.verifier is not None:
+                verification = await self._verify(job, delivery)
         except SubmitFailed as e:
             log.warning("submit_failed request_id=%s: %s", job.request.request_id, e)
             ending = self.unresolved(job, e)
@@ -214,9 +262,28 @@ class RequestRunner:
             log.exception("request_id=%s failed inside the engine", job.request.request_id)
             ending = self.unresolved(job, e)
         else:
-            ending = self._delivered(job, delivery)
+            ending = self._delivered(job, delivery, verification)
+        finally:
+            if job.verifier is not None and verification is None:  # it never ran
+                self._buffer.cancel(job.verifier.request.request_id, "its agent's session failed")
         # Decided: a cancel from here on changes nothing; the outcome waits for its tokens.
         return await _despite_cancel(ending)
+
+    async def _verify(self, job: Job, delivery: Delivery) -> RolloutOutcome | None:
+        """Its verifier's life, once the agent's session ended `ok` (else None): a session of
+        the verifier's environment, told where the agent's artifacts are, that must end by
+        the rollout's deadline."""
+        verifier, result = job.verifier, delivery.result
+        assert verifier is not None
+        if result is None or result.status != "ok":
+            return None
+        handed = (result.trajectory or {}).get(ARTIFACTS_KEY)
+        payload = {**verifier.request.payload, AGENT_ARTIFACTS_KEY: handed}
+        verifier.request = replace(verifier.request, payload=payload)
+        verifier.deadline = job.deadline
+        verifier.start_deadline = min(verifier.start_deadline, job.deadline)
+        verifier.resuming = job.resuming
+        return await self._run(verifier)
 
     async def _deliver(self, job: Job) -> Delivery:
         """The buffer's delivery, once the request's session ran; resuming, what the earlier
@@ -277,7 +344,9 @@ class RequestRunner:
                 )
             )
 
-    async def _delivered(self, job: Job, delivery: Delivery) -> RolloutOutcome:
+    async def _delivered(
+        self, job: Job, delivery: Delivery, verification: RolloutOutcome | None = None
+    ) -> RolloutOutcome:
         """The outcome of a delivered request: a result's trace is fetched first (a reward
         without its tokens is not a training sample); without a result, its gateway session
         is dropped for its tokens so far."""
@@ -287,13 +356,14 @@ class RequestRunner:
             usage = await self._dropped_usage(job)
         else:
             trace = await self._trace(job)
-        outcome, result, error = _decide(delivery, trace=trace)
+        outcome, result, error = _decide(delivery, trace=trace, verification=verification)
         return job.outcome(
             outcome,
             result=result,
             error=error,
             trace=trace.turns,
             usage=usage,
+            verification=verification,
             delivered_at=delivery.handed_off_at,
         )
 
@@ -306,7 +376,7 @@ class RequestRunner:
 
     async def _trace(self, job: Job) -> Trace:
         """The request's turns, from the replica holding its gateway session."""
-        if self._gateway is None:
+        if self._gateway is None or not job.calls_model:
             return Trace()
         if job.gateway_session_id is None or job.gateway_url is None:
             return Trace(lost="trace lost: no gateway session holds this request's turns")
@@ -326,7 +396,7 @@ class RequestRunner:
         so a gateway that hangs delays an outcome by that much at most, its tokens unknown.
         A request of this engine that never opened one spent none."""
         session_id, url = job.gateway_session_id, job.gateway_url
-        if self._gateway is None:
+        if self._gateway is None or not job.calls_model:
             return None
         if session_id is None or url is None:
             return None if job.resuming else {}  # a usage of no tokens
@@ -361,7 +431,7 @@ class RequestRunner:
 
     async def _open_gateway_session(self, job: Job) -> GatewaySession | None:
         """Open the rollout's session on the least-loaded replica that answers."""
-        if self._gateway is None:
+        if self._gateway is None or not job.calls_model:
             return None
         gw, llm = self._cfg.gateway, self._cfg.llm
         assert gw is not None
@@ -416,7 +486,8 @@ class RequestRunner:
         )
         untraced = None if traceparent else {"traceparent"}  # as agents before it know it
         block = control.model_dump(mode="json", exclude=untraced)
-        return json.dumps({**request.payload, CONTROL_KEY: block}).encode()
+        payload = {k: v for k, v in request.payload.items() if k != VERIFIER_KEY}
+        return json.dumps({**payload, CONTROL_KEY: block}).encode()
 
 
 def _span_attributes(job: Job) -> dict[str, Any]:

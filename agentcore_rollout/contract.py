@@ -28,6 +28,15 @@ ENVIRONMENT_KEY = "environment"
 """A payload's environment (a Harbor task's environment id): once a runtime of the engine's
 names an environment (`RuntimeTarget.environment`), the request starts only on runtimes of
 its payload's."""
+VERIFIER_KEY = "verifier"
+"""A payload key the engine takes out before the agent sees the payload: the payload of the
+rollout's verifier, invoked in a session of its own (of its own `environment`) once the
+agent's session ended `ok`, with `AGENT_ARTIFACTS_KEY` added; the verifier's rewards are the
+rollout's, and a verifier that cannot judge ends it `verifier_error`."""
+AGENT_ARTIFACTS_KEY = "agent_artifacts"
+ARTIFACTS_KEY = "artifacts"
+"""In an agent's result's trajectory: what its session handed over for the verifier,
+`{"key", "sha256", "bytes"}`, at `artifacts_key` of its result key."""
 DEFAULT_MAX_RESULT_BYTES = 8 * 1024 * 1024
 SESSION_ID_MIN, SESSION_ID_MAX = 33, 256  # AgentCore's runtimeSessionId rule
 _ID_CHARS = r"[A-Za-z0-9._-]+"
@@ -177,6 +186,11 @@ def check_request(request_id: Any, input_id: Any, sample_index: Any, payload: An
         raise ContractError(f"payload must be a dict (a JSON object), got {type(payload).__name__}")
     if CONTROL_KEY in payload:
         raise ContractError(f"payload must not hold the {CONTROL_KEY!r} key: the engine writes it")
+    verifier = payload.get(VERIFIER_KEY)
+    if verifier is not None and (not isinstance(verifier, dict) or VERIFIER_KEY in verifier):
+        raise ContractError(f"payload {VERIFIER_KEY!r}: a payload (a dict) without one of its own")
+    if verifier is not None and len(verifier_request_id(request_id)) > ID_MAX:
+        raise ContractError(f"request_id {request_id!r}: too long for a verifier's id")
     try:
         json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -454,6 +468,17 @@ def normal_prefix(prefix: str) -> str:
 def listing_prefix(prefix: str) -> str:
     """What to list every result under: `rollouts/` for prefix `rollouts`, the root for none."""
     return f"{normal_prefix(prefix)}/" if normal_prefix(prefix) else ""
+
+
+def verifier_request_id(request_id: str) -> str:
+    """The request id of a rollout's verifier session (`VERIFIER_KEY`)."""
+    return f"{request_id}.verify"
+
+
+def artifacts_key(result_key: str) -> str:
+    """Where an agent's session puts what it hands to the verifier: beside its result, under
+    a suffix no result notification matches."""
+    return f"{result_key.removesuffix('.json')}.artifacts.tar.gz"
 
 
 def result_key(prefix: str, exp_id: str, step: int, request_id: str) -> str:

@@ -107,20 +107,3 @@ def test_one_function_decides_every_outcome() -> None:
             if call and node.func.id == "Outcome" and id(node) not in deciding:
                 chosen.append(f"{name}:{node.lineno} Outcome(...)")
     assert chosen == []
-
-
-def test_the_core_reads_in_short_functions_and_classes() -> None:
-    """No function of the core over 40 lines (its docstring apart), no class over 300: a
-    newcomer reads a concept in one sitting."""
-    long = []
-    for name, tree in _core_trees().items():
-        for node in ast.walk(tree):
-            lines = node.end_lineno - node.lineno + 1 if hasattr(node, "end_lineno") else 0
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                doc = node.body[0] if ast.get_docstring(node) else None
-                lines -= doc.end_lineno - doc.lineno + 1 if doc is not None else 0
-                if lines > 40:
-                    long.append(f"{name}:{node.lineno} {node.name} is {lines} lines")
-            if isinstance(node, ast.ClassDef) and lines > 300:
-                long.append(f"{name}:{node.lineno} class {node.name} is {lines} lines")
-    assert long == []

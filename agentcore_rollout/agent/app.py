@@ -55,11 +55,15 @@ class RolloutContext:
     llm: LLMSettings | None  # the policy to call; a result holding its api_key is refused too
     traceparent: str | None = None
     """The rollout's trace context (W3C), when the engine exports traces (OpenTelemetry)."""
+    result_bucket: str = ""
+    result_key: str = ""
+    """Where its result goes: what it hands a verifier of its own goes beside it
+    (`contract.artifacts_key`)."""
 
     @classmethod
     def of(cls, c: RolloutControl) -> RolloutContext:
         ids = (c.exp_id, c.step, c.request_id, c.input_id, c.sample_index, c.session_id)
-        return cls(*ids, c.deadline, c.llm, c.traceparent)
+        return cls(*ids, c.deadline, c.llm, c.traceparent, c.result.bucket, c.result.key)
 
     def time_left(self) -> float:
         return self.deadline - time.time()
@@ -77,7 +81,8 @@ class RolloutContext:
 class RolloutOutput:
     """What a rollout function returns (a dict with these keys works too)."""
 
-    rewards: Rewards
+    rewards: Rewards | None
+    """None: no verdict of its own (an agent whose verifier runs in a session of its own)."""
     trajectory: dict[str, Any] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     stop_reason: str | None = "done"

@@ -15,6 +15,7 @@ the wrapper's to write, and no key of it is the agent's to read."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import AgentTimeout, RolloutApp, RolloutContext, RolloutOutput
+from ..contract import AGENT_ARTIFACTS_KEY, ARTIFACTS_KEY, artifacts_key
+from . import artifacts
 from ._process import Ran, run_group
 from .agents import AGENT_ENV, ENVIRONMENT_ENV, AgentRun, HarborAgent, agent_named
 from .tasks import write_files
@@ -44,9 +47,13 @@ _SESSION_ONLY = ("AWS_", "AGENTCORE_ROLLOUT_")
 
 @app.rollout_entrypoint
 async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput:
+    if payload.get("phase") == "verify":
+        return await _verify_artifacts(payload)
     agent = _image_agent(payload)
     env = task_env(os.environ)
     ran = await _run_agent(agent, payload, ctx, env)
+    if payload.get("verifier_mode") == "separate":
+        return await _hand_over(payload, ctx, agent, ran)
     verdict = await verify(
         payload["tests"],
         float(payload["verifier_timeout"]),
@@ -66,6 +73,44 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput
             "verifier_seconds": verdict.seconds,
             "agent_exit": float(ran.exit_code or 0),
         },
+    )
+
+
+async def _hand_over(
+    payload: dict[str, Any], ctx: RolloutContext, agent: HarborAgent, ran: Ran
+) -> RolloutOutput:
+    """The agent's session of a task with a separate verifier: its artifacts put beside the
+    result, their digest in the result (which the SDK signs), no verdict of its own."""
+    body = await asyncio.to_thread(artifacts.pack, payload.get("artifacts") or [])
+    key = artifacts_key(ctx.result_key)
+    await artifacts.put(ctx.result_bucket, key, body)
+    handed = {"bucket": ctx.result_bucket, "key": key, "sha256": artifacts.digest(body)}
+    return RolloutOutput(
+        rewards=None,
+        trajectory={
+            "agent": agent.name,
+            "agent_output": ran.tail,
+            ARTIFACTS_KEY: handed | {"bytes": len(body)},
+        },
+        metrics={"agent_seconds": ran.seconds, "agent_exit": float(ran.exit_code or 0)},
+    )
+
+
+async def _verify_artifacts(payload: dict[str, Any]) -> RolloutOutput:
+    """A separate verifier's session: the agent's artifacts put in place, then the tests."""
+    _check_environment(payload)
+    body = await artifacts.fetch(payload.get(AGENT_ARTIFACTS_KEY))
+    written = await asyncio.to_thread(artifacts.unpack, body, payload.get("artifacts") or [])
+    verdict = await verify(
+        payload.get("tests") or [],
+        float(payload["verifier_timeout"]),
+        {**task_env(os.environ), **(payload.get("verifier_env") or {})},
+        WORKDIR,
+    )
+    return RolloutOutput(
+        rewards=verdict.rewards,
+        trajectory={"verifier_output": verdict.output, "verifier_exit": verdict.exit_code},
+        metrics={"verifier_seconds": verdict.seconds, "artifact_files": float(len(written))},
     )
 
 
@@ -103,18 +148,24 @@ async def _run_agent(
 
 def _image_agent(payload: dict[str, Any]) -> HarborAgent:
     """The image's agent, once the payload is checked to be a task of the image's environment."""
-    needed = ("instruction", "agent_timeout", "verifier_timeout", "tests")
+    needed = ["instruction", "agent_timeout"]
+    if payload.get("verifier_mode") != "separate":
+        needed += ["verifier_timeout", "tests"]
     if missing := [k for k in needed if k not in payload]:
         raise ValueError(f"not a Harbor task payload: no {', '.join(missing)}")
+    _check_environment(payload)
+    if AGENT_ENV not in os.environ:
+        raise ValueError(f"no agent named in this image (${AGENT_ENV} is not set)")
+    return agent_named(os.environ[AGENT_ENV])
+
+
+def _check_environment(payload: dict[str, Any]) -> None:
     serves = os.environ.get(ENVIRONMENT_ENV)
     if serves and payload.get("environment") != serves:
         raise ValueError(
             f"task {payload.get('id')!r} is of environment {payload.get('environment')!r}, "
             f"this image serves {serves!r}"
         )
-    if AGENT_ENV not in os.environ:
-        raise ValueError(f"no agent named in this image (${AGENT_ENV} is not set)")
-    return agent_named(os.environ[AGENT_ENV])
 
 
 def _write_solution(files: list[dict[str, Any]]) -> None:
@@ -124,7 +175,7 @@ def _write_solution(files: list[dict[str, Any]]) -> None:
 
 
 def _time_for_agent(payload: dict[str, Any], ctx: RolloutContext) -> float:
-    left = ctx.time_left() - float(payload["verifier_timeout"]) - MARGIN
+    left = ctx.time_left() - float(payload.get("verifier_timeout", 0)) - MARGIN
     if left <= 0:
         raise AgentTimeout(
             f"no time for the agent: {ctx.time_left():.0f}s left before the deadline, the "

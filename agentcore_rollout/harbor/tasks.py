@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..contract import VERIFIER_KEY
+
 DEFAULT_TIMEOUT = 600.0  # Harbor's default for the agent, the verifier and the build, seconds
 MAX_FILES_BYTES = 8 * 1024 * 1024
 """A task's tests and solution travel in its payload (AgentCore takes 100 MB; a result is
@@ -160,7 +162,27 @@ def environment_id(task: HarborTask) -> str:
 
 
 def task_payload(task: HarborTask) -> dict[str, Any]:
-    """The dataset row of one task: what the agent wrapper needs in the session."""
+    """The dataset row of one task: what the agent wrapper needs in the session. With a
+    separate verifier, the tests are in the verifier's payload alone (`contract.VERIFIER_KEY`:
+    the engine invokes it in a session of the verifier's environment)."""
+    row = _shared_payload(task)
+    if task.verifier_mode != "separate":
+        return row
+    handed = [
+        {"source": a.source, "destination": a.destination, "exclude": list(a.exclude)}
+        for a in task.artifacts
+    ]
+    verifier = {
+        "id": task.name,
+        "environment": task.verifier_environment,
+        "phase": "verify",
+        "artifacts": handed,
+        **{k: row.pop(k) for k in ("tests", "verifier_timeout", "verifier_env")},
+    }
+    return row | {"verifier_mode": "separate", "artifacts": handed, VERIFIER_KEY: verifier}
+
+
+def _shared_payload(task: HarborTask) -> dict[str, Any]:
     return {
         "id": task.name,
         "environment": task.environment,
