@@ -90,6 +90,7 @@ class AgentCoreRolloutStack(cdk.Stack):
             service="s3", region="", account="", resource=self.bucket_name
         )
         self.results_arn = f"{self.bucket_arn}/{prefix}/*"
+        self.artifacts_arn = f"{self.bucket_arn}/{prefix}/*.artifacts.tar.gz"
         self.runtime_arn_pattern = self.format_arn(
             service="bedrock-agentcore",
             resource="runtime",
@@ -276,6 +277,13 @@ class AgentCoreRolloutStack(cdk.Stack):
                 sid="WriteRolloutResults",
                 actions=["s3:PutObject"],
                 resources=[self.results_arn],
+            ),
+            # A separate verifier's session reads what the agent's session put beside its
+            # result (`contract.artifacts_key`), nothing else: results stay write-only.
+            iam.PolicyStatement(
+                sid="ReadHandedArtifacts",
+                actions=["s3:GetObject"],
+                resources=[self.artifacts_arn],
             ),
             iam.PolicyStatement(
                 sid="NotifyQueue", actions=["sqs:SendMessage"], resources=[self.queue.queue_arn]

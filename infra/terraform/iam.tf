@@ -38,6 +38,13 @@ data "aws_iam_policy_document" "runtime" {
     resources = [local.results_arn]
   }
 
+  # A separate verifier's session reads what the agent's session put beside its result.
+  statement {
+    sid       = "ReadHandedArtifacts"
+    actions   = ["s3:GetObject"]
+    resources = ["${local.results_arn}.artifacts.tar.gz"]
+  }
+
   statement {
     sid       = "NotifyQueue"
     actions   = ["sqs:SendMessage"]

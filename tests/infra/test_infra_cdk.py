@@ -6,6 +6,7 @@ cached synthesis: default (no runtime, PUBLIC), runtime enabled, and VPC.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.component
 
 RUNTIME_ROLE_ACTIONS = {
     "s3:PutObject",
+    "s3:GetObject",  # a separate verifier's: only what agents handed over (*.artifacts.tar.gz)
     "sqs:SendMessage",
     "ecr:BatchGetImage",
     "ecr:GetDownloadUrlForLayer",
@@ -269,6 +271,20 @@ def test_runtime_role_is_trusted_by_agentcore_in_this_account_only(template: Tem
             }
         },
     )
+
+
+def test_runtime_role_reads_only_handed_artifacts(raw: dict[str, Any]) -> None:
+    """Agents' sessions write results and never read them: the one read is a separate
+    verifier's, of the objects agents' sessions put beside their results."""
+    reads = [
+        s
+        for where, doc in policy_documents(raw)
+        if where.startswith("RuntimeRole")
+        for s in doc["Statement"]
+        if "s3:GetObject" in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    ]
+    assert [s["Sid"] for s in reads] == ["ReadHandedArtifacts"]
+    assert json.dumps(reads[0]["Resource"]).endswith('"/*.artifacts.tar.gz"]]}')
 
 
 def test_runtime_role_and_trainer_policy_have_exactly_the_needed_actions(
