@@ -285,6 +285,25 @@ class RequestDispatcher:
         endpoint.started += 1
         return Started(sent, payload_deadline, endpoint.name)
 
+    async def invoke_again(self, session: LiveSession, payload: bytes) -> None:
+        """A further invocation of the slot's session, where it started (on AgentCore the
+        same microVM): it takes the account's data-plane rate, never a new session's start.
+        Retried like a start; giving up raises SubmitFailed."""
+        endpoint = self._endpoints.get(session.endpoint or "")
+        if endpoint is None or not session.maybe_started:
+            raise SubmitFailed(f"session {session.session_id} is not running here")
+        for attempt in range(self._cfg.max_retries + 1):
+            await endpoint.account.calls.acquire()
+            self.invokes += 1
+            try:
+                return await endpoint.runtime.invoke(session.session_id, payload)
+            except SessionCallError as e:
+                self.invoke_errors[e.code] += 1
+                if not e.retryable or attempt == self._cfg.max_retries:
+                    raise SubmitFailed(f"invoking its session again: {e}") from None
+            delay = backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
+            await asyncio.sleep(delay)
+
     def _count_failed_start(self, endpoint: EndpointState, error: SessionCallError) -> None:
         self.invoke_errors[error.code] += 1
         if error.outage:

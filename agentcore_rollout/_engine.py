@@ -27,6 +27,7 @@ from ._stats import EngineStats
 from ._tracing import flush as flush_spans
 from .config import EngineConfig
 from .contract import (
+    ENVIRONMENT_KEY,
     VERIFIER_KEY,
     check_request,
     new_run_secret,
@@ -283,11 +284,14 @@ class RolloutEngine:
         on_start: Callable[[RolloutStart], None] | None,
         *,
         checked_step: bool = True,
+        in_session_of: str | None = None,
     ) -> Job:
         """Check the request and its step, and register it with the buffer (so no result
         arrives unclaimed): its job."""
         check_request(request.request_id, request.input_id, request.sample_index, request.payload)
-        environment = self._dispatcher.environment_of(request.payload)
+        in_session = in_session_of is not None  # a verifier in its agent's session
+        environment = None if in_session else self._dispatcher.environment_of(request.payload)
+        # (its agent's session decides where it runs)
         cfg, submitted = self.config, time.time()
         step = self._step if step is None else step
         unbounded = cfg.limits.stale_policy == "keep" or not checked_step
@@ -299,13 +303,21 @@ class RolloutEngine:
             )
         verifier = request.payload.get(VERIFIER_KEY)
         if verifier is not None:  # its own request, checked and registered with the agent's
-            verifier = RolloutRequest(
-                verifier,
-                request.input_id,
-                request.sample_index,
-                verifier_request_id(request.request_id),
+            own = verifier.get(ENVIRONMENT_KEY) is not None  # else: in the agent's session
+            verifier = self._job(
+                RolloutRequest(
+                    verifier,
+                    request.input_id,
+                    request.sample_index,
+                    verifier_request_id(request.request_id),
+                ),
+                step,
+                timeout,
+                deadline,
+                None,
+                checked_step=False,
+                in_session_of=None if own else session_id(cfg.exp_id, step, request.request_id),
             )
-            verifier = self._job(verifier, step, timeout, deadline, None, checked_step=False)
             verifier.calls_model = False
         deadline = math.inf if deadline is None else deadline
         sig_key = signing_key(self._run_secret, cfg.exp_id, request.request_id)
@@ -313,7 +325,7 @@ class RolloutEngine:
         return Job(
             request=request,
             step=step,
-            session_id=session_id(cfg.exp_id, step, request.request_id),
+            session_id=in_session_of or session_id(cfg.exp_id, step, request.request_id),
             sig_key=sig_key,
             result_key=self._buffer.expect(request.request_id, step=step, sig_key=sig_key),
             timeout=cfg.limits.rollout_timeout if timeout is None else timeout,
@@ -324,6 +336,7 @@ class RolloutEngine:
             on_start=on_start,
             prices=cfg.cost,
             verifier=verifier,
+            in_session=in_session,
         )
 
     def _run(self, job: Job) -> RolloutHandle:

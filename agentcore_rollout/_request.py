@@ -78,7 +78,11 @@ class Job:
     gateway_url: str | None = None  # the replica its gateway session is on
     stale: str | None = None  # why `set_step` ended it, if it did
     spans: RolloutSpans = UNTRACED  # its trace, when OpenTelemetry is configured
-    verifier: Job | None = None  # its verifier's session, run once its agent's ended ok
+    verifier: Job | None = None
+    """Its verifier, run once its agent's session ended ok: in a session of its own
+    `environment`, or (None) invoked again in the agent's session."""
+    verification: RolloutOutcome | None = None  # that verifier's outcome, once it ran
+    in_session: bool = False  # a verifier invoked again in its agent's session
     calls_model: bool = True  # False: no gateway session (a verifier's)
 
     def took_over(
@@ -108,7 +112,8 @@ class Job:
             finished,
             trace if trace is not None or usage is None else {"usage": usage},
         )
-        if verification is not None and verification.cost is not None:  # its sandbox's
+        own_session = self.verifier is not None and not self.verifier.in_session
+        if verification is not None and verification.cost is not None and own_session:
             spent = verification.cost
             cost = replace(
                 cost,
@@ -161,12 +166,13 @@ def _decide(
     stale: str | None = None,
     trace: Trace = Trace(),
     verification: RolloutOutcome | None = None,
+    verified: bool = False,
 ) -> tuple[Outcome, RolloutResult | None, str | None]:
     """The outcome, the result it keeps and the error it reports, from what happened: no
     delivery because of `failure` (a `SubmitFailed`, a cancel, `stale` if `set_step` made it,
     or a bug), else the buffer's delivery, what the gateway kept of its turns and, for a
-    rollout with a verifier of its own, that verifier's outcome: its rewards are the
-    rollout's, and any way it failed to judge is `verifier_error`."""
+    rollout `verified` by a verifier of its own, that verifier's outcome: its rewards are the
+    rollout's, and any way it failed to judge (or never ran) is `verifier_error`."""
     if delivery is None:
         if isinstance(failure, SubmitFailed):
             return Outcome.SUBMIT_FAILED, None, str(failure)
@@ -187,8 +193,10 @@ def _decide(
         return Outcome.INVALID_RESULT, None, f"{trace.lost}{said}"
     if trace.lost is not None and outcome is Outcome.OK:  # a reward without its tokens
         return Outcome.INVALID_RESULT, None, trace.lost
-    if verification is None or outcome is not Outcome.OK:
+    if not verified or outcome is not Outcome.OK:
         return outcome, result, error
+    if verification is None:  # a restart found the agent's result: its session is gone
+        return Outcome.VERIFIER_ERROR, _judged(result, None), "verifier: never ran"
     judged, verdict = verification.outcome, verification.result
     if judged is Outcome.OK and verdict is not None:
         return Outcome.OK, _judged(result, verdict), None
@@ -248,11 +256,10 @@ class RequestRunner:
         return outcome
 
     async def _run(self, job: Job) -> RolloutOutcome:
-        verification = None
         try:
             delivery = await self._deliver(job)
-            if job.verifier is not None:
-                verification = await self._verify(job, delivery)
+            if job.verifier is not None and not job.verifier.in_session:
+                job.verification = await self._verify(job, delivery)
         except SubmitFailed as e:
             log.warning("submit_failed request_id=%s: %s", job.request.request_id, e)
             ending = self.unresolved(job, e)
@@ -262,9 +269,9 @@ class RequestRunner:
             log.exception("request_id=%s failed inside the engine", job.request.request_id)
             ending = self.unresolved(job, e)
         else:
-            ending = self._delivered(job, delivery, verification)
+            ending = self._delivered(job, delivery, job.verification)
         finally:
-            if job.verifier is not None and verification is None:  # it never ran
+            if job.verifier is not None and job.verification is None:  # it never ran
                 self._buffer.cancel(job.verifier.request.request_id, "its agent's session failed")
         # Decided: a cancel from here on changes nothing; the outcome waits for its tokens.
         return await _despite_cancel(ending)
@@ -285,6 +292,28 @@ class RequestRunner:
         verifier.resuming = job.resuming
         return await self._run(verifier)
 
+    async def _verify_in_session(
+        self, job: Job, session: LiveSession, delivery: Delivery
+    ) -> RolloutOutcome | None:
+        """Its verifier in the agent's own session, once the agent's session ended `ok` (else
+        None): a second invocation there, after the agent and all it started are gone, so
+        what the verifier brings (the tests) was never in the session while the agent ran."""
+        verifier, result = job.verifier, delivery.result
+        assert verifier is not None
+        if result is None or result.status != "ok":
+            return None
+        verifier.session, verifier.deadline = session, job.deadline
+        verifier.started_at, verifier.running = time.time(), True
+        try:
+            await self._dispatcher.invoke_again(
+                session, self._payload(verifier, job.deadline, None, None)
+            )
+        except SubmitFailed as e:
+            return await self.unresolved(verifier, e)
+        lost = self._dispatcher.lost(session)
+        found = await self._buffer.wait(verifier.request.request_id, job.deadline, lost)
+        return await self._delivered(verifier, found)
+
     async def _deliver(self, job: Job) -> Delivery:
         """The buffer's delivery, once the request's session ran; resuming, what the earlier
         engine's session wrote, or waits to write."""
@@ -304,7 +333,10 @@ class RequestRunner:
                 job.took_over(earlier.gateway_session_id, earlier.gateway_url, self._gateway)
             else:
                 await self._start(job, session)
-            return await self._buffer.wait(rid, job.deadline, self._dispatcher.lost(session))
+            delivery = await self._buffer.wait(rid, job.deadline, self._dispatcher.lost(session))
+            if job.verifier is not None and job.verifier.in_session:
+                job.verification = await self._verify_in_session(job, session, delivery)
+            return delivery
 
     async def _its_gateway_session(self, job: Job) -> tuple[str | None, str | None]:
         """The gateway session (id, replica) holding the turns of a result an earlier engine's
@@ -356,7 +388,9 @@ class RequestRunner:
             usage = await self._dropped_usage(job)
         else:
             trace = await self._trace(job)
-        outcome, result, error = _decide(delivery, trace=trace, verification=verification)
+        outcome, result, error = _decide(
+            delivery, trace=trace, verification=verification, verified=job.verifier is not None
+        )
         return job.outcome(
             outcome,
             result=result,

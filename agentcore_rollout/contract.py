@@ -471,8 +471,16 @@ def listing_prefix(prefix: str) -> str:
 
 
 def verifier_request_id(request_id: str) -> str:
-    """The request id of a rollout's verifier session (`VERIFIER_KEY`)."""
-    return f"{request_id}.verify"
+    """The request id of a rollout's verifier (`VERIFIER_KEY`)."""
+    return f"{request_id}{_VERIFIER_SUFFIX}"
+
+
+def agent_request_id(request_id: str) -> str:
+    """Inverse of `verifier_request_id`."""
+    return request_id.removesuffix(_VERIFIER_SUFFIX)
+
+
+_VERIFIER_SUFFIX = ".verify"
 
 
 def artifacts_key(result_key: str) -> str:

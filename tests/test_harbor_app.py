@@ -8,12 +8,13 @@ from __future__ import annotations
 import base64
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from agentcore_rollout import ConfigError
-from agentcore_rollout.agent import AgentTimeout, RolloutContext
+from agentcore_rollout.agent import AgentTimeout, RolloutContext, VerifierError
 from agentcore_rollout.cli.config import load_config
 from agentcore_rollout.harbor import app as wrapper
 from agentcore_rollout.harbor import images, verifier
@@ -60,17 +61,37 @@ def _file(path: str, text: str) -> dict[str, object]:
 
 
 def _payload(solve: str = SOLVE_SH, agent_timeout: float = 30) -> dict[str, object]:
+    """The agent's invocation, as `task_payload` makes it for `oracle` (its verifier's apart)."""
     return {
         "id": "t1",
         "environment": "env1",
         "instruction": "write done to done.txt",
         "agent_timeout": agent_timeout,
         "verifier_timeout": 30,
-        "verifier_env": {},
+        "verifier_mode": "shared",
         "solution_env": {},
-        "tests": [_file("test.sh", TEST_SH)],
         "solution": [_file("solve.sh", solve)],
     }
+
+
+def _verifier() -> dict[str, object]:
+    """The verifier's invocation, in the same session once the agent's has ended."""
+    tests = [_file("test.sh", TEST_SH)]
+    return {
+        "id": "t1",
+        "phase": "verify",
+        "verifier_timeout": 30,
+        "verifier_env": {},
+        "tests": tests,
+    }
+
+
+async def _rollout(payload: dict[str, object], ctx: RolloutContext | None = None):
+    """The agent's invocation, then the verifier's in the same session: their outputs."""
+    ctx = ctx or _ctx()
+    agent = await wrapper.rollout(payload, ctx)
+    verify_ctx = replace(ctx, request_id=f"{ctx.request_id}.verify")
+    return agent, await wrapper.rollout(_verifier(), verify_ctx)
 
 
 def _exists(path: str) -> bool:
@@ -82,23 +103,24 @@ def _ctx(seconds: float = 120) -> RolloutContext:
 
 
 async def test_the_oracle_solves_in_the_workdir_and_the_tests_arrive_only_after_it(roots):
-    output = await wrapper.rollout(_payload(), _ctx())
+    agent, output = await _rollout(_payload())
+    assert agent.rewards is None  # the agent's invocation judges nothing
     assert output.rewards == 1.0
     assert (roots / "tests-then").read_text() == ""  # /tests empty while the agent ran
     assert (roots / "tests-now").read_text().split() == ["test.sh"]
-    assert output.trajectory["agent"] == "oracle"
+    assert agent.trajectory["agent"] == "oracle"
     assert output.trajectory["verifier_output"] == "verifier says 1"
     assert output.trajectory["verifier_exit"] == 0
-    home, aws = output.trajectory["agent_output"].split()
+    home, aws = agent.trajectory["agent_output"].split()
     assert aws == "aws=none" and home != f"home={os.environ.get('HOME')}"  # its own HOME
     assert not _exists(home.removeprefix("home="))  # and gone after
-    assert output.metrics["agent_exit"] == 0 and output.metrics["agent_seconds"] > 0
+    assert agent.metrics["agent_exit"] == 0 and agent.metrics["agent_seconds"] > 0
     assert (roots / "logs" / "agent" / "output.txt").read_text().startswith("home=")
 
 
 async def test_nop_leaves_the_task_undone_and_gets_no_solution(roots, monkeypatch):
     monkeypatch.setenv(AGENT_ENV, NOP.name)
-    output = await wrapper.rollout(_payload(), _ctx())
+    _, output = await _rollout(_payload())
     assert output.rewards == 0.0
     assert not (roots / "solution").exists()
 
@@ -128,8 +150,15 @@ async def test_a_task_of_another_environment_is_refused(roots, monkeypatch):
 
 
 async def test_a_payload_that_is_no_task_is_refused(roots):
-    with pytest.raises(ValueError, match=r"^not a Harbor task payload: no agent_timeout, tests$"):
+    with pytest.raises(ValueError, match=r"^not a Harbor task payload: no agent_timeout$"):
         await wrapper.rollout({"instruction": "x", "verifier_timeout": 1}, _ctx())
+
+
+async def test_a_verifier_in_a_session_where_its_agent_never_ran_cannot_judge(roots):
+    """A session that ended and was made anew under its id holds none of the agent's work:
+    its tests would score a fresh environment 0."""
+    with pytest.raises(VerifierError, match="the agent's session is gone"):
+        await wrapper.rollout(_verifier(), replace(_ctx(), request_id="elsewhere.verify"))
 
 
 def test_the_wrapper_gives_the_agent_the_images_environment_without_the_sessions():
@@ -168,7 +197,12 @@ def test_the_example_tasks_share_one_environment_between_two():
 
     tasks = read_tasks(ROOT / "examples/harbor_tasks")
     assert len(tasks) == 4 and len({t.environment for t in tasks}) == 3
-    assert all(task_payload(t)["solution"] for t in tasks)
+    assert all(task_payload(t, solution=True)["solution"] for t in tasks)
+    for task in tasks:  # the agent's session never holds the tests; only oracle's the solution
+        row = task_payload(task)
+        assert "tests" not in row and row["solution"] == [] and row["solution_env"] == {}
+        assert [f["path"] for f in row["verifier"]["tests"]] == ["test.sh"]
+        assert "environment" not in row["verifier"]  # shared: invoked again in its session
 
 
 def test_an_unknown_harbor_agent_is_one_line(tmp_path):

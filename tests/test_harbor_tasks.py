@@ -75,14 +75,16 @@ def test_a_task_is_one_row_its_tests_travel_as_files(tmp_path):
     folder = _task(tmp_path, "t", files={"tests/data/in.csv": "x,1\n"})
     (folder / "tests" / "test.sh").chmod(0o755)
     (task,) = read_tasks(tmp_path)
-    row = task_payload(task)
+    row = task_payload(task, solution=True)
     assert row["id"] == "t" and row["instruction"] == "Do t.\n"
     assert row["environment"] == task.environment
-    assert [f["path"] for f in row["tests"]] == ["data/in.csv", "test.sh"]
+    tests = row["verifier"]["tests"]  # the verifier's alone: never in the agent's session
+    assert "tests" not in row and [f["path"] for f in tests] == ["data/in.csv", "test.sh"]
     assert [f["path"] for f in row["solution"]] == ["solve.sh"]
+    assert task_payload(task)["solution"] == []  # only the oracle's row carries it
     json.dumps(row)  # a payload: JSON as it is
     into = tmp_path / "written"
-    write_files(row["tests"], into)
+    write_files(tests, into)
     assert (into / "data" / "in.csv").read_text() == "x,1\n"
     assert (into / "test.sh").stat().st_mode & 0o777 == 0o755
     escape = [{"path": "../out.sh", "mode": 0o644, "data": base64.b64encode(b"x").decode()}]

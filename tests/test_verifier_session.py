@@ -23,9 +23,15 @@ def _request(i: int, agent: dict, verifier: dict | None = None) -> RolloutReques
     return RolloutRequest(payload, f"task-{i}")
 
 
-async def test_the_verifier_session_judges_what_the_agent_session_handed_over(
-    moto, channel, emulator
-):
+def _in_session(i: int, agent: dict) -> RolloutRequest:
+    """Its verifier names no environment: invoked again in the agent's session."""
+    payload = {"environment": "agent-env", "verifier_mode": "shared", **agent}
+    return RolloutRequest(payload | {"verifier": {"phase": "verify"}}, f"shared-{i}")
+
+
+@pytest.fixture
+async def routed(moto, channel, emulator):
+    """An emulator serving the agent's and the verifier's environments, and its config."""
     emu = await emulator(app="tests.agents.judged:app", runtime_arns=(AGENT_ARN, VERIFIER_ARN))
     base = engine_config(moto, channel, emu, max_live_sessions=2)
     cfg = type(base).model_validate(
@@ -37,6 +43,11 @@ async def test_the_verifier_session_judges_what_the_agent_session_handed_over(
             ]
         }
     )
+    return emu, cfg
+
+
+async def test_the_verifier_session_judges_what_the_agent_session_handed_over(routed):
+    emu, cfg = routed
     requests = [
         _request(0, {"answer": 42}),
         _request(1, {"answer": 41}),
@@ -66,3 +77,16 @@ async def test_the_verifier_session_judges_what_the_agent_session_handed_over(
     arns = [arn for _, arn, _ in emu.sessions.created]
     assert (arns.count(AGENT_ARN), arns.count(VERIFIER_ARN)) == (5, 4)  # none after the crash
     assert right.cost.sandbox_seconds > 0
+
+
+async def test_a_verifier_without_an_environment_runs_in_the_agents_session_after_it(routed):
+    emu, cfg = routed
+    requests = [_in_session(0, {"answer": 42}), _in_session(1, {"answer": 7})]
+    async with RolloutEngine(cfg) as engine:
+        outcomes = [await h for h in [engine.submit(r) for r in requests]]
+        invokes = engine.stats().invokes
+    assert [(o.outcome, o.reward) for o in outcomes] == [(Outcome.OK, 1.0), (Outcome.OK, 0.0)]
+    assert outcomes[0].result.trajectory["agent_output"] == "left in the session"
+    arns = [arn for _, arn, _ in emu.sessions.created]
+    assert arns == [AGENT_ARN, AGENT_ARN]  # one session each: the verifier started none
+    assert invokes == 4 and len(emu.sessions.stopped) == 2

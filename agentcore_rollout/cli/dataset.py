@@ -21,14 +21,15 @@ MAX_SHOWN = 20  # bad rows named, one line each; the rest are counted
 BOM = b"\xef\xbb\xbf"  # an editor's byte-order mark is not data
 
 
-def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+def read_rows(path: Path, *, solution: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
     """(input_id, payload) per good non-empty line, lazily. The id names the row's group (its
     `n` samples): the row's `id`, as text (`7` -> "7"), or `line-<N>` if it has none (absent,
     null or ""). Bad rows are skipped and, once the file is read, raised as one UsageError
     naming each (one line per row), so every mistake is found in one pass. Harbor tasks are
-    a row each, named by their folder."""
+    a row each, named by their folder, their solutions in them only with `solution` (for
+    the `oracle` agent)."""
     if is_task_source(path):
-        yield from _task_rows(path)
+        yield from _task_rows(path, solution)
         return
     bad: list[str] = []
     seen: dict[str, int] = {}  # input_id -> its line; the only thing kept per row
@@ -59,9 +60,9 @@ def read_task_source(path: Path) -> list[HarborTask]:
         raise UsageError("\nerror: ".join(lines)) from None  # main() prints "error: "
 
 
-def _task_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+def _task_rows(path: Path, solution: bool) -> Iterator[tuple[str, dict[str, Any]]]:
     for task in read_task_source(path):
-        yield task.name, task_payload(task)
+        yield task.name, task_payload(task, solution=solution)
 
 
 def _check(raw: bytes, seen: dict[str, int], number: int) -> tuple[str, dict[str, Any]] | str:
@@ -108,12 +109,14 @@ def _row_id(value: Any, number: int) -> str | None:
     return None
 
 
-def journal_requests(path: Path, n: int, step: int, journal: Journal) -> int:
+def journal_requests(
+    path: Path, n: int, step: int, journal: Journal, *, solution: bool = False
+) -> int:
     """Check the dataset and journal its requests (`n` per row, samples 0..n-1: one group
     each) in one pass, before anything starts; how many. `run` then submits them from the
     journal as earlier ones end, so neither the dataset nor its requests are held whole."""
     total = 0
-    for input_id, row in read_rows(path):
+    for input_id, row in read_rows(path, solution=solution):
         journal.submitted([RolloutRequest(row, input_id, k) for k in range(n)], step)
         total += n
     return total

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from .. import EngineStats, Outcome, RolloutEngine, RolloutHandle
 from ..contract import new_run_secret
+from ..harbor.agents import agent_named
 from ..harbor.tasks import is_task_source
 from .config import Config
 from .dataset import journal_requests, read_task_source
@@ -117,7 +118,10 @@ def journal_dataset(config: Config, path: Path) -> int:
         cannot(path, e)
     try:
         with console.status(f"checking and journaling {data}"):
-            return journal_requests(data, config.run.n, config.run.step, Journal(lines))
+            solution = agent_named(config.harbor.agent).needs_solution  # oracle's alone
+            return journal_requests(
+                data, config.run.n, config.run.step, Journal(lines), solution=solution
+            )
     except KeyboardInterrupt:
         path.unlink(missing_ok=True)
         raise Interrupted(f"interrupted while reading {data}: nothing started") from None

@@ -90,3 +90,39 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(end.decode(errors="replace").splitlines()[-lines:])
+
+
+async def kill_all_but_this(rounds: int = 50) -> int:
+    """In a session's own PID namespace (this wrapper is PID 1 or its init's child), SIGKILL
+    every process but PID 1 and this one: whatever the agent left, however it detached
+    (`setsid`, double fork), is gone before the verifier runs. Each round stops them all
+    first, so a process forking in a loop cannot outrun it. Outside such a namespace (the
+    wrapper run on a host, as the unit tests do) nothing is killed: 0."""
+    me = os.getpid()
+    if me != 1 and os.getppid() != 1:
+        return 0
+    seen: set[int] = set()
+    for _ in range(rounds):
+        victims = [pid for pid in _pids() if pid not in (1, me) and not _zombie(pid)]
+        if not victims:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in victims:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+        seen.update(victims)
+        await asyncio.sleep(0.02)
+    return len(seen)
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _zombie(pid: int) -> bool:
+    """Exited, not yet reaped (its parent, or PID 1, reaps it): nothing left to kill."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))

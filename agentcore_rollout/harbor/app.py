@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..agent import AgentTimeout, RolloutApp, RolloutContext, RolloutOutput
-from ..contract import AGENT_ARTIFACTS_KEY, ARTIFACTS_KEY, artifacts_key
+from ..agent import AgentTimeout, RolloutApp, RolloutContext, RolloutOutput, VerifierError
+from ..contract import AGENT_ARTIFACTS_KEY, ARTIFACTS_KEY, agent_request_id, artifacts_key
 from . import artifacts
-from ._process import Ran, run_group
+from ._process import Ran, kill_all_but_this, run_group
 from .agents import AGENT_ENV, ENVIRONMENT_ENV, AgentRun, HarborAgent, agent_named
 from .tasks import write_files
 from .verifier import verify
@@ -47,32 +47,49 @@ _SESSION_ONLY = ("AWS_", "AGENTCORE_ROLLOUT_")
 
 @app.rollout_entrypoint
 async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput:
+    """The agent's invocation, then (`phase: verify`) the verifier's: in this session once the
+    agent is gone, or in a session of the verifier's environment."""
     if payload.get("phase") == "verify":
-        return await _verify_artifacts(payload)
+        return await _verify(payload, ctx)
     agent = _image_agent(payload)
-    env = task_env(os.environ)
-    ran = await _run_agent(agent, payload, ctx, env)
+    ran = await _run_agent(agent, payload, ctx, task_env(os.environ))
+    _agents_ran.add(ctx.request_id)
     if payload.get("verifier_mode") == "separate":
         return await _hand_over(payload, ctx, agent, ran)
+    return RolloutOutput(
+        rewards=None,  # the verifier's invocation brings the tests and the verdict
+        trajectory={"agent": agent.name, "agent_output": ran.tail},
+        metrics={"agent_seconds": ran.seconds, "agent_exit": float(ran.exit_code or 0)},
+    )
+
+
+_agents_ran: set[str] = set()
+"""The request ids whose agent ran in this session: a verifier invoked again here checks its
+agent's is one (a session that ended and was made anew under its id holds none of its work)."""
+
+
+async def _verify(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput:
+    """The tests, run where the agent's work is: here, after every process but this one is
+    gone, or (given the agent's artifacts) in a session of their own, once those are in place."""
+    if AGENT_ARTIFACTS_KEY in payload:
+        _check_environment(payload)
+        body = await artifacts.fetch(payload[AGENT_ARTIFACTS_KEY])
+        placed = await asyncio.to_thread(artifacts.unpack, body, payload.get("artifacts") or [])
+        extra = {"artifact_files": float(len(placed))}
+    elif agent_request_id(ctx.request_id) not in _agents_ran:
+        raise VerifierError("the agent's session is gone: this session holds none of its work")
+    else:
+        extra = {"killed_processes": float(await kill_all_but_this())}
     verdict = await verify(
-        payload["tests"],
+        payload.get("tests") or [],
         float(payload["verifier_timeout"]),
-        {**env, **(payload.get("verifier_env") or {})},
+        {**task_env(os.environ), **(payload.get("verifier_env") or {})},
         WORKDIR,
     )
     return RolloutOutput(
         rewards=verdict.rewards,
-        trajectory={
-            "agent": agent.name,
-            "agent_output": ran.tail,
-            "verifier_output": verdict.output,
-            "verifier_exit": verdict.exit_code,
-        },
-        metrics={
-            "agent_seconds": ran.seconds,
-            "verifier_seconds": verdict.seconds,
-            "agent_exit": float(ran.exit_code or 0),
-        },
+        trajectory={"verifier_output": verdict.output, "verifier_exit": verdict.exit_code},
+        metrics={"verifier_seconds": verdict.seconds, **extra},
     )
 
 
@@ -93,24 +110,6 @@ async def _hand_over(
             ARTIFACTS_KEY: handed | {"bytes": len(body)},
         },
         metrics={"agent_seconds": ran.seconds, "agent_exit": float(ran.exit_code or 0)},
-    )
-
-
-async def _verify_artifacts(payload: dict[str, Any]) -> RolloutOutput:
-    """A separate verifier's session: the agent's artifacts put in place, then the tests."""
-    _check_environment(payload)
-    body = await artifacts.fetch(payload.get(AGENT_ARTIFACTS_KEY))
-    written = await asyncio.to_thread(artifacts.unpack, body, payload.get("artifacts") or [])
-    verdict = await verify(
-        payload.get("tests") or [],
-        float(payload["verifier_timeout"]),
-        {**task_env(os.environ), **(payload.get("verifier_env") or {})},
-        WORKDIR,
-    )
-    return RolloutOutput(
-        rewards=verdict.rewards,
-        trajectory={"verifier_output": verdict.output, "verifier_exit": verdict.exit_code},
-        metrics={"verifier_seconds": verdict.seconds, "artifact_files": float(len(written))},
     )
 
 
@@ -148,9 +147,7 @@ async def _run_agent(
 
 def _image_agent(payload: dict[str, Any]) -> HarborAgent:
     """The image's agent, once the payload is checked to be a task of the image's environment."""
-    needed = ["instruction", "agent_timeout"]
-    if payload.get("verifier_mode") != "separate":
-        needed += ["verifier_timeout", "tests"]
+    needed = ("instruction", "agent_timeout")
     if missing := [k for k in needed if k not in payload]:
         raise ValueError(f"not a Harbor task payload: no {', '.join(missing)}")
     _check_environment(payload)

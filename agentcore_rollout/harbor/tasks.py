@@ -161,39 +161,37 @@ def environment_id(task: HarborTask) -> str:
     return digest.hexdigest()[:16]
 
 
-def task_payload(task: HarborTask) -> dict[str, Any]:
-    """The dataset row of one task: what the agent wrapper needs in the session. With a
-    separate verifier, the tests are in the verifier's payload alone (`contract.VERIFIER_KEY`:
-    the engine invokes it in a session of the verifier's environment)."""
-    row = _shared_payload(task)
-    if task.verifier_mode != "separate":
-        return row
-    handed = [
-        {"source": a.source, "destination": a.destination, "exclude": list(a.exclude)}
-        for a in task.artifacts
-    ]
-    verifier = {
+def task_payload(task: HarborTask, *, solution: bool = False) -> dict[str, Any]:
+    """The dataset row of one task. The agent's session gets the instruction, its limits and,
+    with `solution` (the `oracle` agent alone), the solution; the tests are only in the
+    verifier's payload (`contract.VERIFIER_KEY`), which the engine invokes once the agent's
+    session ended: in that session again (shared), or in a session of the verifier's own
+    environment (separate), which receives the task's `artifacts`."""
+    verifier: dict[str, Any] = {
         "id": task.name,
-        "environment": task.verifier_environment,
         "phase": "verify",
-        "artifacts": handed,
-        **{k: row.pop(k) for k in ("tests", "verifier_timeout", "verifier_env")},
+        "verifier_timeout": task.verifier_timeout,
+        "verifier_env": task.verifier_env,
+        "tests": _files(task.path / "tests"),
     }
-    return row | {"verifier_mode": "separate", "artifacts": handed, VERIFIER_KEY: verifier}
-
-
-def _shared_payload(task: HarborTask) -> dict[str, Any]:
-    return {
+    row: dict[str, Any] = {
         "id": task.name,
         "environment": task.environment,
         "instruction": task.instruction,
         "agent_timeout": task.agent_timeout,
-        "verifier_timeout": task.verifier_timeout,
-        "verifier_env": task.verifier_env,
-        "solution_env": task.solution_env,
-        "tests": _files(task.path / "tests"),
-        "solution": _files(task.path / "solution"),
+        "verifier_timeout": task.verifier_timeout,  # the time the agent leaves for it
+        "verifier_mode": task.verifier_mode,
+        "solution_env": task.solution_env if solution else {},
+        "solution": _files(task.path / "solution") if solution else [],
     }
+    if task.verifier_mode == "separate":
+        handed = [
+            {"source": a.source, "destination": a.destination, "exclude": list(a.exclude)}
+            for a in task.artifacts
+        ]
+        row["artifacts"] = verifier["artifacts"] = handed
+        verifier["environment"] = task.verifier_environment
+    return row | {VERIFIER_KEY: verifier}
 
 
 def write_files(files: list[dict[str, Any]], into: Path) -> None:

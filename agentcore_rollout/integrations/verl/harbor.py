@@ -28,12 +28,18 @@ _PAYLOAD = "harbor_payload"
 class HarborTasks(RLHFDataset):
     """veRL's `RLHFDataset` over Harbor task folders (`data.train_files` / `val_files`)."""
 
+    @property
+    def _oracle(self) -> bool:
+        """`+data.harbor_oracle=true`: rows carry their solutions, for the `oracle` agent (a
+        pipeline check); otherwise no agent's session ever holds one."""
+        return bool(self.config.get("harbor_oracle", False))
+
     def _read_files_and_tokenize(self) -> None:
         rows = [
             {
                 self.prompt_key: [{"role": "user", "content": task.instruction}],
                 "data_source": "harbor",
-                _PAYLOAD: json.dumps(task_payload(task)),
+                _PAYLOAD: json.dumps(task_payload(task, solution=self._oracle)),
             }
             for source in self.data_files
             for task in read_tasks(Path(source))
