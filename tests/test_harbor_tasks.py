@@ -52,21 +52,25 @@ def _task(
 def test_a_folder_of_tasks_reads_by_harbors_names_and_defaults(tmp_path):
     toml = (
         'version = "1.0"\n[metadata]\ndifficulty = "easy"\n[agent]\ntimeout_sec = 30\n'
-        "[verifier]\ntimeout_sec = 12.5\nenv = { LEVEL = 3 }\n[environment]\ncpus = 2\n"
+        '[verifier]\ntimeout_sec = 12.5\nenv = { LEVEL = "3" }\n[environment]\ncpus = 2\n'
         'memory = "4G"\nbuild_timeout_sec = 90\nallow_internet = false\n'
     )
     _task(tmp_path, "b-task", toml)
     _task(tmp_path, "a-task", "[environment]\nmemory_mb = 512\n")
     _task(tmp_path, "c-task", files={"environment/Dockerfile": DOCKERFILE + "RUN true\n"})
     _task(tmp_path, "d-task", '[environment]\ndocker_image = "ghcr.io/x/y:1"\n')
+    _task(tmp_path, "e-task", '[environment]\nmemory = "512M"\n[task]\nname = "x/e"\n')
     (tmp_path / ".hidden").mkdir()
-    a, b, c, d = read_tasks(tmp_path)
-    assert [t.name for t in (a, b, c, d)] == ["a-task", "b-task", "c-task", "d-task"]
+    a, b, c, d, e = read_tasks(tmp_path)
+    assert [t.name for t in (a, b, c, d, e)] == ["a-task", "b-task", "c-task", "d-task", "e-task"]
     assert (b.agent_timeout, b.verifier_timeout, b.build_timeout) == (30.0, 12.5, 90.0)
     assert (b.cpus, b.memory_mb, b.verifier_env) == (2.0, 4096, {"LEVEL": "3"})
+    assert b.network_mode == "no-network" and a.network_mode == "public"
     assert (a.agent_timeout, a.memory_mb, a.cpus) == (DEFAULT_TIMEOUT, 512, None)
-    # one environment byte for byte: one id, one image, one runtime; any other byte: another
-    assert a.environment == b.environment != c.environment
+    # one environment byte for byte, with the same limits: one id, one image, one runtime;
+    # any other byte, or other limits: another
+    assert a.environment == e.environment != c.environment
+    assert b.environment != a.environment
     assert d.docker_image == "ghcr.io/x/y:1" and d.environment not in (a.environment, c.environment)
     assert read_tasks(tmp_path / "c-task") == [c]  # one task folder is a dataset of one
 
