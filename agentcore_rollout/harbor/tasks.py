@@ -299,9 +299,7 @@ def _top_level(config: dict[str, Any]) -> None:
     if (int(found[1]), int(found[2])) > (1, 4):
         raise _refused("", "schema_version", version, "newer than 1.4, the newest read here")
     if config.get("steps"):
-        raise _refused(
-            "", "steps", f"{len(config['steps'])} steps", "multi-step tasks are not run yet"
-        )
+        raise _refused("", "[[steps]]", config["steps"], "multi-step tasks are not run yet")
     strategy = config.get("multi_step_reward_strategy", "mean")
     if strategy not in ("mean", "final"):
         raise ValueError(f"multi_step_reward_strategy must be mean or final, not {strategy!r}")
@@ -449,13 +447,10 @@ def _verifier_resources(
     if mode == "shared":
         network = _network(verifier, "[verifier]", env["network_mode"])
         if network != agent_network:
-            where, key = (
-                ("[verifier]", network)
-                if "network_mode" in verifier
-                else ("[agent]", agent_network)
-            )
-            why = f"the phases differ ({agent_network} then {network}), one session has one network"
-            raise _refused(where, "network_mode", key, why)
+            why = f"the phases differ ({agent_network}, then {network}): a shared session has one"
+            if "network_mode" in verifier:
+                raise _refused("[verifier]", "network_mode", network, why)
+            raise _refused("[agent]", "network_mode", agent_network, why)
         return None
     own = env
     if "environment" in verifier:
