@@ -208,7 +208,7 @@ def test_a_key_that_cannot_be_carried_out_is_refused_in_one_line_naming_it(tmp_p
     assert line.startswith(f"{tmp_path / 't'}: task.toml: ") and REFUSED[toml] in line, line
 
 
-BAD_VALUES = {  # values Harbor's model rejects: each one line, naming the key
+BAD_VALUES = {  # values Harbor rejects, or would read other than written: one line naming the key
     "version = 1.0\n": "schema_version must be a string like '1.4', not 1.0",
     '[environment]\nnetwork_mode = "offline"\n': "[environment] network_mode must be one of",
     "[environment]\nmemory = 4096\n": "[environment] memory 4096 is not like '4G'",
