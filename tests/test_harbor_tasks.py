@@ -224,6 +224,9 @@ BAD_VALUES = {  # values Harbor rejects, or would read other than written: one l
     'artifacts = [{ source = "/x", destination = "/abs" }]\n': "destination '/abs': a relative",
     'artifacts = [{ source = "/x", destination = "manifest.json" }]\n': "Harbor's manifest",
     '[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\n': "with a [verifier.env",
+    '[verifier]\nenvironment = "img"\n': "[verifier.environment] must be a table, not 'img'",
+    "agent = 3\n": "[agent] must be a table, not 3",
+    'artifacts = [{ source = "/x", exclude = "*.tmp" }]\n': "exclude is a list of patterns",
 }
 
 

@@ -432,7 +432,8 @@ def _verifier_mode(verifier: dict[str, Any]) -> str:
 
 
 def _verifier_image(verifier: dict[str, Any]) -> str | None:
-    return _string(verifier.get("environment") or {}, "[verifier.environment]", "docker_image")
+    own = _known(verifier.get("environment", {}), "[verifier.environment]", "[environment]")
+    return _string(own, "[verifier.environment]", "docker_image")
 
 
 def _verifier_resources(
