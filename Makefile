@@ -85,19 +85,21 @@ clean:
 # Outside .venv, each pinned here only (the tests read these lines and check what is installed):
 # the npm packages under .clients/npm, one venv per Python client (openhands-sdk needs >= 3.12,
 # and openhands-tools pinned in the same pip command: alone, it would downgrade openhands-sdk).
+# Harbor's task model too (harbor needs >= 3.12), which tests/test_harbor_schema.py reads.
 CLIENTS := .clients
 CLAUDE_CODE_VERSION := 2.1.197
 CODEX_VERSION := 0.171.0
 CLAUDE_AGENT_SDK_VERSION := 0.2.189
 OPENHANDS_VERSION := 1.58.2
 MINI_SWE_AGENT_VERSION := 2.4.6
+HARBOR_VERSION := 0.25.0
 PYTHON312 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3) \
 	$(shell command -v python3.12))
 CLIENT_PIP := -m pip install --quiet --disable-pip-version-check
 
 .PHONY: clients
 
-clients: $(CLIENTS)/.installed  ## the released agent clients, for tests/test_released_clients.py
+clients: $(CLIENTS)/.installed  ## the released agent clients and Harbor's task model, for the tests
 
 $(CLIENTS)/.installed: Makefile
 	@test -n "$(PYTHON312)" || { echo "make clients: openhands-sdk needs Python >= 3.12" \
@@ -118,6 +120,8 @@ $(CLIENTS)/.installed: Makefile
 		$(CLIENTS)/venv-openhands-sdk
 	$(CLIENTS)/venv-openhands-sdk/bin/python $(CLIENT_PIP) \
 		openhands-sdk==$(OPENHANDS_VERSION) openhands-tools==$(OPENHANDS_VERSION)
+	test -x $(CLIENTS)/venv-harbor/bin/python || $(PYTHON312) -m venv $(CLIENTS)/venv-harbor
+	$(CLIENTS)/venv-harbor/bin/python $(CLIENT_PIP) harbor==$(HARBOR_VERSION)
 	touch $@
 
 test: $(CLIENTS)/.installed  # the released-clients tests need them
