@@ -1,10 +1,11 @@
 """`deploy --tasks DIR` and `destroy --manifest FILE`: a folder of Harbor tasks on AgentCore.
 
-Each distinct environment of the tasks (`harbor.tasks.environment_id`) becomes one AgentCore
-runtime, named `<prefix>_<environment id>`, running the image `<repository>:<environment
-id>-<agent>`: the task's environment with the agent layer on top (`harbor.images`), built for
-linux/arm64 (AgentCore runs arm64 only) and pushed to ECR. Every image is checked against
-AgentCore's image size limit before any runtime is created or changed, and the runtimes made
+Each distinct environment of the tasks (`harbor.tasks.environment_id`), and each separate
+verifier's environment (`HarborTask.verifier_environment`: the wrapper and no agent), becomes
+one AgentCore runtime, named `<prefix>_<environment id>`, running the image
+`<repository>:<environment id>-<agent>`: the task's environment with the agent layer on top
+(`harbor.images`), built for linux/arm64 (AgentCore runs arm64 only) and pushed to ECR. Every
+image is checked against AgentCore's image size limit before any runtime is created or changed, and the runtimes made
 are written to a manifest (which runtime serves which tasks) with the `engine.runtimes`
 snippet that sends each task's requests to its own runtime. `destroy --manifest` removes them.
 
@@ -31,7 +32,7 @@ from typing import Any
 import yaml
 
 from .._agentcore import MAX_IMAGE_BYTES
-from ..harbor.agents import agent_named
+from ..harbor.agents import NOP, agent_named
 from ..harbor.images import layer_dockerfile
 from ..harbor.tasks import HarborTask, TaskError, read_tasks
 from .errors import UsageError
@@ -72,12 +73,14 @@ _MANIFEST_TYPES = [
 
 @dataclass(frozen=True)
 class Environment:
-    """One distinct task environment: its runtime, its image, the tasks it serves."""
+    """One distinct task environment: its runtime, its image, the tasks it serves; or
+    (`verifier`) a separate verifier's environment, its image with the wrapper and no agent."""
 
     id: str
     runtime: str
     image: str
     tasks: tuple[HarborTask, ...]
+    verifier: bool = False
 
     @property
     def task_names(self) -> list[str]:
@@ -92,11 +95,19 @@ def plan(
     if len(prefix) > MAX_PREFIX:
         raise InfraError(f"runtime name prefix {prefix!r} is over {MAX_PREFIX} characters")
     groups: dict[str, list[HarborTask]] = {}
+    verifiers: dict[str, list[HarborTask]] = {}
     for task in tasks:
         groups.setdefault(task.environment, []).append(task)
+        if task.verifier_mode == "separate":
+            verifiers.setdefault(task.verifier_environment, []).append(task)
     envs = [
         Environment(env_id, f"{prefix}_{env_id}", f"{repository}:{env_id}-{agent}", tuple(found))
         for env_id, found in groups.items()
+    ] + [
+        Environment(
+            env_id, f"{prefix}_{env_id}", f"{repository}:{env_id}-{NOP.name}", (*found,), True
+        )
+        for env_id, found in verifiers.items()
     ]
     for env in envs:
         _check_name(env.runtime)
@@ -161,7 +172,8 @@ def build_and_push(
         base = _environment_image(env, engine)
         with tempfile.TemporaryDirectory(prefix="agentcore-rollout-layer-") as tmp:
             dockerfile = Path(tmp) / "Dockerfile"
-            dockerfile.write_text(layer_dockerfile(base, agent_named(agent), env.id))
+            layer_agent = NOP if env.verifier else agent_named(agent)
+            dockerfile.write_text(layer_dockerfile(base, layer_agent, env.id))
             context = source_context(Path(tmp) / "context")
             argv = _build_argv(engine, dockerfile, env.image, context)
             _stream(engine, argv, f"build {env.image}", STEP_TIMEOUT_S)
@@ -169,12 +181,15 @@ def build_and_push(
 
 
 def _environment_image(env: Environment, engine: Any) -> str:
-    """The task's own image for arm64: its `docker_image`, or its `environment/` built."""
+    """The task's own image for arm64: its `docker_image`, or its `environment/` built (a
+    separate verifier's: its `[verifier.environment] docker_image`, or its build folder)."""
     task = env.tasks[0]
-    if task.docker_image is not None:
-        return task.docker_image  # the layer's FROM pulls it for linux/arm64
+    image = task.verifier_docker_image if env.verifier else task.docker_image
+    if image is not None:
+        return image  # the layer's FROM pulls it for linux/arm64
+    context = task.verifier_context if env.verifier else task.dockerfile.parent
     tag = f"localhost/agentcore-rollout-harbor-env:{env.id}-arm64"  # beside local build's
-    argv = _build_argv(engine, task.dockerfile, tag, task.dockerfile.parent)
+    argv = _build_argv(engine, context / "Dockerfile", tag, context)
     _stream(engine, argv, f"build the environment of {task.name}", task.build_timeout)
     return tag
 
@@ -329,6 +344,7 @@ def _entry(env: Environment, info: RuntimeInfo, size: int) -> dict[str, Any]:
         "image": env.image,
         "image_bytes": size,
         "tasks": env.task_names,
+        "serves": "verifier" if env.verifier else "agent",
     }
 
 

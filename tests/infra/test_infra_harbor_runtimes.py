@@ -231,6 +231,25 @@ def test_bad_agents_and_tasks_fail_before_any_call(
 # The pieces, in-process.
 
 
+def test_a_separate_verifiers_environment_is_a_runtime_of_its_own(tasks_dir: Path) -> None:
+    """Its image is the wrapper with no agent, built from tests/ (its Dockerfile there)."""
+    for name in ("c", "d"):
+        task = tasks_dir / name
+        task.joinpath("task.toml").write_text(
+            'artifacts = ["/app/out"]\n[agent]\ntimeout_sec = 60\n'
+            '[verifier]\nenvironment_mode = "separate"\n'
+        )
+        task.joinpath("tests", "Dockerfile").write_text("FROM python:3.12-slim\n")
+    envs = plan(read_tasks(tasks_dir), "codex", REPO, "harbor")
+    assert [(env.task_names, env.verifier) for env in envs] == [
+        (["a", "b"], False),
+        (["c", "d"], False),
+        (["c", "d"], True),  # one verifier's runtime for both: the same tests/ folder
+    ]
+    assert envs[2].image == f"{REPO}:{envs[2].id}-nop"
+    assert envs[2].id == read_tasks(tasks_dir)[2].verifier_environment
+
+
 def test_plan_names_runtimes_and_images_within_the_apis_bounds(tasks_dir: Path) -> None:
     envs = plan(read_tasks(tasks_dir), "mini-swe-agent", REPO, "p" * 31)
     assert [env.task_names for env in envs] == [["a", "b"], ["c", "d"]]
