@@ -7,7 +7,8 @@ one AgentCore runtime, named `<prefix>_<environment id>`, running the image
 (`harbor.images`), built for linux/arm64 (AgentCore runs arm64 only) and pushed to ECR. Every
 image is checked against AgentCore's image size limit before any runtime is created or
 changed, and the runtimes made are written to a manifest (which runtime serves which tasks)
-with the `engine.runtimes` snippet that sends each task's requests to its own runtime. `destroy --manifest` removes them.
+with the `engine.runtimes` snippet that sends each task's requests to its own runtime.
+`destroy --manifest` removes them.
 
 The image build shells out to Podman or Docker (`local.containers.container_engine`); the
 control plane is boto3's, through `infra.deploy_runtime`, so every failure is one
