@@ -318,7 +318,7 @@ class RolloutEngine:
                 checked_step=False,
                 in_session_of=None if own else session_id(cfg.exp_id, step, request.request_id),
             )
-            verifier.calls_model = False
+            verifier.judges = True
         deadline = math.inf if deadline is None else deadline
         sig_key = signing_key(self._run_secret, cfg.exp_id, request.request_id)
         queue_timeout = cfg.limits.queue_timeout or math.inf

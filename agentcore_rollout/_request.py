@@ -83,7 +83,13 @@ class Job:
     `environment`, or (None) invoked again in the agent's session."""
     verification: RolloutOutcome | None = None  # that verifier's outcome, once it ran
     in_session: bool = False  # a verifier invoked again in its agent's session
-    calls_model: bool = True  # False: no gateway session (a verifier's)
+    judges: bool = False  # a verifier: no gateway session, ahead in the line for slots
+
+    @property
+    def admission(self) -> int:
+        """Its place in the line for live slots: its step (oldest first), a verifier's just
+        ahead of that step's agents, whose rollouts it finishes."""
+        return self.step - 1 if self.judges else self.step
 
     def took_over(
         self, session_id: str | None, url: str | None, gateway: GatewayReplicas | None
@@ -322,7 +328,7 @@ class RequestRunner:
             job.took_over(*await self._its_gateway_session(job), self._gateway)
             return found
         async with self._dispatcher.live_session(
-            job.session_id, job.start_deadline, priority=job.step, environment=job.environment
+            job.session_id, job.start_deadline, priority=job.admission, environment=job.environment
         ) as session:
             job.session = session
             if earlier is not None and earlier.deadline > time.time():
@@ -410,7 +416,7 @@ class RequestRunner:
 
     async def _trace(self, job: Job) -> Trace:
         """The request's turns, from the replica holding its gateway session."""
-        if self._gateway is None or not job.calls_model:
+        if self._gateway is None or job.judges:
             return Trace()
         if job.gateway_session_id is None or job.gateway_url is None:
             return Trace(lost="trace lost: no gateway session holds this request's turns")
@@ -430,7 +436,7 @@ class RequestRunner:
         so a gateway that hangs delays an outcome by that much at most, its tokens unknown.
         A request of this engine that never opened one spent none."""
         session_id, url = job.gateway_session_id, job.gateway_url
-        if self._gateway is None or not job.calls_model:
+        if self._gateway is None or job.judges:
             return None
         if session_id is None or url is None:
             return None if job.resuming else {}  # a usage of no tokens
@@ -465,7 +471,7 @@ class RequestRunner:
 
     async def _open_gateway_session(self, job: Job) -> GatewaySession | None:
         """Open the rollout's session on the least-loaded replica that answers."""
-        if self._gateway is None or not job.calls_model:
+        if self._gateway is None or job.judges:
             return None
         gw, llm = self._cfg.gateway, self._cfg.llm
         assert gw is not None

@@ -90,3 +90,16 @@ async def test_a_verifier_without_an_environment_runs_in_the_agents_session_afte
     arns = [arn for _, arn, _ in emu.sessions.created]
     assert arns == [AGENT_ARN, AGENT_ARN]  # one session each: the verifier started none
     assert invokes == 4 and len(emu.sessions.stopped) == 2
+
+
+async def test_verifiers_sessions_wait_ahead_of_new_agents_for_few_slots(routed):
+    """12 rollouts of two sessions each through 2 live slots: every verifier gets a slot
+    before the agents queued behind it, so none waits out its rollout's deadline."""
+    emu, cfg = routed
+    requests = [_request(i, {"answer": 42}) for i in range(12)]
+    async with RolloutEngine(cfg) as engine:
+        outcomes = [await h for h in [engine.submit(r, timeout=20.0) for r in requests]]
+        most_live = engine.stats().max_live_sessions
+    assert [(o.outcome, o.reward) for o in outcomes] == [(Outcome.OK, 1.0)] * 12
+    arns = [arn for _, arn, _ in emu.sessions.created]
+    assert (arns.count(AGENT_ARN), arns.count(VERIFIER_ARN)) == (12, 12) and most_live == 2
