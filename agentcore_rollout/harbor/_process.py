@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import os
+import pwd
 import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TAIL_LINES = 30
 _TAIL_BYTES = 4096
@@ -30,11 +33,49 @@ class Ran:
     seconds: float
 
 
+@dataclass(frozen=True)
+class RunAs:
+    """A user to run a command as (`[agent] user`, `[verifier] user`)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    home: str | None = None
+
+
+def user_named(user: str | None) -> RunAs | None:
+    """The user `user` (a name, or a uid) of this system; None for None or root. A uid that
+    has no entry runs with its own number as group. A name that has none: `LookupError`."""
+    if user is None:
+        return None
+    try:
+        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except KeyError:
+        if not user.isdigit():
+            raise LookupError(f"no user {user!r} in the task's image") from None
+        return None if int(user) == 0 else RunAs(user, int(user), int(user))
+    if entry.pw_uid == 0:
+        return None
+    groups = tuple(g.gr_gid for g in grp.getgrall() if entry.pw_name in g.gr_mem)
+    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+
+
 async def run_group(
-    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], timeout: float, output: Path
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout: float,
+    output: Path,
+    user: RunAs | None = None,
 ) -> Ran:
-    """Run `argv` until it exits or `timeout` seconds pass; either way (and if cancelled) its
-    whole process group is SIGKILLed and gone before this returns."""
+    """Run `argv` (as `user`, else as this process's) until it exits or `timeout` seconds
+    pass; either way (and if cancelled) its whole process group is SIGKILLed and gone before
+    this returns."""
+    as_user: dict[str, Any] = {}
+    if user is not None:
+        as_user = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
     started = time.monotonic()
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("wb") as out:
@@ -46,6 +87,7 @@ async def run_group(
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            **as_user,
         )
     code: int | None = None
     try:
