@@ -274,3 +274,24 @@ def test_without_a_record_the_session_stands_in_for_the_image_less_what_is_denie
         *("NO_PROXY", "HTTP_PROXY", "SOMETHING_THE_LAUNCH_SET"),
     }
     assert json.dumps(env).count("secret") == 0
+
+
+def test_a_process_mode_agent_of_the_local_stack_gets_an_allowlist_too():
+    from agentcore_rollout.local.agent_env import process_agent_env
+
+    host = {
+        **SESSION,
+        "AWS_REGION": "us-east-1",
+        "AWS_PROFILE": "admin",
+        "PYTHONPATH": "/src",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "AGENTCORE_ROLLOUT_GATEWAY__ADMIN_TOKEN": "t",
+    }
+    env = process_agent_env(host, {"MY_AGENT_SETTING": "1"})
+    assert env["AWS_SECRET_ACCESS_KEY"] == "s" and env["AWS_ENDPOINT_URL_S3"]  # its writer's
+    assert env["PYTHONPATH"] == "/src" and env["MY_AGENT_SETTING"] == "1"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4318"  # its spans join
+    for name in ("AWS_PROFILE", "OTEL_EXPORTER_OTLP_HEADERS", "WANDB_API_KEY", "HTTPS_PROXY"):
+        assert name not in env
+    assert not [n for n in env if n.startswith(("AGENTCORE_ROLLOUT_", "GOOGLE_", "AZURE_"))]
+    assert "SOMETHING_THE_LAUNCH_SET" not in env and "MLFLOW_TRACKING_TOKEN" not in env
