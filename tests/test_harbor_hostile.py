@@ -71,11 +71,13 @@ SECRETS = {
 plain HTTP on loopback, so the HTTPS proxy never stands in its way."""
 _DAEMON = """\
 cat > /tmp/daemon.sh <<'EOF'
+touch /tmp/daemon-up
 t=/tests/test; t=$t.sh
 while [ ! -f "$t" ]; do sleep 0.01; done
 {then}
 EOF
 ( setsid bash /tmp/daemon.sh </dev/null >/dev/null 2>&1 & ) &
+while [ ! -f /tmp/daemon-up ]; do sleep 0.01; done  # out of its group before the group dies
 """
 _NAMES = "env | cut -d= -f1 | sort | tr '\\n' ' '"
 _SCAN = """\
@@ -103,6 +105,16 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpi
         pids.append(pid)
         if marker in chunk:
             found.append(pid)
+def stat(pid):
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+wrapper = stat(os.getppid())[1]  # solve.sh's parent
+for what, pid in (("wrapper environ", wrapper), ("init environ", 1)):
+    try:
+        open(f"/proc/{pid}/environ", "rb").read()
+        print(f"{what}: read")
+    except OSError:
+        print(f"{what}: unreadable")
+print(f"wrapper memory: {'read' if wrapper in pids else 'unreadable'}")
 print(f"scanned {len(set(pids))} processes, {read} bytes; marker found: {found or 'no'}")
 PY
 """
@@ -265,7 +277,7 @@ async def test_no_attack_earns_a_reward(
     assert outcomes["linked-logs"].error == (
         "verifier: VerifierError: tampered: /logs/verifier (a symlink, recorded absent)"
     )
-    for name in ("survivor", "swapped-tests"):  # gone before the tests were written
+    for name in ("survivor", "swapped-tests"):  # killed before the tests were written
         assert scored[name] == (Outcome.OK, 0.0), outcomes[name].error
         assert outcomes[name].result.metrics["killed_processes"] >= 1
     assert scored["planted-reward"] == (Outcome.VERIFIER_ERROR, None)  # emptied before test.sh
@@ -274,7 +286,9 @@ async def test_no_attack_earns_a_reward(
     )
     memory = outcomes["memory-read"]
     assert scored["memory-read"] == (Outcome.OK, 0.0)
-    assert memory.result.trajectory["agent_output"].endswith("marker found: no")
+    scan = memory.result.trajectory["agent_output"]
+    assert scan.endswith("marker found: no")
+    assert "wrapper memory: unreadable" in scan and "wrapper environ: unreadable" in scan
     missing = outcomes["missing-user"]
     assert scored["missing-user"] == (Outcome.AGENT_ERROR, None)
     assert missing.error == "ValueError: [agent] user: no user 'no-such-user' in the task's image"

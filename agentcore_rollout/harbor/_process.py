@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import grp
 import os
 import pwd
@@ -20,6 +21,7 @@ from typing import Any
 
 TAIL_LINES = 30
 _TAIL_BYTES = 4096
+_PR_SET_DUMPABLE = 4
 _GONE_POLLS = 100  # 5 s at 0.05 s for the group's last members to die once killed
 
 
@@ -141,7 +143,7 @@ async def kill_all_but_this(rounds: int = 50) -> int:
     first, so a process forking in a loop cannot outrun it. Outside such a namespace (the
     wrapper run on a host, as the unit tests do) nothing is killed: 0."""
     me = os.getpid()
-    if me != 1 and os.getppid() != 1:
+    if not in_own_pid_namespace():
         return 0
     seen: set[int] = set()
     for _ in range(rounds):
@@ -155,6 +157,26 @@ async def kill_all_but_this(rounds: int = 50) -> int:
         seen.update(victims)
         await asyncio.sleep(0.02)
     return len(seen)
+
+
+def in_own_pid_namespace() -> bool:
+    """This process is PID 1 or its init's child: a session's container (or microVM) of its
+    own, not a host (where the unit tests run the wrapper)."""
+    return os.getpid() == 1 or os.getppid() == 1
+
+
+def seal() -> bool:
+    """Make this process's memory, `/proc/<pid>/environ` and file descriptors unreadable and
+    unwritable to the processes it starts, root's included (`PR_SET_DUMPABLE` 0: reading or
+    writing them, or ptrace, then needs CAP_SYS_PTRACE, which container runtimes do not grant
+    by default). In a session's own PID namespace alone; True if done."""
+    if not in_own_pid_namespace():
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def _pids() -> list[int]:

@@ -15,7 +15,9 @@ image's WORKDIR) with `[environment] env`. Their environment is an allowlist
 (`allowlist.py`): the image's own ENV as its build recorded it (`trusted.py`), the basics, TLS
 trust and proxies without credentials, the task's variables; never what the session gave the
 wrapper alone (AWS credentials, endpoints, the project's variables) nor trackers' tokens. The
-image's record (`trusted.json`) is read once, here, before any agent runs."""
+image's record (`trusted.json`) is read once, here, before any agent runs, and the wrapper
+makes itself undumpable (`_process.seal`) before it starts one: an agent, root or not, cannot
+read its memory or its environment, nor write them."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from typing import Any
 from ..agent import AgentTimeout, RolloutApp, RolloutContext, RolloutOutput, VerifierError
 from ..contract import AGENT_ARTIFACTS_KEY, ARTIFACTS_KEY, agent_request_id, artifacts_key
 from . import artifacts, trusted
-from ._process import Ran, RunAs, kill_all_but_this, run_group, user_named
+from ._process import Ran, RunAs, kill_all_but_this, run_group, seal, user_named
 from .agents import AGENT_ENV, ENVIRONMENT_ENV, AgentRun, HarborAgent, agent_named
 from .allowlist import agent_env
 from .tasks import write_files
@@ -56,6 +58,7 @@ before records were)."""
 async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput:
     """The agent's invocation, then (`phase: verify`) the verifier's: in this session once the
     agent is gone, or in a session of the verifier's environment."""
+    seal()  # before any agent: its processes cannot read or write this one's memory
     if payload.get("phase") == "verify":
         return await _verify(payload, ctx)
     agent = _image_agent(payload)
