@@ -20,9 +20,9 @@ that names it), never 1:
   session was given (a tracker's token, a collector's, a proxy's password, cloud
   credentials, the project's variables) are in neither;
 - missing-user: `[agent] user` names a user the image lacks: one line, agent_error;
-plus the honest control (the oracle, as user `agent`, in `[environment] workdir` with the
-task's variables: 1.0) and a nop (0.0). A symlinked host file in a task folder is refused
-before anything starts: that one is a unit test (tests/test_harbor_trust.py).
+plus the honest control (the oracle and the tests, each as user `agent`, in `[environment]
+workdir` with the task's variables: 1.0) and a nop (0.0). A symlinked host file in a task
+folder is refused before anything starts: that one is a unit test (tests/test_harbor_trust.py).
 
 ONE engine run over every task (CI's time is tight), all on the examples' shared environment,
 so one image serves them all."""
@@ -120,16 +120,19 @@ PY
 """
 
 
-def _toml(agent: str = "", rest: str = "") -> str:
-    return f"[agent]\ntimeout_sec = 60\n{agent}[verifier]\ntimeout_sec = 30\n{rest}"
+def _toml(agent: str = "", verifier: str = "") -> str:
+    return f"[agent]\ntimeout_sec = 60\n{agent}[verifier]\ntimeout_sec = 30\n{verifier}"
 
 
 # name: (task.toml, tests/test.sh, solution/solve.sh)
 TASKS = {
     "control": (
-        _toml('user = "agent"\n', '[environment]\nworkdir = "/app"\nenv = { TASK_MODE = "x" }\n'),
-        '[ "$(id -u)" = 0 ] && [ "$TASK_MODE" = x ] || { echo 0 > /logs/verifier/reward.txt; '
-        "exit 0; }\n" + HONEST,
+        _toml(
+            'user = "agent"\n',
+            'user = "agent"\n[environment]\nworkdir = "/app"\nenv = { TASK_MODE = "x" }\n',
+        ),
+        '[ "$(id -un)" = agent ] && [ "$TASK_MODE" = x ] && [ "$PWD" = /app ] || '
+        "{ echo 0 > /logs/verifier/reward.txt; exit 0; }\n" + HONEST,
         '[ "$(id -un)" = agent ] && [ "$TASK_MODE" = x ] && [ -O "$HOME" ] && [ "$PWD" = /app ]'
         " && echo 42 > solved\n",
     ),
