@@ -146,7 +146,7 @@ async def test_a_verifier_that_cannot_judge_an_agent_too_slow_and_tests_kept_hid
     outcomes = await _roll_out(emulator, moto, channel, engine, images, tasks)
     no_reward = outcomes["no-reward"]
     assert no_reward.outcome is Outcome.VERIFIER_ERROR and no_reward.reward is None
-    assert no_reward.error.startswith("VerifierError: the tests wrote no reward")
+    assert no_reward.error.startswith("verifier: VerifierError: the tests wrote no reward")
     assert no_reward.error.endswith("(test.sh exit 3); its output ended:\ncollecting tests")
     slow = outcomes["outlives-timeout"]
     assert slow.outcome is Outcome.TIMEOUT and slow.reward is None
