@@ -225,3 +225,32 @@ def test_local_build_names_a_bad_harbor_task_in_one_line(tmp_path, capsys):
     code = main(["local", "build", "--config", str(tmp_path / "c.yaml")])
     err = capsys.readouterr().err
     assert (code, err) == (2, f"error: data: {tmp_path}/t1: no tests/test.sh (the verifier)\n")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error"),
+    [
+        (
+            "agent_user",
+            "no-such-user",
+            r"^\[agent\] user: no user 'no-such-user' in the task's image",
+        ),
+        ("workdir", "/no/such/dir", r"^\[environment\] workdir '/no/such/dir' is not a folder of"),
+    ],
+)
+async def test_a_user_or_workdir_the_image_lacks_is_one_line_before_the_agent(
+    roots, key, value, error
+):
+    with pytest.raises(ValueError, match=error):
+        await wrapper.rollout({**_payload(), key: value}, _ctx())
+    assert not (roots / "solution").exists() and not (roots / "tests-then").exists()
+
+
+async def test_the_tasks_variables_and_workdir_reach_the_agent_and_the_tests(roots):
+    (roots / "elsewhere").mkdir()
+    solve = 'echo "$MODE" > mode; echo done > done.txt\n'
+    payload = {**_payload(solve), "workdir": str(roots / "elsewhere")}
+    payload["environment_env"] = {"MODE": "fast"}
+    await wrapper.rollout(payload, _ctx())
+    assert (roots / "elsewhere" / "mode").read_text() == "fast\n"
+    assert not (roots / "work" / "done.txt").exists()

@@ -82,9 +82,12 @@ def _fixture_tasks(into: Path) -> list[HarborTask]:
     return read_tasks(into)
 
 
-async def _roll_out(emulator, moto, channel, engine, images, tasks) -> dict[str, object]:
-    """Every task through one engine and one emulator with a runtime per environment, each its
-    image's (as `LocalStack(environments=)` and AgentCore have them): outcome by task name."""
+async def _roll_out(
+    emulator, moto, channel, engine, images, tasks, solution: bool = True
+) -> dict[str, object]:
+    """Every task (with its solution: `oracle`'s rows) through one engine and one emulator
+    with a runtime per environment, each its image's (as `LocalStack(environments=)` and
+    AgentCore have them): outcome by task name."""
     arns = {environment: environment_arn(environment) for environment in images}
     emu = await emulator(
         mode="container",
@@ -101,7 +104,7 @@ async def _roll_out(emulator, moto, channel, engine, images, tasks) -> dict[str,
     async with RolloutEngine(config) as rollouts:
         handles = [
             rollouts.submit(
-                RolloutRequest(task_payload(t), input_id=t.name),
+                RolloutRequest(task_payload(t, solution=solution), input_id=t.name),
                 on_start=lambda s: started.__setitem__(s.request.input_id, s.endpoint),
             )
             for t in tasks
@@ -123,7 +126,9 @@ async def test_the_example_tasks_score_as_their_agent_says(
     tasks = read_tasks(EXAMPLES)
     images = task_images(tasks, agent, engine)
     assert len(images) == 3
-    outcomes = await _roll_out(emulator, moto, channel, engine, images, tasks)
+    outcomes = await _roll_out(
+        emulator, moto, channel, engine, images, tasks, solution=agent == "oracle"
+    )
     assert {n: o.outcome for n, o in outcomes.items()} == {t.name: Outcome.OK for t in tasks}
     assert {n: o.reward for n, o in outcomes.items()} == {t.name: reward for t in tasks}
     for outcome in outcomes.values():
@@ -141,7 +146,7 @@ async def test_a_verifier_that_cannot_judge_an_agent_too_slow_and_tests_kept_hid
     outcomes = await _roll_out(emulator, moto, channel, engine, images, tasks)
     no_reward = outcomes["no-reward"]
     assert no_reward.outcome is Outcome.VERIFIER_ERROR and no_reward.reward is None
-    assert no_reward.error.startswith("VerifierError: the tests wrote no reward")
+    assert no_reward.error.startswith("verifier: VerifierError: the tests wrote no reward")
     assert no_reward.error.endswith("(test.sh exit 3); its output ended:\ncollecting tests")
     slow = outcomes["outlives-timeout"]
     assert slow.outcome is Outcome.TIMEOUT and slow.reward is None

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import grp
 import os
+import pwd
 import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TAIL_LINES = 30
 _TAIL_BYTES = 4096
+_PR_SET_DUMPABLE = 4
 _GONE_POLLS = 100  # 5 s at 0.05 s for the group's last members to die once killed
 
 
@@ -30,11 +35,49 @@ class Ran:
     seconds: float
 
 
+@dataclass(frozen=True)
+class RunAs:
+    """A user to run a command as (`[agent] user`, `[verifier] user`)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    home: str | None = None
+
+
+def user_named(user: str | None) -> RunAs | None:
+    """The user `user` (a name, or a uid) of this system; None for None or root. A uid that
+    has no entry runs with its own number as group. A name that has none: `LookupError`."""
+    if user is None:
+        return None
+    try:
+        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except KeyError:
+        if not user.isdigit():
+            raise LookupError(f"no user {user!r} in the task's image") from None
+        return None if int(user) == 0 else RunAs(user, int(user), int(user))
+    if entry.pw_uid == 0:
+        return None
+    groups = tuple(g.gr_gid for g in grp.getgrall() if entry.pw_name in g.gr_mem)
+    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+
+
 async def run_group(
-    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], timeout: float, output: Path
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout: float,
+    output: Path,
+    user: RunAs | None = None,
 ) -> Ran:
-    """Run `argv` until it exits or `timeout` seconds pass; either way (and if cancelled) its
-    whole process group is SIGKILLed and gone before this returns."""
+    """Run `argv` (as `user`, else as this process's) until it exits or `timeout` seconds
+    pass; either way (and if cancelled) its whole process group is SIGKILLed and gone before
+    this returns."""
+    as_user: dict[str, Any] = {}
+    if user is not None:
+        as_user = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
     started = time.monotonic()
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("wb") as out:
@@ -46,6 +89,7 @@ async def run_group(
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            **as_user,
         )
     code: int | None = None
     try:
@@ -99,7 +143,7 @@ async def kill_all_but_this(rounds: int = 50) -> int:
     first, so a process forking in a loop cannot outrun it. Outside such a namespace (the
     wrapper run on a host, as the unit tests do) nothing is killed: 0."""
     me = os.getpid()
-    if me != 1 and os.getppid() != 1:
+    if not in_own_pid_namespace():
         return 0
     seen: set[int] = set()
     for _ in range(rounds):
@@ -113,6 +157,26 @@ async def kill_all_but_this(rounds: int = 50) -> int:
         seen.update(victims)
         await asyncio.sleep(0.02)
     return len(seen)
+
+
+def in_own_pid_namespace() -> bool:
+    """This process is PID 1 or its init's child: a session's container (or microVM) of its
+    own, not a host (where the unit tests run the wrapper)."""
+    return os.getpid() == 1 or os.getppid() == 1
+
+
+def seal() -> bool:
+    """Make this process's memory, `/proc/<pid>/environ` and file descriptors unreadable and
+    unwritable to the processes it starts, root's included (`PR_SET_DUMPABLE` 0: reading or
+    writing them, or ptrace, then needs CAP_SYS_PTRACE, which container runtimes do not grant
+    by default). In a session's own PID namespace alone; True if done."""
+    if not in_own_pid_namespace():
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def _pids() -> list[int]:

@@ -9,9 +9,15 @@ timeout; its whole process group is killed when it ends or at that bound (`Agent
 outcome `timeout`). Then the verifier (`verifier.py`) writes the task's tests in, runs them
 and reads the reward. The tests travel in the payload and reach the filesystem only then.
 
-The agent and `test.sh` get the image's own environment (its Dockerfile's ENV), less what the
-session was given for the wrapper alone (AWS credentials, endpoints, region): the result is
-the wrapper's to write, and no key of it is the agent's to read."""
+The agent runs as the task's `[agent] user` (default: the image's, root) with a fresh HOME it
+owns, the tests as `[verifier] user` (default root), both in `[environment] workdir` (else the
+image's WORKDIR) with `[environment] env`. Their environment is an allowlist
+(`allowlist.py`): the image's own ENV as its build recorded it (`trusted.py`), the basics, TLS
+trust and proxies without credentials, the task's variables; never what the session gave the
+wrapper alone (AWS credentials, endpoints, the project's variables) nor trackers' tokens. The
+image's record (`trusted.json`) is read once, here, before any agent runs, and the wrapper
+makes itself undumpable (`_process.seal`) before it starts one: an agent, root or not, cannot
+read its memory or its environment, nor write them."""
 
 from __future__ import annotations
 
@@ -19,15 +25,17 @@ import asyncio
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..agent import AgentTimeout, RolloutApp, RolloutContext, RolloutOutput, VerifierError
 from ..contract import AGENT_ARTIFACTS_KEY, ARTIFACTS_KEY, agent_request_id, artifacts_key
-from . import artifacts
-from ._process import Ran, kill_all_but_this, run_group
+from . import artifacts, trusted
+from ._process import Ran, RunAs, kill_all_but_this, run_group, seal, user_named
 from .agents import AGENT_ENV, ENVIRONMENT_ENV, AgentRun, HarborAgent, agent_named
+from .allowlist import agent_env
 from .tasks import write_files
 from .verifier import verify
 
@@ -41,18 +49,20 @@ AGENT_LOG = Path("/logs/agent/output.txt")
 MARGIN = 5.0
 """Seconds kept back from the rollout's deadline besides the verifier's timeout: the result
 must still be written once the tests are done."""
-_SESSION_ONLY = ("AWS_", "AGENTCORE_ROLLOUT_")
-"""Environment variables the session gives the wrapper alone, by prefix."""
+TRUSTED = trusted.load()
+"""The image's record, read as the wrapper starts, before any agent (None: an image built
+before records were)."""
 
 
 @app.rollout_entrypoint
 async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput:
     """The agent's invocation, then (`phase: verify`) the verifier's: in this session once the
     agent is gone, or in a session of the verifier's environment."""
+    seal()  # before any agent: its processes cannot read or write this one's memory
     if payload.get("phase") == "verify":
         return await _verify(payload, ctx)
     agent = _image_agent(payload)
-    ran = await _run_agent(agent, payload, ctx, task_env(os.environ))
+    ran = await _run_agent(agent, payload, ctx, task_env(os.environ, payload))
     _agents_ran.add(ctx.request_id)
     if payload.get("verifier_mode") == "separate":
         return await _hand_over(payload, ctx, agent, ran)
@@ -71,6 +81,7 @@ agent's is one (a session that ended and was made anew under its id holds none o
 async def _verify(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput:
     """The tests, run where the agent's work is: here, after every process but this one is
     gone, or (given the agent's artifacts) in a session of their own, once those are in place."""
+    user = _user(payload.get("verifier_user"), "[verifier]", VerifierError)
     if AGENT_ARTIFACTS_KEY in payload:
         _check_environment(payload)
         body = await artifacts.fetch(payload[AGENT_ARTIFACTS_KEY])
@@ -79,17 +90,29 @@ async def _verify(payload: dict[str, Any], ctx: RolloutContext) -> RolloutOutput
     elif agent_request_id(ctx.request_id) not in _agents_ran:
         raise VerifierError("the agent's session is gone: this session holds none of its work")
     else:
-        extra = {"killed_processes": float(await kill_all_but_this())}
+        started = time.monotonic()
+        killed = await kill_all_but_this()
+        extra = {"killed_processes": float(killed), "kill_seconds": time.monotonic() - started}
     verdict = await verify(
         payload.get("tests") or [],
         float(payload["verifier_timeout"]),
-        {**task_env(os.environ), **(payload.get("verifier_env") or {})},
-        WORKDIR,
+        {**task_env(os.environ, payload), **_as(user), **(payload.get("verifier_env") or {})},
+        _workdir(payload, VerifierError),
+        user=user,
+        trusted=TRUSTED,
     )
     return RolloutOutput(
         rewards=verdict.rewards,
-        trajectory={"verifier_output": verdict.output, "verifier_exit": verdict.exit_code},
-        metrics={"verifier_seconds": verdict.seconds, **extra},
+        trajectory={
+            "verifier_output": verdict.output,
+            "verifier_exit": verdict.exit_code,
+            "verifier_trust": verdict.trust,
+        },
+        metrics={
+            "verifier_seconds": verdict.seconds,
+            "trust_check_seconds": verdict.check_seconds,
+            **extra,
+        },
     )
 
 
@@ -116,16 +139,21 @@ async def _hand_over(
 async def _run_agent(
     agent: HarborAgent, payload: dict[str, Any], ctx: RolloutContext, env: dict[str, str]
 ) -> Ran:
-    """The agent, from start to the end of its process group, within its time; past it,
-    `AgentTimeout`."""
+    """The agent, as `[agent] user`, from start to the end of its process group, within its
+    time; past it, `AgentTimeout`."""
     bound = min(float(payload["agent_timeout"]), _time_for_agent(payload, ctx))
+    user = _user(payload.get("agent_user"), "[agent]", ValueError)
+    workdir = _workdir(payload, ValueError)
     if agent.needs_solution:
         _write_solution(payload.get("solution") or [])
-    with tempfile.TemporaryDirectory(prefix="agent-home-") as home:
+    with tempfile.TemporaryDirectory(prefix="agent-home-", ignore_cleanup_errors=True) as home:
+        if user is not None:
+            os.chown(home, user.uid, user.gid)
+            env = {**env, "USER": user.name, "LOGNAME": user.name}
         run = AgentRun(
             instruction=payload["instruction"],
             llm=ctx.llm,
-            workdir=WORKDIR,
+            workdir=workdir,
             home=Path(home),
             solution=SOLUTION_DIR,
             solution_env=dict(payload.get("solution_env") or {}),
@@ -134,15 +162,41 @@ async def _run_agent(
         launch = agent.launch(run)
         ran = await run_group(
             launch.argv,
-            cwd=WORKDIR,
+            cwd=workdir,
             env={**env, "HOME": home, **launch.env},
             timeout=bound,
             output=AGENT_LOG,
+            user=user,
         )
     if ran.exit_code is None:
         why = f"agent {agent.name} ran past its {bound:g}s limit: its process group was killed"
         raise AgentTimeout(f"{why}; its output ended:\n{ran.tail[-1500:]}")
     return ran
+
+
+def _user(name: Any, where: str, error: type[Exception]) -> RunAs | None:
+    """The task's user for a phase; one the image lacks is one line (`error`)."""
+    try:
+        return user_named(None if name is None else str(name))
+    except LookupError as e:
+        raise error(f"{where} user: {e}") from None
+
+
+def _as(user: RunAs | None) -> dict[str, str]:
+    """The variables naming `user` (none for root)."""
+    if user is None:
+        return {}
+    return {"USER": user.name, "LOGNAME": user.name, "HOME": user.home or "/"}
+
+
+def _workdir(payload: dict[str, Any], error: type[Exception]) -> Path:
+    """`[environment] workdir`, else the image's WORKDIR: a folder of the image."""
+    if not payload.get("workdir"):
+        return WORKDIR
+    workdir = Path(str(payload["workdir"]))
+    if not workdir.is_absolute() or not workdir.is_dir():
+        raise error(f"[environment] workdir {str(workdir)!r} is not a folder of the task's image")
+    return workdir
 
 
 def _image_agent(payload: dict[str, Any]) -> HarborAgent:
@@ -181,12 +235,12 @@ def _time_for_agent(payload: dict[str, Any], ctx: RolloutContext) -> float:
     return left
 
 
-def task_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The image's environment for the agent and the tests: the wrapper's own, less what the
-    session gave it alone (`_SESSION_ONLY`, endpoint URLs). The TLS trust variables
-    (`NODE_EXTRA_CA_CERTS`, `SSL_CERT_FILE`, ...) stay: the gateway's CA is the agent's."""
-    return {
-        k: v
-        for k, v in environ.items()
-        if not k.startswith(_SESSION_ONLY) and "ENDPOINT_URL" not in k
-    }
+def task_env(
+    environ: Mapping[str, str], payload: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """The environment the agent and the tests start from (`allowlist.agent_env`): the
+    image's recorded ENV, the session's basics, TLS trust and credential-free proxies, and
+    the task's `[environment] env`. The TLS trust variables (`NODE_EXTRA_CA_CERTS`, ...) stay:
+    the gateway's CA is the agent's."""
+    image = TRUSTED.env if TRUSTED is not None else None
+    return agent_env(environ, image, (payload or {}).get("environment_env") or {})

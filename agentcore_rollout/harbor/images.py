@@ -12,6 +12,7 @@ wrapper's own venv (`VENV`) keeps its packages out of the task's Python."""
 from __future__ import annotations
 
 from .agents import AGENT_ENV, ENVIRONMENT_ENV, HarborAgent
+from .trusted import RECORD
 
 VENV = "/opt/agentcore-rollout"
 SOURCE = ("pyproject.toml", "README.md", "agentcore_rollout")
@@ -67,7 +68,7 @@ RUN {VENV}/bin/pip install --no-cache-dir --disable-pip-version-check -q \\
       "/tmp/agentcore-rollout[agent]" \\
     && rm -rf /tmp/agentcore-rollout
 {install}ENV {AGENT_ENV}={agent.name} {ENVIRONMENT_ENV}={environment}
-USER root
+{RECORD}USER root
 EXPOSE 8080
 CMD ["{VENV}/bin/python", "-m", "agentcore_rollout.agent.serve", \\
      "agentcore_rollout.harbor.app:app", "--host", "0.0.0.0", "--port", "8080"]

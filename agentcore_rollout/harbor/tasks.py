@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -186,6 +187,7 @@ def read_task(folder: Path) -> HarborTask:
     where = str(folder)
     if not folder.is_dir():
         raise TaskError(f"{where}: not a folder")
+    _check_links(folder, where)
     if (folder / "trajectory.json").exists():
         why = "is refused: seeding the agent with a prior context is not run here"
         raise TaskError(f"{where}: trajectory.json (Harbor's prior agent context) {why}")
@@ -238,6 +240,9 @@ def task_payload(task: HarborTask, *, solution: bool = False) -> dict[str, Any]:
         "phase": "verify",
         "verifier_timeout": task.verifier_timeout,
         "verifier_env": task.verifier_env,
+        "verifier_user": task.verifier_user,
+        "workdir": task.workdir,
+        "environment_env": task.environment_env,
         "tests": _files(task.path / "tests"),
     }
     row: dict[str, Any] = {
@@ -247,6 +252,9 @@ def task_payload(task: HarborTask, *, solution: bool = False) -> dict[str, Any]:
         "agent_timeout": task.agent_timeout,
         "verifier_timeout": task.verifier_timeout,  # the time the agent leaves for it
         "verifier_mode": task.verifier_mode,
+        "agent_user": task.agent_user,
+        "workdir": task.workdir,
+        "environment_env": task.environment_env,
         "solution_env": task.solution_env if solution else {},
         "solution": _files(task.path / "solution") if solution else [],
     }
@@ -566,18 +574,55 @@ def _text(path: Path, where: str) -> str:
 
 def _files(folder: Path) -> list[dict[str, Any]]:
     """Every file under `folder` (none if it is absent), sorted by path: path, mode, bytes
-    (base64)."""
+    (base64). A symlink (which `_check_links` let through: one to a file of the task's own)
+    is carried as its target's content; links to folders are not followed."""
     if not folder.is_dir():
         return []
-    found = sorted(p for p in folder.rglob("*") if p.is_file())
+    found = []
+    for top, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
+        found += [Path(top) / n for n in names if (Path(top) / n).is_file()]
     return [
         {
             "path": p.relative_to(folder).as_posix(),
             "mode": p.stat().st_mode & 0o777,
             "data": base64.b64encode(p.read_bytes()).decode(),
         }
-        for p in found
+        for p in sorted(found)
     ]
+
+
+def _check_links(folder: Path, where: str) -> None:
+    """A task folder is data: a symlink whose target leaves it, or a link to a folder, or a
+    regular file with another name (a hard link, `st_nlink` > 1, whose other name may be
+    anywhere), is refused, naming it. A symlink to a file of the task's own is carried as that
+    file's content."""
+    root = folder.resolve()
+    for top, dirs, names in os.walk(folder):
+        for name in [*dirs, *names]:
+            path = Path(top) / name
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                try:
+                    target = path.resolve()
+                except (OSError, RuntimeError):  # a loop
+                    target = root
+                if root not in target.parents or not target.is_file():
+                    shown = os.readlink(path)
+                    why = (
+                        "leaves the task's folder"
+                        if root not in target.parents
+                        else ("is not a file of the task's")
+                    )
+                    raise TaskError(
+                        f"{where}: {path.relative_to(folder)} is a symlink to {shown}, which "
+                        f"{why}: refused (a task folder is data)"
+                    )
+            elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                raise TaskError(
+                    f"{where}: {path.relative_to(folder)} is a hard link ({info.st_nlink} names): "
+                    "refused (its other names may be outside the task's folder)"
+                )
 
 
 def _task_folders(path: Path) -> Iterator[Path]:

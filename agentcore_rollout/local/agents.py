@@ -25,6 +25,7 @@ from typing import IO, Any, Protocol
 
 import aiohttp
 
+from .agent_env import process_agent_env
 from .config import EmulatorConfig
 from .containers import LABEL, SESSION_LABEL, ContainerEngine, container_url
 from .host import load_asgi_app
@@ -76,7 +77,10 @@ class ProcessAgent:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        env = {**os.environ, **config.env, "AGENTCORE_ROLLOUT_PARENT_PID": str(os.getpid())}
+        env = {
+            **process_agent_env(os.environ, config.env),
+            "AGENTCORE_ROLLOUT_PARENT_PID": str(os.getpid()),
+        }
         if config.command:
             # The command binds $PORT itself, as a container's server binds 8080: the port is
             # free again by the time it starts (a race on loopback only, not worth a protocol).

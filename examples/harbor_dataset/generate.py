@@ -20,6 +20,7 @@ version = "1.0"
 {artifacts}
 [agent]
 timeout_sec = 600.0
+user = "agent"
 
 [verifier]
 timeout_sec = 60.0
@@ -62,6 +63,7 @@ def generate(into: Path, tasks: int, environments: int, separate: int) -> list[s
         (folder / "environment" / "Dockerfile").write_text(
             f"FROM python:3.11-slim\nWORKDIR /app\nENV DATASET_ENVIRONMENT={env}\n"
             f"RUN echo {env} > /etc/dataset-environment\n"
+            "RUN useradd --create-home --shell /bin/bash agent && chown -R agent:agent /app\n"
         )
         is_separate = separate > 0 and i % separate == separate - 1
         (folder / "task.toml").write_text(
