@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentcore_rollout.agent import VerifierError
-from agentcore_rollout.harbor import allowlist, trusted, verifier
+from agentcore_rollout.agent import VerifierError, allowlist
+from agentcore_rollout.harbor import trusted, verifier
 from agentcore_rollout.harbor._process import RunAs, user_named
 from agentcore_rollout.harbor.tasks import TaskError, read_task, read_tasks, task_payload
 from agentcore_rollout.harbor.verifier import MAX_REWARD_BYTES, read_reward, verify

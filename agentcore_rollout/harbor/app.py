@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import AgentTimeout, RolloutApp, RolloutContext, RolloutOutput, VerifierError
+from ..agent.allowlist import agent_env
 from ..contract import AGENT_ARTIFACTS_KEY, ARTIFACTS_KEY, agent_request_id, artifacts_key
 from . import artifacts, trusted
 from ._process import Ran, RunAs, kill_all_but_this, run_group, seal, user_named
 from .agents import AGENT_ENV, ENVIRONMENT_ENV, AgentRun, HarborAgent, agent_named
-from .allowlist import agent_env
 from .tasks import write_files
 from .verifier import verify
 

@@ -4,7 +4,7 @@ environment, never all of it. The stack's own process holds what no agent should
 tracker's token, a collector's headers, a proxy's password, the user's cloud credentials,
 the project's admin tokens); an agent on AgentCore is given its runtime's variables alone.
 
-Passed on: the basics, TLS trust and credential-free proxies (`harbor.allowlist`), what an
+Passed on: the basics, TLS trust and credential-free proxies (`agent.allowlist`), what an
 agent needs to write its result (the AWS region, credentials and endpoint URLs, as a session
 container gets them: `agents.container_env`), Python's own (`PYTHON*`, `VIRTUAL_ENV`),
 OpenTelemetry's settings but never its headers or client keys (the agent's spans join the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..harbor.allowlist import DENIED, from_session
+from ..agent.allowlist import DENIED, from_session
 
 AWS_NAMES = frozenset(
     {
