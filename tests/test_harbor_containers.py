@@ -121,7 +121,7 @@ async def test_the_example_tasks_score_as_their_agent_says(
     """oracle runs each task's solve.sh: every task 1.0; nop does nothing: every task 0.0. Two
     tasks share one environment, so three images serve four tasks."""
     tasks = read_tasks(EXAMPLES)
-    images = task_images(tasks, agent, engine)
+    images = task_images(tasks, agent, engine).images
     assert len(images) == 3
     outcomes = await _roll_out(emulator, moto, channel, engine, images, tasks)
     assert {n: o.outcome for n, o in outcomes.items()} == {t.name: Outcome.OK for t in tasks}
@@ -136,7 +136,9 @@ async def test_a_verifier_that_cannot_judge_an_agent_too_slow_and_tests_kept_hid
     engine, emulator, moto, channel, no_container_left, tmp_path
 ):
     tasks = _fixture_tasks(tmp_path)
-    images = task_images(tasks, "oracle", engine)  # the examples' shared image: built already
+    images = task_images(
+        tasks, "oracle", engine
+    ).images  # the examples' shared image: built already
     assert len(images) == 1
     outcomes = await _roll_out(emulator, moto, channel, engine, images, tasks)
     no_reward = outcomes["no-reward"]
@@ -166,7 +168,7 @@ async def test_a_real_agent_on_the_local_model_is_scored_by_the_tests_with_an_ex
     except ContainerRuntimeError as e:
         pytest.skip(f"no container runtime here: {e}")
     (task,) = [t for t in read_tasks(EXAMPLES) if t.name == "write-greeting"]
-    images = task_images([task], agent, engine)
+    images = task_images([task], agent, engine).images
     local = LocalConfig(
         mode="container",
         container_engine=engine.name,
