@@ -51,12 +51,19 @@ class TaskImages:
 
     images: dict[str, str]
     failed: dict[str, str] = field(default_factory=dict)
-    built: frozenset[str] = frozenset()
-    """The environments whose layer was built now (the rest of `images` were up to date)."""
+    layer_seconds: dict[str, float] = field(default_factory=dict)
+    """Each layer built now: the seconds its build took (its environment's image apart)."""
     seconds: float = 0.0
+    """The whole build's."""
+
+    @property
+    def built(self) -> frozenset[str]:
+        """The environments whose layer was built now."""
+        return frozenset(self.layer_seconds)
 
     @property
     def cached(self) -> frozenset[str]:
+        """The environments whose image was up to date."""
         return frozenset(self.images) - self.built
 
 
@@ -129,7 +136,7 @@ def task_images(
     todo = environments(tasks, agent_named(agent))
     images: dict[str, str] = {}
     failed: dict[str, str] = {}
-    built: set[str] = set()
+    built: dict[str, float] = {}
     bar = status_bar("[bold]images", "{task.completed}/{task.total}")
     progress = bar.add_task("images", total=len(todo), status="the wrapper")
     with bar, tempfile.TemporaryDirectory(prefix="agentcore-rollout-harbor-") as tmp:
@@ -143,7 +150,7 @@ def task_images(
         empty = Path(tmp) / "empty"
         empty.mkdir()
 
-        def one(env: _Environment) -> bool:
+        def one(env: _Environment) -> float | None:
             wrapper = wrappers[env.agent.name]
             if isinstance(wrapper, Exception):
                 raise wrapper
@@ -155,14 +162,14 @@ def task_images(
             for future in as_completed(futures):
                 env = futures[future]
                 try:
-                    if future.result():
-                        built.add(env.id)
+                    if (seconds := future.result()) is not None:
+                        built[env.id] = seconds
                     images[env.id] = env.image
                 except Exception as e:  # any failure is this environment's alone
                     failed[env.id] = _reason(env, e)
                 status = f"built {len(built)}  cached {len(images) - len(built)}"
                 bar.update(progress, advance=1, status=f"{status}  failed {len(failed)}")
-    result = TaskImages(images, failed, frozenset(built), time.monotonic() - started)
+    result = TaskImages(images, failed, built, time.monotonic() - started)
     console.print(
         f"images: {len(result.built)} built, {len(result.cached)} cached (up to date), "
         f"{len(failed)} failed, of {len(todo)} environments in {result.seconds:.0f}s",
@@ -198,19 +205,20 @@ def _wrapper(agent: HarborAgent, engine: ContainerEngine, tmp: Path, source: str
 
 def _layer(
     env: _Environment, wrapper: str, engine: ContainerEngine, rebuild: bool, empty: Path
-) -> bool:
+) -> float | None:
     """The environment's image with the layer on it, unless one of the same digest (the
-    layer's Dockerfile, the wrapper's and the environment's image ids) is there: True if
-    built now."""
+    layer's Dockerfile, the wrapper's and the environment's image ids) is there: the seconds
+    its build took, None if there was one."""
     base = _environment(env, engine, rebuild)
     text = copied_layer_dockerfile(base, env.agent, env.id, wrapper)
     digest = _hash(text, _image_id(base, engine))
     if _layer_of(env.image, engine) == digest:
-        return False
+        return None
+    started = time.monotonic()
     dockerfile = empty.parent / f"{env.id}-{env.agent.name}.Dockerfile"
     dockerfile.write_text(f"{text}LABEL {LAYER_LABEL}={digest}\n")
     build_image(dockerfile, env.image, empty, engine=engine, log=None)
-    return True
+    return time.monotonic() - started
 
 
 def _environment(env: _Environment, engine: ContainerEngine, rebuild: bool) -> str:

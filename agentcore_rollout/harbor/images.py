@@ -100,7 +100,8 @@ CMD ["{VENV}/bin/python", "-m", "agentcore_rollout.agent.serve", \\
 
 def wrapper_dockerfile(base: str, agent: HarborAgent) -> str:
     """The wrapper's image on `base` (the Debian base), its context `SOURCE`: the venv with
-    the package and `[agent]`, its source kept (`WRAPPER_SOURCE`), and the agent installed."""
+    the package and `[agent]` (pip and setuptools gone: a quarter less for each layer to
+    copy), its source kept (`WRAPPER_SOURCE`), and the agent installed."""
     install = "".join(f"{line}\n" for line in agent.install)
     return f"""\
 FROM {base}
@@ -108,7 +109,8 @@ USER root
 {_PYTHON}COPY pyproject.toml README.md {WRAPPER_SOURCE}/
 COPY agentcore_rollout {WRAPPER_SOURCE}/agentcore_rollout
 RUN {VENV}/bin/pip install --no-cache-dir --disable-pip-version-check -q \\
-      "{WRAPPER_SOURCE}[agent]"
+      "{WRAPPER_SOURCE}[agent]" \\
+    && {VENV}/bin/pip uninstall -y -q --disable-pip-version-check pip setuptools
 {install}"""
 
 
