@@ -104,11 +104,15 @@ def environments(tasks: Iterable[HarborTask], agent: HarborAgent) -> list[_Envir
         )
         found.setdefault(env.id, env)
         if task.verifier_mode == "separate":
+            context = task.verifier_context
+            image = task.verifier_docker_image
+            if image is None and not (context / "Dockerfile").is_file():
+                image = task.docker_image  # the task's environment is the verifier's too
             verifier = _Environment(
                 task.verifier_environment,
                 task.name,
-                task.verifier_docker_image,
-                task.verifier_context,
+                image,
+                context,
                 task.build_timeout,
                 NOP,
                 "verifier's environment",
