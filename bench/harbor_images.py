@@ -3,14 +3,16 @@ spends per environment once the wrapper is built.
 
 N small environments are generated (each `FROM python:3.11-slim`, built on the Debian
 substitute base, writing a file of its own), with the `oracle` agent:
-- first: one environment with no wrapper image yet (the wrapper's venv built, then the
-  environment and its layer);
+- first: one environment with no wrapper image yet (the wrapper's image built, its steps
+  from the builder's cache where an earlier build left them, then the environment and its
+  layer);
 - serial: a few more, one at a time (each layer's seconds alone on the machine);
 - dataset: `--envs` more at once (one per core, as `local build` runs them): the total, and
   each layer's seconds under that load;
 - cached: the dataset's build again (every layer up to date);
 - old layer (skipped with `--smoke`): one environment with `layer_dockerfile`, the layer that
-  pip-installs the wrapper on each environment, as every environment's layer was built before.
+  pip-installs the wrapper on each environment, as every environment's layer was built before;
+- cold wrapper (skipped with `--smoke`): the wrapper's image with no builder cache.
 Prints JSON; writes bench/results/harbor_images.json and harbor_images.png.
 
     python bench/harbor_images.py [--envs 30] [--smoke]
@@ -38,6 +40,7 @@ from agentcore_rollout.harbor.images import (  # noqa: E402
     agent_image,
     environment_image,
     layer_dockerfile,
+    wrapper_dockerfile,
     wrapper_image,
 )
 from agentcore_rollout.harbor.tasks import HarborTask, read_tasks  # noqa: E402
@@ -45,6 +48,7 @@ from agentcore_rollout.local.containers import (  # noqa: E402
     ContainerEngine,
     build_image,
     container_engine,
+    debian_base,
 )
 
 AGENT = "oracle"
@@ -85,6 +89,23 @@ def old_layer(engine: ContainerEngine, task: HarborTask, tmp: Path) -> float:
     return seconds
 
 
+def cold_wrapper(engine: ContainerEngine, tmp: Path) -> float:
+    """Seconds of the wrapper's image built from nothing (no builder cache): what the first
+    environment of a machine, or of a changed source, adds once."""
+    dockerfile = tmp / "wrapper.Dockerfile"
+    dockerfile.write_text(wrapper_dockerfile(debian_base(engine)))
+    context = source_context(tmp / "wrapper-context")
+    image = "localhost/agentcore-rollout-bench-wrapper:cold"
+    began = time.monotonic()
+    built = engine.run(
+        "build", "--no-cache", "-f", str(dockerfile), "-t", image, str(context), timeout=1800
+    )
+    seconds = time.monotonic() - began
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    engine.run("rmi", "-f", image)
+    return seconds
+
+
 def stats(xs: list[float]) -> dict[str, float]:
     if not xs:
         return {}
@@ -102,7 +123,7 @@ def measure(engine: ContainerEngine, envs: int, serial: int, smoke: bool) -> dic
         tasks = make_tasks(Path(tmp) / "tasks", 1 + serial + envs, run)
         first, alone, dataset = tasks[:1], tasks[1 : 1 + serial], tasks[1 + serial :]
         try:
-            engine.run("rmi", "-f", wrapper_image(AGENT))
+            engine.run("rmi", "-f", wrapper_image())
             made = task_images(first, AGENT, engine, workers=1)
             out["first_env_with_wrapper_s"] = round(made.seconds, 1)
             out["first_env_layer_s"] = round(*made.layer_seconds.values(), 1)
@@ -131,6 +152,7 @@ def measure(engine: ContainerEngine, envs: int, serial: int, smoke: bool) -> dic
             }
             if not smoke:
                 out["old_pip_layer_s"] = round(old_layer(engine, first[0], Path(tmp)), 1)
+                out["wrapper_cold_s"] = round(cold_wrapper(engine, Path(tmp)), 1)
         finally:
             remove(engine, tasks)
     return out
@@ -151,8 +173,10 @@ def plot(result: dict[str, object], path: Path) -> None:
     }
     if "old_pip_layer_s" in result:
         bars["pip layer\n(before)"] = result["old_pip_layer_s"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.5))
+        bars["wrapper,\nno cache"] = result["wrapper_cold_s"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8), width_ratios=(3, 1.3))
     ax.bar(list(bars), list(bars.values()), color="tab:blue")
+    ax.tick_params(axis="x", labelsize=8)
     ax.set_ylabel("seconds")
     ax.set_title("one environment's image")
     cached = result["dataset_cached"]

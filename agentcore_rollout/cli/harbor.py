@@ -4,9 +4,9 @@ environment (`HarborTask.verifier_environment`, with no agent), each the environ
 (its Dockerfile built, on the Debian substitute base where its FROM cannot be pulled, or its
 `docker_image` pulled) with the wrapper's layer on it (`harbor/images.py`).
 
-The wrapper (the package's venv) and the agent's install are built once, in the wrapper's
-image (`wrapper_dockerfile`), and each environment's layer copies them in
-(`copied_layer_dockerfile`); environments build concurrently, one per core, under a progress
+The wrapper (the package's venv) and the agent's install are built once, each in an image of
+its own (`wrapper_dockerfile`, `install_dockerfile`), and each environment's layer copies
+them in (`copied_layer_dockerfile`); environments build concurrently, one per core, under a progress
 bar. One environment that fails to build is that environment's tasks' failure: `TaskImages`
 holds the images that built and why each other one did not."""
 
@@ -29,6 +29,8 @@ from ..harbor.images import (
     agent_image,
     copied_layer_dockerfile,
     environment_image,
+    install_dockerfile,
+    install_image,
     wrapper_dockerfile,
     wrapper_image,
 )
@@ -144,21 +146,29 @@ def task_images(
     bar = status_bar("[bold]images", "{task.completed}/{task.total}")
     progress = bar.add_task("images", total=len(todo), status="the wrapper")
     with bar, tempfile.TemporaryDirectory(prefix="agentcore-rollout-harbor-") as tmp:
-        wrappers: dict[str, str | Exception] = {}
-        source = _source_digest()  # once per build, not per environment
-        for name, chosen in {e.agent.name: e.agent for e in todo}.items():
-            try:
-                wrappers[name] = _wrapper(chosen, engine, Path(tmp), source)
-            except (ImageBuildError, OSError, subprocess.SubprocessError) as e:
-                wrappers[name] = e
-        empty = Path(tmp) / "empty"
+        # The wrapper and each agent's install, once: an environment needing one that failed
+        # fails with it.
+        made: dict[str, tuple[str, str | None] | Exception] = {}
+        empty = Path(tmp) / "empty"  # a layer's context: it copies from images alone
         empty.mkdir()
+        try:
+            wrapper: str | Exception = _wrapper(engine, Path(tmp), _source_digest())
+        except (ImageBuildError, OSError, subprocess.SubprocessError) as e:
+            wrapper = e
+        for chosen in {e.agent.name: e.agent for e in todo}.values():
+            try:
+                if isinstance(wrapper, Exception):
+                    raise wrapper
+                installed = _installed(chosen, engine, Path(tmp)) if chosen.shared else None
+                made[chosen.name] = (wrapper, installed)
+            except (ImageBuildError, OSError, subprocess.SubprocessError) as e:
+                made[chosen.name] = e
 
         def one(env: _Environment) -> float | None:
-            wrapper = wrappers[env.agent.name]
-            if isinstance(wrapper, Exception):
-                raise wrapper
-            return _layer(env, wrapper, engine, rebuild, empty)
+            images_of = made[env.agent.name]
+            if isinstance(images_of, Exception):
+                raise images_of
+            return _layer(env, *images_of, engine, rebuild, empty)
 
         count = max(1, workers or os.cpu_count() or 1)
         with ThreadPoolExecutor(count, thread_name_prefix="harbor-image") as pool:
@@ -191,30 +201,48 @@ def _reason(env: _Environment, error: BaseException) -> str:
     return "\n".join([head, *(f"  {line}" for line in tail)])
 
 
-def _wrapper(agent: HarborAgent, engine: ContainerEngine, tmp: Path, source: str) -> str:
-    """The wrapper's image for `agent` (`wrapper_dockerfile` on the Debian base), built unless
-    one of the same digest is there: its image id."""
-    image = wrapper_image(agent.name)
+def _wrapper(engine: ContainerEngine, tmp: Path, source: str) -> str:
+    """The wrapper's image (`wrapper_dockerfile` on the Debian base), built unless one of the
+    same digest (its Dockerfile, its base's id, the package's `source`) is there: its id."""
+    image = wrapper_image()
     base = debian_base(engine)
-    text = wrapper_dockerfile(base, agent)
+    text = wrapper_dockerfile(base)
     digest = _hash(text, _image_id(base, engine), source)
     if _layer_of(image, engine) != digest:
-        context = tmp / f"wrapper-{agent.name}"
-        source_context(context)
-        dockerfile = tmp / f"wrapper-{agent.name}.Dockerfile"
+        context = source_context(tmp / "wrapper")
+        dockerfile = tmp / "wrapper.Dockerfile"
         dockerfile.write_text(f"{text}LABEL {LAYER_LABEL}={digest}\n")
         build_image(dockerfile, image, context, engine=engine, log=None)
     return _image_id(image, engine)
 
 
+def _installed(agent: HarborAgent, engine: ContainerEngine, tmp: Path) -> str:
+    """The agent's install image (`install_dockerfile` on the Debian base), built unless one
+    of the same digest is there: its id."""
+    image = install_image(agent.name)
+    base = debian_base(engine)
+    text = install_dockerfile(base, agent)
+    digest = _hash(text, _image_id(base, engine))
+    if _layer_of(image, engine) != digest:
+        dockerfile = tmp / f"install-{agent.name}.Dockerfile"
+        dockerfile.write_text(f"{text}LABEL {LAYER_LABEL}={digest}\n")
+        build_image(dockerfile, image, tmp / "empty", engine=engine, log=None)
+    return _image_id(image, engine)
+
+
 def _layer(
-    env: _Environment, wrapper: str, engine: ContainerEngine, rebuild: bool, empty: Path
+    env: _Environment,
+    wrapper: str,
+    installed: str | None,
+    engine: ContainerEngine,
+    rebuild: bool,
+    empty: Path,
 ) -> float | None:
     """The environment's image with the layer on it, unless one of the same digest (the
-    layer's Dockerfile, the wrapper's and the environment's image ids) is there: the seconds
-    its build took, None if there was one."""
+    layer's Dockerfile, naming the wrapper's and the agent's image ids, and the environment's
+    image id) is there: the seconds its build took, None if there was one."""
     base = _environment(env, engine, rebuild)
-    text = copied_layer_dockerfile(base, env.agent, env.id, wrapper)
+    text = copied_layer_dockerfile(base, env.agent, env.id, wrapper, installed)
     digest = _hash(text, _image_id(base, engine))
     if _layer_of(env.image, engine) == digest:
         return None

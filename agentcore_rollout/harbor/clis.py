@@ -55,14 +55,28 @@ def _npm(name: str, package: str, then: str = "") -> tuple[str, ...]:
     return (_NODE, f"RUN {_QUIET_NPM} npm install -g --prefix {PREFIX / name} {package}{then}")
 
 
+# What a copied npm CLI needs on the task's image: Node alone (npm installed it already).
+_NODE_RUNTIME = _NODE.replace(
+    "install -y -qq --no-install-recommends nodejs npm",
+    "install -y -qq --no-install-recommends nodejs",
+)
+
+
 def _npm_agent(
-    name: str, launch: Callable[[AgentRun], Launch], version: str, package: str, then: str = ""
+    name: str,
+    launch: Callable[[AgentRun], Launch],
+    version: str,
+    package: str,
+    then: str = "",
+    *,
+    node: bool = True,
 ) -> HarborAgent:
     """An npm CLI: installed once in the wrapper's image, its prefix copied into each task's
-    layer, which still needs Node."""
+    layer, which gets Node where the CLI runs on it (`node`)."""
     install = _npm(name, package, then)
+    runtime = (_NODE_RUNTIME,) if node else ()
     return HarborAgent(
-        name, launch, version, install, shared=(str(PREFIX / name),), runtime=(_NODE,)
+        name, launch, version, install, shared=(str(PREFIX / name),), runtime=runtime
     )
 
 
@@ -228,6 +242,7 @@ CLI_AGENTS: tuple[HarborAgent, ...] = (
         CLAUDE_CODE_VERSION,
         f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
         _CLAUDE_TRIM,
+        node=False,  # bin/claude is the platform's native binary (glibc's, as installed)
     ),
     _npm_agent("codex", _codex, CODEX_VERSION, f"@openai/codex@{CODEX_VERSION}"),
     HarborAgent(

@@ -12,11 +12,11 @@ wrapper's own venv (`VENV`) keeps its packages out of the task's Python.
 Two ways to the same layer:
 - `layer_dockerfile`: self-contained, the package's source as its context, installed with pip
   on the task's image (what `deploy --tasks` builds, for another architecture).
-- `wrapper_dockerfile` + `copied_layer_dockerfile` (local builds): the wrapper's venv and the
-  agent's install are made once, in an image of their own on the Debian base, and each task's
-  layer copies them in. The copied venv is pointed at the task's `python3` and imported; where
-  that fails (another Python minor version, musl), the layer installs from the copied source
-  with pip as `layer_dockerfile` does."""
+- `wrapper_dockerfile`, `install_dockerfile` + `copied_layer_dockerfile` (local builds): the
+  wrapper's venv and the agent's install are made once, each in an image of its own on the
+  Debian base, and each task's layer copies them in. The copied venv is pointed at the
+  task's `python3` and imported; where that fails (another Python minor version, musl), the
+  layer installs from the copied source with pip as `layer_dockerfile` does."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ SOURCE = ("pyproject.toml", "README.md", "agentcore_rollout")
 ENVIRONMENT_REPOSITORY = "localhost/agentcore-rollout-harbor-env"
 AGENT_REPOSITORY = "localhost/agentcore-rollout-harbor"
 WRAPPER_REPOSITORY = "localhost/agentcore-rollout-harbor-wrapper"
+INSTALL_REPOSITORY = "localhost/agentcore-rollout-harbor-install"
 WRAPPER_SOURCE = "/opt/agentcore-rollout-source"
 """In the wrapper's image: the package's source, for a layer whose Python cannot use the venv."""
 
@@ -69,9 +70,14 @@ def agent_image(environment: str, agent: str) -> str:
     return f"{AGENT_REPOSITORY}:{environment}-{agent}"
 
 
-def wrapper_image(agent: str) -> str:
-    """The image holding the wrapper's venv and `agent`'s install, made once per build."""
-    return f"{WRAPPER_REPOSITORY}:{agent}"
+def wrapper_image() -> str:
+    """The image holding the wrapper's venv and source, made once per build."""
+    return f"{WRAPPER_REPOSITORY}:latest"
+
+
+def install_image(agent: str) -> str:
+    """The image holding `agent`'s install (its `shared` paths), made once per machine."""
+    return f"{INSTALL_REPOSITORY}:{agent}"
 
 
 def layer_dockerfile(base: str, agent: HarborAgent, environment: str) -> str:
@@ -98,11 +104,10 @@ CMD ["{VENV}/bin/python", "-m", "agentcore_rollout.agent.serve", \\
 """
 
 
-def wrapper_dockerfile(base: str, agent: HarborAgent) -> str:
+def wrapper_dockerfile(base: str) -> str:
     """The wrapper's image on `base` (the Debian base), its context `SOURCE`: the venv with
     the package and `[agent]` (pip and setuptools gone: a quarter less for each layer to
-    copy), its source kept (`WRAPPER_SOURCE`), and the agent installed."""
-    install = "".join(f"{line}\n" for line in agent.install)
+    copy), and its source (`WRAPPER_SOURCE`)."""
     return f"""\
 FROM {base}
 USER root
@@ -111,14 +116,27 @@ COPY agentcore_rollout {WRAPPER_SOURCE}/agentcore_rollout
 RUN {VENV}/bin/pip install --no-cache-dir --disable-pip-version-check -q \\
       "{WRAPPER_SOURCE}[agent]" \\
     && {VENV}/bin/pip uninstall -y -q --disable-pip-version-check pip setuptools
-{install}"""
+"""
 
 
-def copied_layer_dockerfile(base: str, agent: HarborAgent, environment: str, wrapper: str) -> str:
-    """The layer on `base` copying the wrapper and the agent from `wrapper` (its image,
-    `wrapper_dockerfile`); its context is empty. An agent with nothing `shared` is installed
+def install_dockerfile(base: str, agent: HarborAgent) -> str:
+    """The agent's install on `base` (the Debian base), for layers to copy its `shared`
+    paths from: apart from the wrapper's image, so a change of the package's source does not
+    install the agent again."""
+    install = "".join(f"{line}\n" for line in agent.install)
+    return f"FROM {base}\nUSER root\n{install}"
+
+
+def copied_layer_dockerfile(
+    base: str, agent: HarborAgent, environment: str, wrapper: str, installed: str | None = None
+) -> str:
+    """The layer on `base` copying the wrapper from `wrapper` (its image,
+    `wrapper_dockerfile`) and the agent's `shared` paths from `installed` (its image,
+    `install_dockerfile`); its context is empty. An agent with nothing `shared` is installed
     here, as `layer_dockerfile` does."""
-    copies = "".join(f"COPY --from={wrapper} {path} {path}\n" for path in agent.shared)
+    if agent.shared and installed is None:
+        raise ValueError(f"agent {agent.name}'s install is copied: its image is needed")
+    copies = "".join(f"COPY --from={installed} {path} {path}\n" for path in agent.shared)
     install = agent.runtime if agent.shared else agent.install
     lines = "".join(f"{line}\n" for line in install)
     return f"""\
