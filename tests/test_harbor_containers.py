@@ -210,3 +210,45 @@ async def test_a_real_agent_on_the_local_model_is_scored_by_the_tests_with_an_ex
     assert len(rows) == sum(s.get("delivered", True) for s in trace["samples"]) >= 1
     assert all(r.reward_score == outcome.reward for r in rows)
     assert {tuple(r.prompt_ids) for r in rows} <= {tuple(s["prompt_ids"]) for s in trace["samples"]}
+
+
+@pytest.mark.timeout(900)
+async def test_32_task_containers_started_at_once_all_end_ok(emulator, moto, channel):
+    """32 sessions of one task (oracle) start together on this machine's cores: each waits
+    for its health check as long as the starts around it share the cores
+    (`agent_ready_timeout` scaled by the starts per core), and every one ends `ok`. Once, on
+    the first engine that works."""
+    try:
+        engine = container_engine("auto")
+    except ContainerRuntimeError as e:
+        pytest.skip(f"no container runtime here: {e}")
+    (task,) = [t for t in read_tasks(EXAMPLES) if t.name == "write-greeting"]
+    images = task_images([task], "oracle", engine).images
+    arn = environment_arn(task.environment)
+    emu = await emulator(
+        mode="container",
+        container_engine=engine.name,
+        runtime_arns=(arn,),
+        runtime_images=(f"{arn}={images[task.environment]}",),
+    )
+    config = engine_config(
+        moto,
+        channel,
+        emu,
+        runtime_arn=arn,
+        rollout_timeout=600,
+        session_start_time=2.0,  # 25 starts a second: 50 may be starting at once
+    )
+    requests = [RolloutRequest(task_payload(task), input_id=f"copy-{i}") for i in range(32)]
+    async with RolloutEngine(config) as rollouts:
+        batch = await rollouts.rollout(requests)
+    assert {o.outcome for o in batch.outcomes} == {Outcome.OK}, [
+        o.error for o in batch.outcomes if o.outcome is not Outcome.OK
+    ][:3]
+    assert emu.sessions.starting.peak == 32  # all of them starting at once
+    starts = [o.result.timings.received - o.started_at for o in batch.outcomes]
+    print(
+        f"32 containers at once: slowest start {max(starts):.1f}s, median {sorted(starts)[16]:.1f}s"
+    )
+    assert all(o.reward == 1.0 for o in batch.outcomes)
+    assert _ours(engine) == []
