@@ -6,8 +6,8 @@ environment (`HarborTask.verifier_environment`, with no agent), each the environ
 
 The wrapper (the package's venv) and the agent's install are built once, each in an image of
 its own (`wrapper_dockerfile`, `install_dockerfile`), and each environment's layer copies
-them in (`copied_layer_dockerfile`); environments build concurrently, one per core, under a progress
-bar. One environment that fails to build is that environment's tasks' failure: `TaskImages`
+them in (`copied_layer_dockerfile`); environments build concurrently, one per core, under a
+progress bar. One environment that fails to build is that environment's tasks' failure: `TaskImages`
 holds the images that built and why each other one did not."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class TaskImages:
 
 
 @dataclass(frozen=True)
-class _Environment:
+class EnvironmentBuild:
     """One environment to build: its id, a task of it (for messages), where its image comes
     from (`docker_image`, else the Dockerfile in `context`), and the agent its layer has."""
 
@@ -91,12 +91,12 @@ class _Environment:
         return agent_image(self.id, self.agent.name)
 
 
-def environments(tasks: Iterable[HarborTask], agent: HarborAgent) -> list[_Environment]:
+def environments(tasks: Iterable[HarborTask], agent: HarborAgent) -> list[EnvironmentBuild]:
     """Every distinct environment of `tasks`: each task's (with `agent`) and each separate
     verifier's (with no agent: `nop`), in the order first met."""
-    found: dict[str, _Environment] = {}
+    found: dict[str, EnvironmentBuild] = {}
     for task in tasks:
-        env = _Environment(
+        env = EnvironmentBuild(
             task.environment,
             task.name,
             task.docker_image,
@@ -110,7 +110,7 @@ def environments(tasks: Iterable[HarborTask], agent: HarborAgent) -> list[_Envir
             image = task.verifier_docker_image
             if image is None and not (context / "Dockerfile").is_file():
                 image = task.docker_image  # the task's environment is the verifier's too
-            verifier = _Environment(
+            verifier = EnvironmentBuild(
                 task.verifier_environment,
                 task.name,
                 image,
@@ -164,7 +164,7 @@ def task_images(
             except (ImageBuildError, OSError, subprocess.SubprocessError) as e:
                 made[chosen.name] = e
 
-        def one(env: _Environment) -> float | None:
+        def one(env: EnvironmentBuild) -> float | None:
             images_of = made[env.agent.name]
             if isinstance(images_of, Exception):
                 raise images_of
@@ -193,11 +193,14 @@ def task_images(
     return result
 
 
-def _reason(env: _Environment, error: BaseException) -> str:
+def _reason(env: EnvironmentBuild, error: BaseException) -> str:
     """One line naming the environment and a task of it, then the builder's last lines."""
     why = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
     head = f"{env.what} {env.id} (task {env.task}): {why}"
-    tail = getattr(error, "tail", ())[-_REASON_LINES:]
+    tail = list(getattr(error, "tail", ()))
+    if tail and tail[-1].strip() in why:  # the head says it already
+        tail.pop()
+    tail = tail[-_REASON_LINES:]
     return "\n".join([head, *(f"  {line}" for line in tail)])
 
 
@@ -231,7 +234,7 @@ def _installed(agent: HarborAgent, engine: ContainerEngine, tmp: Path) -> str:
 
 
 def _layer(
-    env: _Environment,
+    env: EnvironmentBuild,
     wrapper: str,
     installed: str | None,
     engine: ContainerEngine,
@@ -253,7 +256,7 @@ def _layer(
     return time.monotonic() - started
 
 
-def _environment(env: _Environment, engine: ContainerEngine, rebuild: bool) -> str:
+def _environment(env: EnvironmentBuild, engine: ContainerEngine, rebuild: bool) -> str:
     """The environment's image, built (or pulled) if missing, built again with `rebuild`."""
     image = env.base
     if env.docker_image is not None:
