@@ -218,3 +218,32 @@ async def _pings_busy(emu, sid: str) -> bool:
         return False
     async with aiohttp.ClientSession() as http:
         return await session.agent.busy(http)
+
+
+async def test_a_start_waits_longer_while_more_agents_start_than_there_are_cores():
+    """An agent that never answers `/ping`: alone, it has the timeout; with four times the
+    cores starting at once, four times that, and the message says so and names the setting."""
+    import os
+
+    from agentcore_rollout.local.agents import ProcessAgent, ready_bound
+
+    cores = max(1, os.cpu_count() or 1)
+    assert ready_bound(60, 1) == ready_bound(60, cores) == 60
+    assert ready_bound(60, 32) == 60 * max(1.0, 32 / cores)
+    async with aiohttp.ClientSession() as http:
+        for starting, bound in ((1, 0.3), (4 * cores, 1.2)):
+            process = await asyncio.create_subprocess_exec("sleep", "30", start_new_session=True)
+            agent = ProcessAgent(process, "http://127.0.0.1:1")  # nothing answers there
+            began = time.monotonic()
+            with pytest.raises(RuntimeError) as info:
+                await agent.wait_ready(
+                    http, 0.3, starting=lambda n=starting: n, setting="agent_ready_timeout"
+                )
+            assert bound <= time.monotonic() - began < bound + 1
+            assert not agent.alive()  # terminated at the bound
+            said = str(info.value)
+            assert said.startswith(f"agent not healthy within {bound:.0f}s (GET /ping)")
+            assert ("agents were starting at once" in said) == (starting > 1)
+            assert said.endswith(
+                "(agent_ready_timeout sets 0.3s a start, scaled by the starts per core)"
+            )

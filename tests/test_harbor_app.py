@@ -254,3 +254,39 @@ async def test_the_tasks_variables_and_workdir_reach_the_agent_and_the_tests(roo
     await wrapper.rollout(payload, _ctx())
     assert (roots / "elsewhere" / "mode").read_text() == "fast\n"
     assert not (roots / "work" / "done.txt").exists()
+
+
+def test_each_distinct_environment_is_built_once_and_a_separate_verifier_has_no_agent(tmp_path):
+    """Two tasks on one environment share it; a separate verifier's environment is built
+    from tests/Dockerfile with the wrapper alone (`nop`), or, where it has no Dockerfile of
+    its own, from the task's `docker_image`."""
+    from agentcore_rollout.cli.harbor import environments
+    from agentcore_rollout.harbor.agents import agent_named
+    from agentcore_rollout.harbor.tasks import read_tasks
+
+    def task(name: str, toml: str, dockerfile: str | None, tests_dockerfile: str | None) -> None:
+        folder = tmp_path / name
+        (folder / "tests").mkdir(parents=True)
+        (folder / "tests" / "test.sh").write_text("#!/bin/bash\n")
+        (folder / "instruction.md").write_text("do it\n")
+        (folder / "task.toml").write_text(toml)
+        if dockerfile is not None:
+            (folder / "environment").mkdir()
+            (folder / "environment" / "Dockerfile").write_text(dockerfile)
+        if tests_dockerfile is not None:
+            (folder / "tests" / "Dockerfile").write_text(tests_dockerfile)
+
+    separate = '[verifier]\nenvironment_mode = "separate"\n'
+    task("a", "", "FROM debian\n", None)
+    task("b", separate, "FROM debian\n", "FROM debian\nRUN echo v\n")
+    task("c", '[environment]\ndocker_image = "ubuntu:24.04"\n' + separate, None, None)
+    tasks = {t.name: t for t in read_tasks(tmp_path)}
+    found = environments(tasks.values(), agent_named("claude-code"))
+    by_id = {e.id: e for e in found}
+    assert len(found) == len(by_id) == 4  # a and b share one; b's and c's verifiers
+    assert by_id[tasks["a"].environment].agent.name == "claude-code"
+    b_verifier = by_id[tasks["b"].verifier_environment]
+    assert (b_verifier.agent, b_verifier.context) == (NOP, tmp_path / "b" / "tests")
+    assert b_verifier.image == images.agent_image(b_verifier.id, "nop")
+    c_verifier = by_id[tasks["c"].verifier_environment]
+    assert (c_verifier.agent, c_verifier.base) == (NOP, "ubuntu:24.04")

@@ -124,7 +124,7 @@ async def test_the_example_tasks_score_as_their_agent_says(
     """oracle runs each task's solve.sh: every task 1.0; nop does nothing: every task 0.0. Two
     tasks share one environment, so three images serve four tasks."""
     tasks = read_tasks(EXAMPLES)
-    images = task_images(tasks, agent, engine)
+    images = task_images(tasks, agent, engine).images
     assert len(images) == 3
     outcomes = await _roll_out(
         emulator, moto, channel, engine, images, tasks, solution=agent == "oracle"
@@ -141,7 +141,9 @@ async def test_a_verifier_that_cannot_judge_an_agent_too_slow_and_tests_kept_hid
     engine, emulator, moto, channel, no_container_left, tmp_path
 ):
     tasks = _fixture_tasks(tmp_path)
-    images = task_images(tasks, "oracle", engine)  # the examples' shared image: built already
+    images = task_images(
+        tasks, "oracle", engine
+    ).images  # the examples' shared image: built already
     assert len(images) == 1
     outcomes = await _roll_out(emulator, moto, channel, engine, images, tasks)
     no_reward = outcomes["no-reward"]
@@ -171,7 +173,7 @@ async def test_a_real_agent_on_the_local_model_is_scored_by_the_tests_with_an_ex
     except ContainerRuntimeError as e:
         pytest.skip(f"no container runtime here: {e}")
     (task,) = [t for t in read_tasks(EXAMPLES) if t.name == "write-greeting"]
-    images = task_images([task], agent, engine)
+    images = task_images([task], agent, engine).images
     local = LocalConfig(
         mode="container",
         container_engine=engine.name,
@@ -213,3 +215,45 @@ async def test_a_real_agent_on_the_local_model_is_scored_by_the_tests_with_an_ex
     assert len(rows) == sum(s.get("delivered", True) for s in trace["samples"]) >= 1
     assert all(r.reward_score == outcome.reward for r in rows)
     assert {tuple(r.prompt_ids) for r in rows} <= {tuple(s["prompt_ids"]) for s in trace["samples"]}
+
+
+@pytest.mark.timeout(900)
+async def test_32_task_containers_started_at_once_all_end_ok(emulator, moto, channel):
+    """32 sessions of one task (oracle) start together on this machine's cores: each waits
+    for its health check as long as the starts around it share the cores
+    (`agent_ready_timeout` scaled by the starts per core), and every one ends `ok`. Once, on
+    the first engine that works."""
+    try:
+        engine = container_engine("auto")
+    except ContainerRuntimeError as e:
+        pytest.skip(f"no container runtime here: {e}")
+    (task,) = [t for t in read_tasks(EXAMPLES) if t.name == "write-greeting"]
+    images = task_images([task], "oracle", engine).images
+    arn = environment_arn(task.environment)
+    emu = await emulator(
+        mode="container",
+        container_engine=engine.name,
+        runtime_arns=(arn,),
+        runtime_images=(f"{arn}={images[task.environment]}",),
+    )
+    config = engine_config(
+        moto,
+        channel,
+        emu,
+        runtime_arn=arn,
+        rollout_timeout=600,
+        session_start_time=2.0,  # 25 starts a second: 50 may be starting at once
+    )
+    requests = [RolloutRequest(task_payload(task), input_id=f"copy-{i}") for i in range(32)]
+    async with RolloutEngine(config) as rollouts:
+        batch = await rollouts.rollout(requests)
+    assert {o.outcome for o in batch.outcomes} == {Outcome.OK}, [
+        o.error for o in batch.outcomes if o.outcome is not Outcome.OK
+    ][:3]
+    assert emu.sessions.starting.peak == 32  # all of them starting at once
+    starts = [o.result.timings.received - o.started_at for o in batch.outcomes]
+    print(
+        f"32 containers at once: slowest start {max(starts):.1f}s, median {sorted(starts)[16]:.1f}s"
+    )
+    assert all(o.reward == 1.0 for o in batch.outcomes)
+    assert _ours(engine) == []

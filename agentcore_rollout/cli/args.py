@@ -93,7 +93,8 @@ async def local_up(config: Config, *, interrupted: asyncio.Event) -> None:
 def local_build(config: Config) -> int:
     """`local build`: the agent's image (`local.image`) from `local.dockerfile`, for this
     machine, as `local.mode: container` runs it; where `run.data` names Harbor tasks, their
-    images instead (one per distinct environment, with `harbor.agent`)."""
+    images instead (one per distinct environment, with `harbor.agent`, and per separate
+    verifier's environment): every one that failed in a table, and a nonzero exit."""
     from ..harbor.tasks import is_task_source
     from ..local.containers import build_image, container_engine  # lazily: subprocesses only
 
@@ -103,7 +104,14 @@ def local_build(config: Config) -> int:
     if tasks is not None:
         from .harbor import task_images
 
-        task_images(tasks, config.harbor.agent, engine, rebuild=True)
+        made = task_images(tasks, config.harbor.agent, engine, rebuild=True)
+        if made.failed:
+            table = Table("environment", "why it did not build", title="images that failed")
+            for reason in made.failed.values():
+                head, _, tail = reason.partition("\n")
+                table.add_row(head.split(": ", 1)[0], f"{head.split(': ', 1)[-1]}\n{tail}".strip())
+            console.print(table)
+            return EXIT_ERROR
         return 0
     base = build_image(local.dockerfile, local.image, engine=engine)
     print(f"built {local.image} from {local.dockerfile} on {base} ({engine.name})", file=sys.stderr)

@@ -257,7 +257,8 @@ async def roll_out(
 
 def task_environments(config: Config) -> dict[str, str]:
     """A dataset of Harbor tasks: each environment's image (environment id -> image, with
-    `harbor.agent` in it), built where missing; any other dataset: none."""
+    `harbor.agent` in it), built where missing; any other dataset: none. An environment that
+    did not build has no image here (`task_images` printed why)."""
     data = Path(config.run.data)
     if not is_task_source(data):
         return {}
@@ -265,7 +266,7 @@ def task_environments(config: Config) -> dict[str, str]:
     from .harbor import task_images
 
     engine = container_engine(config.local.container_engine)
-    return task_images(read_task_source(data), config.harbor.agent, engine)
+    return task_images(read_task_source(data), config.harbor.agent, engine).images
 
 
 def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:

@@ -22,6 +22,7 @@ where the image's python3 is older; the launch runs a short driver with the SDK'
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from ..contract import LLMSettings
@@ -52,6 +53,31 @@ _QUIET_NPM = "NPM_CONFIG_UPDATE_NOTIFIER=false NPM_CONFIG_FUND=false NPM_CONFIG_
 
 def _npm(name: str, package: str, then: str = "") -> tuple[str, ...]:
     return (_NODE, f"RUN {_QUIET_NPM} npm install -g --prefix {PREFIX / name} {package}{then}")
+
+
+# What a copied npm CLI needs on the task's image: Node alone (npm installed it already).
+_NODE_RUNTIME = _NODE.replace(
+    "install -y -qq --no-install-recommends nodejs npm",
+    "install -y -qq --no-install-recommends nodejs",
+)
+
+
+def _npm_agent(
+    name: str,
+    launch: Callable[[AgentRun], Launch],
+    version: str,
+    package: str,
+    then: str = "",
+    *,
+    node: bool = True,
+) -> HarborAgent:
+    """An npm CLI: installed once in the wrapper's image, its prefix copied into each task's
+    layer, which gets Node where the CLI runs on it (`node`)."""
+    install = _npm(name, package, then)
+    runtime = (_NODE_RUNTIME,) if node else ()
+    return HarborAgent(
+        name, launch, version, install, shared=(str(PREFIX / name),), runtime=runtime
+    )
 
 
 # Its postinstall hard-links the platform's binary as bin/claude.exe: the platform packages
@@ -210,13 +236,15 @@ def _openhands_install() -> tuple[str, ...]:
 
 
 CLI_AGENTS: tuple[HarborAgent, ...] = (
-    HarborAgent(
+    _npm_agent(
         "claude-code",
         _claude_code,
         CLAUDE_CODE_VERSION,
-        _npm("claude-code", f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}", _CLAUDE_TRIM),
+        f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
+        _CLAUDE_TRIM,
+        node=False,  # bin/claude is the platform's native binary (glibc's, as installed)
     ),
-    HarborAgent("codex", _codex, CODEX_VERSION, _npm("codex", f"@openai/codex@{CODEX_VERSION}")),
+    _npm_agent("codex", _codex, CODEX_VERSION, f"@openai/codex@{CODEX_VERSION}"),
     HarborAgent(
         "mini-swe-agent",
         _mini_swe_agent,

@@ -7,7 +7,16 @@ The layer keeps the environment's WORKDIR (the task's working directory, where t
 starts the agent) and runs as root, as Harbor's agents do. The wrapper needs Python 3.11
 (`tomllib`): the base's `python3` if it is new enough, else one installed with apt-get
 (Debian, Ubuntu) or apk (Alpine); a base with neither fails its build in one line. The
-wrapper's own venv (`VENV`) keeps its packages out of the task's Python."""
+wrapper's own venv (`VENV`) keeps its packages out of the task's Python.
+
+Two ways to the same layer:
+- `layer_dockerfile`: self-contained, the package's source as its context, installed with pip
+  on the task's image (what `deploy --tasks` builds, for another architecture).
+- `wrapper_dockerfile`, `install_dockerfile` + `copied_layer_dockerfile` (local builds): the
+  wrapper's venv and the agent's install are made once, each in an image of its own on the
+  Debian base, and each task's layer copies them in. The copied venv is pointed at the
+  task's `python3` and imported; where that fails (another Python minor version, musl), the
+  layer installs from the copied source with pip as `layer_dockerfile` does."""
 
 from __future__ import annotations
 
@@ -19,6 +28,10 @@ SOURCE = ("pyproject.toml", "README.md", "agentcore_rollout")
 """What the layer's build context holds: this package's source, installed with `[agent]`."""
 ENVIRONMENT_REPOSITORY = "localhost/agentcore-rollout-harbor-env"
 AGENT_REPOSITORY = "localhost/agentcore-rollout-harbor"
+WRAPPER_REPOSITORY = "localhost/agentcore-rollout-harbor-wrapper"
+INSTALL_REPOSITORY = "localhost/agentcore-rollout-harbor-install"
+WRAPPER_SOURCE = "/opt/agentcore-rollout-source"
+"""In the wrapper's image: the package's source, for a layer whose Python cannot use the venv."""
 
 # `python3`, or the first of these found that is >= 3.11 and has venv and ensurepip.
 _FIND_PYTHON = (
@@ -26,8 +39,7 @@ _FIND_PYTHON = (
     "command -v $p >/dev/null 2>&1 && $p -c 'import sys, venv, ensurepip; "
     "sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $p; return; }; done; }; "
 )
-_PYTHON = f"""\
-RUN {_FIND_PYTHON}\\
+_INSTALL_PYTHON = """\
     if [ -z "$(find_python)" ]; then \\
       if command -v apt-get >/dev/null 2>&1; then \\
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \\
@@ -41,7 +53,10 @@ RUN {_FIND_PYTHON}\\
       echo "agentcore-rollout: the task's image has no python3 >= 3.11 with venv, and neither \\
 apt-get nor apk installed one: the agent wrapper cannot run in it" >&2; exit 1; \\
     fi; \\
-    "$py" -m venv {VENV}
+"""
+_PYTHON = f"""\
+RUN {_FIND_PYTHON}\\
+{_INSTALL_PYTHON}    "$py" -m venv {VENV}
 """
 
 
@@ -56,6 +71,16 @@ def agent_image(environment: str, agent: str) -> str:
     return f"{AGENT_REPOSITORY}:{environment}-{agent}"
 
 
+def wrapper_image() -> str:
+    """The image holding the wrapper's venv and source, made once per build."""
+    return f"{WRAPPER_REPOSITORY}:latest"
+
+
+def install_image(agent: str) -> str:
+    """The image holding `agent`'s install (its `shared` paths), made once per machine."""
+    return f"{INSTALL_REPOSITORY}:{agent}"
+
+
 def layer_dockerfile(base: str, agent: HarborAgent, environment: str) -> str:
     """The layer's Dockerfile on `base` (the environment's image), its context `SOURCE`."""
     install = "".join(f"{line}\n" for line in agent.install)
@@ -67,9 +92,81 @@ COPY agentcore_rollout /tmp/agentcore-rollout/agentcore_rollout
 RUN {VENV}/bin/pip install --no-cache-dir --disable-pip-version-check -q \\
       "/tmp/agentcore-rollout[agent]" \\
     && rm -rf /tmp/agentcore-rollout
-{install}ENV {AGENT_ENV}={agent.name} {ENVIRONMENT_ENV}={environment}
+{install}{_tail(agent, environment)}"""
+
+
+def _tail(agent: HarborAgent, environment: str) -> str:
+    """The layer's last lines: who it is, the image's record of what its verifier may trust
+    (`trusted.RECORD`, once everything is installed), and the wrapper served."""
+    return f"""\
+ENV {AGENT_ENV}={agent.name} {ENVIRONMENT_ENV}={environment}
 {RECORD}USER root
 EXPOSE 8080
 CMD ["{VENV}/bin/python", "-m", "agentcore_rollout.agent.serve", \\
      "agentcore_rollout.harbor.app:app", "--host", "0.0.0.0", "--port", "8080"]
 """
+
+
+def wrapper_dockerfile(base: str) -> str:
+    """The wrapper's image on `base` (the Debian base), its context `SOURCE`: the venv with
+    the package and `[agent]` (pip and setuptools gone: a quarter less for each layer to
+    copy), and its source (`WRAPPER_SOURCE`)."""
+    return f"""\
+FROM {base}
+USER root
+{_PYTHON}COPY pyproject.toml README.md {WRAPPER_SOURCE}/
+COPY agentcore_rollout {WRAPPER_SOURCE}/agentcore_rollout
+RUN {VENV}/bin/pip install --no-cache-dir --disable-pip-version-check -q \\
+      "{WRAPPER_SOURCE}[agent]" \\
+    && {VENV}/bin/pip uninstall -y -q --disable-pip-version-check pip setuptools
+"""
+
+
+def install_dockerfile(base: str, agent: HarborAgent) -> str:
+    """The agent's install on `base` (the Debian base), for layers to copy its `shared`
+    paths from: apart from the wrapper's image, so a change of the package's source does not
+    install the agent again."""
+    install = "".join(f"{line}\n" for line in agent.install)
+    return f"FROM {base}\nUSER root\n{install}"
+
+
+def copied_layer_dockerfile(
+    base: str, agent: HarborAgent, environment: str, wrapper: str, installed: str | None = None
+) -> str:
+    """The layer on `base` copying the wrapper from `wrapper` (its image,
+    `wrapper_dockerfile`) and the agent's `shared` paths from `installed` (its image,
+    `install_dockerfile`); its context is empty. An agent with nothing `shared` is installed
+    here, as `layer_dockerfile` does."""
+    if agent.shared and installed is None:
+        raise ValueError(f"agent {agent.name}'s install is copied: its image is needed")
+    copies = "".join(f"COPY --from={installed} {path} {path}\n" for path in agent.shared)
+    install = agent.runtime if agent.shared else agent.install
+    lines = "".join(f"{line}\n" for line in install)
+    return f"""\
+FROM {base}
+USER root
+COPY --from={wrapper} {VENV} {VENV}
+COPY --from={wrapper} {WRAPPER_SOURCE} /tmp/agentcore-rollout
+{copies}{_USE_VENV}{lines}{_tail(agent, environment)}"""
+
+
+# The copied venv, pointed at the image's python3 (its links replaced) and imported; where it
+# cannot be, a venv of the image's python3 (installed where there is none, as `_PYTHON`) with
+# the package installed from the copied source.
+_USE_VENV = (
+    f"RUN {_FIND_PYTHON}\\\n"
+    '    py="$(find_python)"; \\\n'
+    f'    if [ -n "$py" ] && rm -f {VENV}/bin/python {VENV}/bin/python3* {VENV}/pyvenv.cfg \\\n'
+    f'       && "$py" -m venv --without-pip {VENV} \\\n'
+    f"       && {VENV}/bin/python -c 'import agentcore_rollout.agent.serve, "
+    "agentcore_rollout.harbor.app' 2>/dev/null; then \\\n"
+    '      echo "agentcore-rollout: the wrapper\'s venv, on $("$py" --version)"; \\\n'
+    "    else \\\n"
+    f'      echo "agentcore-rollout: the copied venv does not run here: pip installs it"; \\\n'
+    f"      rm -rf {VENV}; \\\n"
+    f"{_INSTALL_PYTHON}"
+    f'      "$py" -m venv {VENV} && {VENV}/bin/pip install --no-cache-dir \\\n'
+    '        --disable-pip-version-check -q "/tmp/agentcore-rollout[agent]" || exit 1; \\\n'
+    "    fi; \\\n"
+    "    rm -rf /tmp/agentcore-rollout\n"
+)

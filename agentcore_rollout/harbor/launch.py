@@ -48,6 +48,11 @@ class HarborAgent:
     install: tuple[str, ...] = ()
     """Dockerfile lines of the image's layer (run as root, on the task's image, after the
     wrapper's own install)."""
+    shared: tuple[str, ...] = ()
+    """What `install` makes that a task's layer may copy from the wrapper's image, where it
+    was installed once (`harbor/images.py`); empty: the layer runs `install` itself."""
+    runtime: tuple[str, ...] = ()
+    """Dockerfile lines the copied install still needs on the task's image (Node for npm's)."""
     calls_model: bool = True
     """False: it never calls the policy; its rollouts end with an empty trace."""
     needs_solution: bool = False

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
 import aiohttp
@@ -49,6 +49,16 @@ async def _ping_busy(http: aiohttp.ClientSession, url: str) -> bool:
             return (await resp.json(content_type=None)).get("status") == "HealthyBusy"
     except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
         return False
+
+
+def _cores() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def ready_bound(timeout: float, starting: int) -> float:
+    """How long a new agent may take to answer `/ping`: `timeout` alone, `timeout` times the
+    agents starting at once per core where they outnumber the cores (they share them)."""
+    return timeout * max(1.0, starting / _cores())
 
 
 class ProcessAgent:
@@ -101,10 +111,27 @@ class ProcessAgent:
     def alive(self) -> bool:
         return self.process.returncode is None
 
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float) -> None:
-        """Until `GET /ping` answers 200, as the service waits for a container's health."""
-        give_up = time.monotonic() + timeout
-        while time.monotonic() < give_up:
+    async def wait_ready(
+        self,
+        http: aiohttp.ClientSession,
+        timeout: float,
+        *,
+        starting: Callable[[], int] | None = None,
+        setting: str = "",
+    ) -> None:
+        """Until `GET /ping` answers 200, as the service waits for a container's health, while
+        the agent runs. `timeout` is one start's bound on an idle machine; with `starting`
+        (how many agents are starting now, this one included) it scales with the most that
+        started at once during the wait, per core (`ready_bound`): 32 containers started
+        together on 2 cores share them. A bound reached is one line naming the bound, what
+        was starting and `setting`, the setting that changes it."""
+        began = time.monotonic()
+        peak = 1
+        while True:
+            peak = max(peak, starting() if starting is not None else 1)
+            bound = ready_bound(timeout, peak)
+            if time.monotonic() - began >= bound:
+                break
             if not self.alive():
                 if self._drain is not None:
                     with contextlib.suppress(TimeoutError):
@@ -116,9 +143,14 @@ class ProcessAgent:
                 async with http.get(f"{self.url}/ping", timeout=PING_TIMEOUT) as resp:
                     if resp.status == 200:
                         return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05 if time.monotonic() - began < 2 else 0.25)
         await self.terminate()
-        raise RuntimeError(f"{self._what} not healthy within {timeout:.0f}s (GET /ping)")
+        load = f"; {peak} agents were starting at once on {_cores()} cores" if peak > 1 else ""
+        change = f" ({setting} sets {timeout:g}s a start, scaled by the starts per core)"
+        raise RuntimeError(
+            f"{self._what} not healthy within {bound:.0f}s (GET /ping){load}"
+            f"{change if setting else ''}"
+        )
 
     def _exited(self) -> str:
         return f"{self._what} exited"

@@ -87,6 +87,13 @@ class EmulatorSettings(Section):
     agent_log_dir: str | None = Field(
         default=None, description="write each agent process's output here"
     )
+    agent_ready_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds a new session's agent may take to answer /ping on an idle "
+        "machine; while more agents start at once than there are cores, times the starts "
+        "per core",
+    )
 
 
 class EmulatorConfig(EmulatorSettings):
@@ -142,9 +149,6 @@ class EmulatorConfig(EmulatorSettings):
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="extra environment of agent processes"
-    )
-    agent_ready_timeout: float = Field(
-        default=60.0, gt=0, description="seconds a new session's agent may take to be ready"
     )
 
     def image_of(self, runtime_arn: str) -> str:

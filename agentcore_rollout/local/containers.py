@@ -40,9 +40,11 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 BASE_IMAGE = "localhost/agentcore-rollout-base:bookworm"
 AGENT_IMAGE = "localhost/agentcore-rollout-agent:local"
@@ -66,6 +68,8 @@ cgroup_manager = "cgroupfs"
 _INSTALL = "apt-get install podman runc catatonit uidmap slirp4netns mmdebstrap (or docker.io)"
 ENGINES = ("auto", "podman", "docker")
 _LOOPBACK = r"(?:127\.0\.0\.1|localhost)"
+TAIL_LINES = 12
+"""The builder's last lines a failed build keeps (`ImageBuildError.tail`)."""
 
 
 class ContainerRuntimeError(RuntimeError):
@@ -73,7 +77,12 @@ class ContainerRuntimeError(RuntimeError):
 
 
 class ImageBuildError(RuntimeError):
-    """The agent's image did not build: the message ends with the builder's last line."""
+    """The agent's image did not build: the message ends with the builder's last line, `tail`
+    holds its last lines (at most `TAIL_LINES`)."""
+
+    def __init__(self, message: str, tail: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.tail = tuple(tail)
 
 
 @dataclass(frozen=True)
@@ -183,34 +192,45 @@ def loopback_ports(urls: Iterable[str]) -> set[int]:
 
 
 def build_image(
-    dockerfile: str | Path, image: str, context: str | Path = ".", *, engine: ContainerEngine
+    dockerfile: str | Path,
+    image: str,
+    context: str | Path = ".",
+    *,
+    engine: ContainerEngine,
+    log: TextIO | None = sys.stderr,
 ) -> str:
-    """Build `image` from `dockerfile` for this machine; returns the base image used."""
+    """Build `image` from `dockerfile` for this machine; returns the base image used. The
+    builder's output goes to `log` as it comes (None: kept only for a failure's message)."""
     lines = Path(dockerfile).read_text().splitlines(keepends=True)
     base = _first_from(lines, dockerfile)[1][0]
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
     with tempfile.TemporaryDirectory(prefix="agentcore-rollout-build-") as tmp:
         if not engine.image_exists(base):
             pulled = engine.run("pull", "-q", base, timeout=300)
             if pulled.returncode != 0:
                 why = _last_line(pulled.stderr).rsplit(": ", 1)[-1]
-                print(
-                    f"{base} cannot be pulled ({why}): building on {BASE_IMAGE}, Debian's python3",
-                    file=sys.stderr,
-                )
+                if log is not None:
+                    print(
+                        f"{base} cannot be pulled ({why}): building on {BASE_IMAGE}, "
+                        "Debian's python3",
+                        file=log,
+                    )
                 base = debian_base(engine)
                 dockerfile = _on_base(lines, base, Path(tmp))
         # --force-rm: docker's builder otherwise keeps the container of a step that failed
         argv = engine.argv("build", "--force-rm", "-f", str(dockerfile), "-t", image, str(context))
-        last = "no output"
         with subprocess.Popen(
             argv, env=engine.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         ) as build:
             assert build.stdout is not None
-            for line in build.stdout:  # the builder's progress, as it goes; its last line kept
-                sys.stderr.write(line)
-                last = line.strip() or last
+            for line in build.stdout:  # the builder's progress, as it goes; its end kept
+                if log is not None:
+                    log.write(line)
+                if line.strip():
+                    tail.append(line.rstrip()[:300])
     if build.returncode != 0:
-        raise ImageBuildError(f"image {image} did not build: {last[:300]}")
+        last = tail[-1].strip() if tail else "no output"
+        raise ImageBuildError(f"image {image} did not build: {last}", tail)
     return base
 
 

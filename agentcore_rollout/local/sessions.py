@@ -184,7 +184,13 @@ class Sessions(Mapping[str, Session]):
                     await agent.terminate()
                     return
                 assert self.http is not None
-                await agent.wait_ready(self.http, cfg.agent_ready_timeout)
+                await agent.wait_ready(
+                    self.http,
+                    cfg.agent_ready_timeout,
+                    starting=lambda: self.starting.value,
+                    setting="agent_ready_timeout (local config; the emulator's "
+                    "--agent-ready-timeout)",
+                )
         except Exception as e:
             if session.ended:  # stopped while starting: not the agent's failure
                 return
