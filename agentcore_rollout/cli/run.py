@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .. import EngineStats, Outcome, RolloutEngine, RolloutHandle
-from ..contract import new_run_secret
+from .. import EngineStats, Outcome, RolloutEngine, RolloutHandle, RolloutOutcome
+from ..contract import ENVIRONMENT_KEY, VERIFIER_KEY, new_run_secret
 from ..harbor.agents import agent_named
 from ..harbor.tasks import is_task_source
 from .config import Config
@@ -226,7 +226,7 @@ async def roll_out(
         if config.stack == "local":
             from ..local.stack import LocalStack  # lazily: it loads moto, numpy, the gateway
 
-            environments = await asyncio.to_thread(task_environments, config)
+            environments, unbuilt = await asyncio.to_thread(task_environments, config)
             with console.status("starting the local stack (moto, emulator, policy, gateway)"):
                 local = await stack.enter_async_context(
                     LocalStack(config.local, environments=environments)
@@ -243,6 +243,8 @@ async def roll_out(
 
         def submit(j: Journaled) -> RolloutHandle:
             started: dict[str, Any] = {"timeout": config.run.timeout, "on_start": journal.started}
+            if (why := _unbuilt(j.request.payload, unbuilt)) is not None:
+                return _ended(j, Outcome.SUBMIT_FAILED, why)
             if begin.left is None:
                 return engine.submit(j.request, **started)
             if j.start is None:  # its session's start was never recorded
@@ -255,18 +257,45 @@ async def roll_out(
     return summary
 
 
-def task_environments(config: Config) -> dict[str, str]:
+def task_environments(config: Config) -> tuple[dict[str, str], dict[str, str]]:
     """A dataset of Harbor tasks: each environment's image (environment id -> image, with
-    `harbor.agent` in it), built where missing; any other dataset: none. An environment that
-    did not build has no image here (`task_images` printed why)."""
+    `harbor.agent` in it), built where missing, and why each that did not build failed (its
+    tasks' rows end `submit_failed` saying so, the others run); any other dataset: none.
+    With no environment built there is nothing to run: a UsageError naming every failure."""
     data = Path(config.run.data)
     if not is_task_source(data):
-        return {}
+        return {}, {}
     from ..local.containers import container_engine  # lazily: subprocesses only
     from .harbor import task_images
 
     engine = container_engine(config.local.container_engine)
-    return task_images(read_task_source(data), config.harbor.agent, engine).images
+    built = task_images(read_task_source(data), config.harbor.agent, engine)
+    if built.failed and not built.images:
+        reasons = [why.partition("\n")[0] for why in built.failed.values()]
+        raise UsageError("no task environment built:\nerror: " + "\nerror: ".join(reasons))
+    return built.images, built.failed
+
+
+def _unbuilt(payload: dict[str, Any], unbuilt: dict[str, str]) -> str | None:
+    """Why the row cannot start: its environment, or its verifier's, did not build."""
+    verifier = payload.get(VERIFIER_KEY) or {}
+    for environment in (payload.get(ENVIRONMENT_KEY), verifier.get(ENVIRONMENT_KEY)):
+        if environment in unbuilt:
+            return f"its image did not build: {unbuilt[environment]}"
+    return None
+
+
+def _ended(job: Journaled, outcome: Outcome, error: str) -> RolloutHandle:
+    """A handle already ended with `outcome`: a row that never reached the engine."""
+    now = time.time()
+    ended = RolloutOutcome(
+        job.request, job.step, outcome, "", error=error, submitted_at=now, finished_at=now
+    )
+
+    async def end() -> RolloutOutcome:
+        return ended
+
+    return RolloutHandle(asyncio.ensure_future(end()), job.request, end)
 
 
 def exit_code(summary: RunSummary, min_ok_fraction: float) -> int:
