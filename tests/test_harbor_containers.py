@@ -199,13 +199,18 @@ async def test_a_real_agent_on_the_local_model_is_scored_by_the_tests_with_an_ex
     assert outcome.reward in (0.0, 1.0)  # the tests' verdict, whatever the model managed
     trace = outcome.trace
     assert trace["token_capture"] is True and trace["num_turns"] >= 1
-    by_prompt = {tuple(s["input_ids"]): s for s in recorded}
+    by_prompt: dict[tuple[int, ...], list[dict]] = {}  # a client's retry samples a prompt again
+    for generation in recorded:
+        by_prompt.setdefault(tuple(generation["input_ids"]), []).append(generation)
     for sample in trace["samples"]:
         ids, lps = sample["response_ids"], sample["logprobs"]
         for start, end in _runs(sample["loss_mask"]):
-            worker = by_prompt.pop(tuple(sample["prompt_ids"] + ids[:start]))
-            assert worker["output_ids"] == ids[start:end]
+            same = by_prompt.get(tuple(sample["prompt_ids"] + ids[:start]), [])
+            worker = next((w for w in same if w["output_ids"] == ids[start:end]), None)
+            assert worker is not None, "each sampled run is a generation the worker recorded"
+            same.remove(worker)
             assert worker["output_logprobs"] == lps[start:end]
+    by_prompt = {prompt: left for prompt, left in by_prompt.items() if left}
     assert not by_prompt, "every generation the worker recorded is in the trace"
     # veRL's rows of it, as `rollout.mode=agentcore` makes them: the tests' reward on each
     pytest.importorskip("verl")
@@ -244,7 +249,9 @@ async def test_32_task_containers_started_at_once_all_end_ok(emulator, moto, cha
         rollout_timeout=600,
         session_start_time=2.0,  # 25 starts a second: 50 may be starting at once
     )
-    requests = [RolloutRequest(task_payload(task), input_id=f"copy-{i}") for i in range(32)]
+    requests = [
+        RolloutRequest(task_payload(task, solution=True), input_id=f"copy-{i}") for i in range(32)
+    ]
     async with RolloutEngine(config) as rollouts:
         batch = await rollouts.rollout(requests)
     assert {o.outcome for o in batch.outcomes} == {Outcome.OK}, [
