@@ -87,7 +87,7 @@ clean:
 # and openhands-tools pinned in the same pip command: alone, it would downgrade openhands-sdk).
 # Harbor's task model too (harbor needs >= 3.12), which tests/test_harbor_schema.py reads.
 CLIENTS := .clients
-CLAUDE_CODE_VERSION := 2.1.197
+CLAUDE_CODE_VERSION := 2.1.332
 CODEX_VERSION := 0.171.0
 CLAUDE_AGENT_SDK_VERSION := 0.2.189
 OPENHANDS_VERSION := 1.58.2

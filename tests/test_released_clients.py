@@ -252,15 +252,26 @@ async def sandbox(tmp_path: Path) -> AsyncIterator[Sandbox]:
             await sandbox.run(["tmux", "-S", socket, "kill-server"], {"PATH": os.environ["PATH"]})
 
 
-CLAUDE_ENV = {  # Claude Code, and the Claude Agent SDK's bundled copy of it
-    "ANTHROPIC_MODEL": "policy",
+CLAUDE_ENV = {  # Claude Code, and the Claude Agent SDK's bundled copy of it, on its default model
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # no title request, no update check
     "DISABLE_TELEMETRY": "1",
     "DISABLE_AUTOUPDATER": "1",
     "DISABLE_ERROR_REPORTING": "1",
     "IS_SANDBOX": "1",  # lets root bypass permissions
 }
-CLAUDE_IGNORED = {"metadata", "context_management", "output_config.effort"}
+CLAUDE_IGNORED = {  # on its default model, which sets a lower effort, on a system message too
+    "metadata",
+    "context_management",
+    "output_config.effort=medium",
+    "messages.output_config.effort=medium",
+    "system:x-anthropic-billing-header",
+}
+CLAUDE_POLICY_IGNORED = {  # given the model name `policy` (the example app), the default effort
+    "metadata",
+    "context_management",
+    "output_config.effort",
+    "system:x-anthropic-billing-header",
+}
 
 
 def claude_env(sandbox: Sandbox, gateway: Gateway, session: Any) -> dict[str, str]:
@@ -453,7 +464,7 @@ async def test_the_coding_agent_example_runs_each_client_and_checks_its_work(
     if agent == "claude_code":
         monkeypatch.setenv("CLAUDE_BIN", str(installed(NPM_BIN / "claude", "CLAUDE_CODE", "-v")))
         worker, rollout = qwen3_worker("Bash", {"command": COMMAND}), app.claude_code_rollout
-        ignored = CLAUDE_IGNORED
+        ignored = CLAUDE_POLICY_IGNORED
     else:
         monkeypatch.setenv("CODEX_BIN", str(installed(NPM_BIN / "codex", "CODEX", "--version")))
         worker, rollout = qwen3_worker("exec_command", {"cmd": COMMAND}), app.codex_rollout

@@ -132,7 +132,7 @@ class ResponsesDialect(Dialect):
             raise ValueError("instructions must be a string")
         system = {"role": "system", "content": instructions} if instructions else None
         conversation = _continued(body.get("previous_response_id"), session)
-        conversation += _messages(body.get("input"))
+        conversation += _messages(body.get("input"), ignored)
         parallel = body.get("parallel_tool_calls")
         picked = {k: body.get(k) for k in ("temperature", "top_p")}
         picked["max_tokens"] = body.get("max_output_tokens")
@@ -334,8 +334,17 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
     )
 
 
-def _messages(value: Any) -> list[dict[str, Any]]:
-    """`input` as OpenAI chat messages (see the module docstring)."""
+_ITEM_KEYS = {  # per item type, what the gateway reads, and the metadata it does not (id, status)
+    "message": {"type", "role", "content", "id", "status"},
+    "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
+    "function_call_output": {"type", "call_id", "output", "id", "status"},
+    "reasoning": {"type", "id", "summary", "content", "encrypted_content", "status"},
+}
+
+
+def _messages(value: Any, ignored: Ignored) -> list[dict[str, Any]]:
+    """`input` as OpenAI chat messages (see the module docstring); an item's keys the gateway
+    does not read, besides its metadata, are named in the trace (`input.<key>`)."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
@@ -357,6 +366,13 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         kind = item.get("type")
         if kind is None and "role" in item:
             kind = "message"
+        known = _ITEM_KEYS.get(kind)
+        if known is not None and not known.issuperset(item):
+            for key in sorted(set(item) - known):
+                if item[key] is not None:
+                    ignored.add(
+                        f"input.{key}", "unknown to the gateway: it changes nothing rendered"
+                    )
         if kind == "message":
             role = item.get("role")
             if role == "assistant":
