@@ -339,6 +339,43 @@ async def test_codex(sandbox: Sandbox) -> None:
     assert PLAN in worker.prompt(1)
 
 
+CODEX_OPENAI_CONFIG = """\
+model = "policy"
+openai_base_url = "{url}/v1"  # the built-in OpenAI provider, pointed at the gateway
+
+[features]
+plugins = false
+
+[analytics]
+enabled = false
+"""
+
+
+async def test_codex_on_its_default_transport_the_responses_websocket(sandbox: Sandbox) -> None:
+    """Codex's built-in OpenAI provider opens a WebSocket to /v1/responses before any POST (a
+    custom provider does not, unless `supports_websockets`): the gateway serves it, a
+    `generate: false` warm-up first, then each turn as `response.create` continuing the last
+    response by `previous_response_id` with only the new items, `store: false`. No fallback
+    to HTTP, and the trace is as exact as over HTTP."""
+    codex = installed(NPM_BIN / "codex", "CODEX", "--version")
+    worker = qwen3_worker("exec_command", {"cmd": COMMAND})
+    codex_home = sandbox.home / ".codex"
+    codex_home.mkdir()
+    async with gateway_for(worker) as (gateway, admin, session):
+        (codex_home / "config.toml").write_text(CODEX_OPENAI_CONFIG.format(url=gateway.url))
+        env = sandbox.env(CODEX_HOME=str(codex_home), CODEX_API_KEY=session.api_key)
+        bypass = "--dangerously-bypass-approvals-and-sandbox"
+        code, out = await sandbox.run([codex, "exec", "--skip-git-repo-check", bypass, TASK], env)
+        trace = await admin.finish_session(session.session_id)
+    sandbox.check(code, out)
+    assert FINAL in out and "falling back" not in out.lower(), out[-3000:]
+    assert gateway.websocket_requests >= 2  # the turns came over the WebSocket
+    ignored = {"client_metadata", "prompt_cache_key", "reasoning.summary"}
+    ignored |= {"input.internal_chat_message_metadata_passthrough"}  # OpenAI's provider's items
+    check_trace(trace, worker, ignored | {"tools:namespace", "tools:web_search"})
+    assert PLAN in worker.prompt(1)
+
+
 SDK_DRIVER = """
 import sys, anyio
 from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, query

@@ -53,7 +53,9 @@ and `reasoning_tokens` are 0 because the turn's answer does not count them.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +98,14 @@ _REFUSED = {
 }
 _TEXT_PARTS = {"input_text", "output_text"}
 
+# Over WebSocket (`GET /v1/responses`, as OpenAI serves it), a connection keeps its last
+# response's conversation whether or not it was stored, so the next `response.create` may
+# continue it by `previous_response_id` and send only the new items (Codex does, with
+# `store: false`). The server's connection handler sets this to the connection's store.
+CONNECTION: ContextVar[dict[str, list[dict[str, Any]]] | None] = ContextVar(
+    "responses_connection", default=None
+)
+
 
 @dataclass
 class ResponsesTurn(ChatTurn):
@@ -132,7 +142,9 @@ class ResponsesDialect(Dialect):
             raise ValueError("instructions must be a string")
         system = {"role": "system", "content": instructions} if instructions else None
         conversation = _continued(body.get("previous_response_id"), session)
-        conversation += _messages(body.get("input"), ignored)
+        new = body.get("input")
+        if not (conversation and new == []):  # a continued response may add no item
+            conversation += _messages(new, ignored)
         parallel = body.get("parallel_tool_calls")
         picked = {k: body.get(k) for k in ("temperature", "top_p")}
         picked["max_tokens"] = body.get("max_output_tokens")
@@ -158,6 +170,26 @@ class ResponsesDialect(Dialect):
         if isinstance(turn, ResponsesTurn):
             _store(answer, turn, response["id"])
         return response
+
+    def prepared(self, turn: ChatTurn) -> Iterator[tuple[str | None, Any]]:
+        """A `generate: false` request over WebSocket (Codex warms a new connection with one):
+        nothing is sampled or recorded; its input becomes the connection's last response, which
+        the next request continues. response.created, then response.completed, output empty."""
+        answer = TurnAnswer(uuid.uuid4().hex, {"role": "assistant", "content": None}, "stop")
+        final = {**self._response(answer, turn), "output": []}
+        connection = CONNECTION.get()
+        if connection is not None and isinstance(turn, ResponsesTurn):
+            connection.clear()
+            connection[final["id"]] = list(turn.conversation)
+        started = {**final, "status": "in_progress", "usage": None, "completed_at": None}
+        yield (
+            "response.created",
+            {"type": "response.created", "sequence_number": 0, "response": started},
+        )
+        yield (
+            "response.completed",
+            {"type": "response.completed", "sequence_number": 1, "response": final},
+        )
 
     def events(self, answer: TurnAnswer, turn: ChatTurn) -> Iterator[tuple[str | None, Any]]:
         """response.created and .in_progress, each output item added, its content streamed
@@ -243,7 +275,10 @@ def _continued(previous: Any, session: Session) -> list[dict[str, Any]]:
     hold it), or none."""
     if previous is None:
         return []
-    earlier = session.responses.get(previous) if isinstance(previous, str) else None
+    connection = CONNECTION.get()
+    earlier = None
+    if isinstance(previous, str):
+        earlier = (connection or {}).get(previous) or session.responses.get(previous)
     if earlier is None:
         raise ValueError(
             f"previous_response_id {str(previous)[:80]!r} is not a stored response of this "
@@ -511,12 +546,18 @@ def _output(answer: TurnAnswer, sealed: bool) -> list[dict[str, Any]]:
 
 
 def _store(answer: TurnAnswer, turn: ResponsesTurn, response_id: str) -> None:
-    """Keep the response's conversation in its session (`store`), the newest few."""
+    """Keep the response's conversation in its session (`store`), the newest few; and, over a
+    WebSocket, as its connection's last response whatever `store` says."""
+    conversation = [*turn.conversation, answer.chat_message()]
+    connection = CONNECTION.get()
+    if connection is not None:
+        connection.clear()
+        connection[response_id] = conversation
     session = turn.session
     if not turn.store or session is None:
         return
     stored = session.responses
-    stored[response_id] = [*turn.conversation, answer.chat_message()]
+    stored[response_id] = conversation
     while len(stored) > MAX_STORED_RESPONSES:
         del stored[next(iter(stored))]
 
