@@ -97,9 +97,15 @@ PYTHON312 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python
 	$(shell command -v python3.12))
 CLIENT_PIP := -m pip install --quiet --disable-pip-version-check
 
-.PHONY: clients
+.PHONY: clients clients-latest
 
 clients: $(CLIENTS)/.installed  ## the released agent clients and Harbor's task model, for the tests
+
+# Whatever the registries serve today (or NAME=VERSION in ARGS), into .clients-latest/, each run
+# through the gateway as the tests run the pinned ones: a table of client x version -> first
+# request, tool ran, trace exact, ignored fields. Bump the pins above when a new one passes.
+clients-latest: $(VENV)/.test  ## the newest release of each agent client, run through the gateway
+	$(PY) bench/clients_latest.py $(ARGS)
 
 $(CLIENTS)/.installed: Makefile
 	@test -n "$(PYTHON312)" || { echo "make clients: openhands-sdk needs Python >= 3.12" \
