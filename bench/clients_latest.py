@@ -11,6 +11,7 @@ a trap proxy). It prints one row per client and version:
   tool ran       the shell command ran (out.txt holds hi)
   trace exact    every turn well-formed and exactly what the worker sampled, one sample
   ignored        the request fields the gateway named as ignored
+  seconds        how long the client ran
 
 and exits 1 if any row is not ok, yes, yes. Names: claude-code, codex (over HTTP and over its
 default WebSocket), claude-agent-sdk, mini-swe-agent, openhands-sdk. It reads the registries with
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -105,19 +107,24 @@ def install(name: str, version: str, where: Path) -> Path:
     return python
 
 
-async def one(name: str, path: Path, runner: Callable[[Sandbox], Awaitable[Run]]) -> dict:
+async def one(name: str, label: str, runner: Callable[[Sandbox], Awaitable[Run]]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         home, work = Path(tmp) / "home", Path(tmp) / "work"
         home.mkdir()
         work.mkdir()
         async with Proxy() as proxy:
             sandbox = Sandbox(home, work, proxy)
+            started = time.monotonic()
             run = await runner(sandbox)
+            seconds = round(time.monotonic() - started, 1)
             ran = (work / "out.txt").exists() and (work / "out.txt").read_text() == "hi\n"
     turns = run.trace["turns"]
     ignored = sorted({name for t in turns for name in t["ignored"]})
     if turns:
         first = "ok"
+        if "WebSocket" in label and not getattr(run.gateway, "websocket_requests", 0):
+            tried = getattr(run.gateway, "websocket_connections", None)
+            first = "ok, over HTTP" + {0: " (no WebSocket tried)"}.get(tried, ": it fell back")
     else:
         lines = [line for line in run.out.splitlines() if line.strip()]
         first = f"none (exit {run.code}): {(lines or [''])[-1][:100]}"
@@ -128,7 +135,7 @@ async def one(name: str, path: Path, runner: Callable[[Sandbox], Awaitable[Run]]
     except AssertionError as exc:
         exact = "no: " + " ".join(str(exc).split())[:100]
     row = {"first request": first, "tool ran": "yes" if ran else "no", "trace exact": exact}
-    return {**row, "ignored": ", ".join(ignored) or "-", "exit": run.code}
+    return {**row, "ignored": ", ".join(ignored) or "-", "exit": run.code, "seconds": seconds}
 
 
 def runners(name: str, path: Path, tmp: Path) -> list[tuple[str, Callable[[Sandbox], Any]]]:
@@ -155,11 +162,12 @@ async def main(where: Path, pins: dict[str, str], names: list[str]) -> int:
         path = install(name, version, where)
         with tempfile.TemporaryDirectory() as tmp:
             for transport, runner in runners(name, path, Path(tmp)):
-                row = await one(name, path, runner)
                 label = f"{name} ({transport})" if transport else name
+                row = await one(name, label, runner)
                 rows.append({"client": label, "version": version, **row})
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     columns = ["client", "version", "first request", "tool ran", "trace exact", "ignored"]
+    columns.append("seconds")
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in rows:

@@ -355,6 +355,8 @@ async def run_codex(sandbox: Sandbox, codex: Path, *, websocket: bool = False) -
         (codex_home / "config.toml").write_text(config.format(url=gateway.url))
         key = "CODEX_API_KEY" if websocket else "GATEWAY_API_KEY"
         env = sandbox.env(CODEX_HOME=str(codex_home), **{key: session.api_key})
+        if websocket:  # what releases before `openai_base_url` (early 2026) read instead
+            env["OPENAI_BASE_URL"] = f"{gateway.url}/v1"
         bypass = "--dangerously-bypass-approvals-and-sandbox"  # in a temporary directory
         code, out = await sandbox.run([codex, "exec", "--skip-git-repo-check", bypass, TASK], env)
         trace = await admin.finish_session(session.session_id)

@@ -144,7 +144,8 @@ class Gateway(Server):
         )
         self._messages = MessagesDialect(strict_fields)
         self._responses = ResponsesDialect(strict_fields)
-        self.websocket_requests = 0  # response.create messages over WebSocket
+        self.websocket_connections = 0  # Responses WebSockets opened
+        self.websocket_requests = 0  # response.create messages over them
         self.dialects: tuple[Dialect, ...] = (
             ChatDialect(strict_fields),
             self._responses,
@@ -289,6 +290,7 @@ class Gateway(Server):
                 code="upgrade_required",
             )
         await ws.prepare(request)
+        self.websocket_connections += 1
         responses.CONNECTION.set({})
         async for message in ws:
             if message.type != WSMsgType.TEXT:
