@@ -7,9 +7,11 @@ the default minute."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agentcore_rollout.local.config import LocalConfig
@@ -97,3 +99,45 @@ def test_the_stack_hands_its_settings_to_every_child() -> None:
     stack = LocalStack(config)
     assert (stack.moto.stall, stack.moto.limit) == (300, 7200)
     assert {(w.stall, w.limit) for w in stack._workers()} == {(300, 7200)}
+
+
+SLOW_POLICY = """
+import sys, time
+end = time.process_time() + {busy}  # loading, as a model on a busy machine does: silent, on CPU
+while time.process_time() < end:
+    sum(range(1000))
+from agentcore_rollout.local.policy.__main__ import main
+main(sys.argv[1:])
+"""
+
+
+async def test_the_stack_comes_up_with_a_policy_worker_slower_than_its_stall_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local stack, its policy worker taking 3 stall bounds to load (as SmolLM2 took more
+    than the minute on a busy machine): it is waited for, and the stack serves."""
+    (tmp_path / "slow_policy.py").write_text(SLOW_POLICY.format(busy=3 * STALL))
+    paths = [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    workers = LocalStack._workers
+
+    def slow_workers(self: LocalStack) -> list[ServiceProcess]:
+        made = workers(self)
+        for worker in made:
+            worker._argv[2] = "slow_policy"  # python -m slow_policy <the worker's flags>
+        return made
+
+    monkeypatch.setattr(LocalStack, "_workers", slow_workers)
+    config = LocalConfig(
+        app="examples.math_agent.app:app",
+        mode="in_process",
+        policy_workers=1,
+        start_stall_seconds=STALL,
+        bucket="slow",
+        queue="slow",
+    )
+    started = time.monotonic()
+    async with LocalStack(config) as stack, aiohttp.ClientSession() as http:
+        assert time.monotonic() - started > 2 * STALL
+        async with http.get(f"{stack.workers[0].url}/health") as health:
+            assert health.status == 200
