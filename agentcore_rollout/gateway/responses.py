@@ -34,7 +34,7 @@ Every request field is honoured, ignored (no effect on the turn; named in the tu
     and named in the trace: the gateway runs none, and a client such as Codex sends
     `web_search` whatever it is told, so refusing it would stop the agent, while the model
     never sees a tool it cannot call. Item metadata (`id`, `status`, annotations, logprobs) is
-    not read.
+    not read; an item's other keys the gateway does not know are named (`input.<key>`).
   - refused: `conversation` (no conversation objects: send items or `previous_response_id`),
     `prompt` (no stored prompts), `background: true`, `truncation: "auto"` (the gateway never
     drops input), other `reasoning` settings, `context_management`, `moderation`, `image`,
@@ -46,7 +46,9 @@ Every request field is honoured, ignored (no effect on the turn; named in the tu
 instructions, plus output) in its session, the last `MAX_STORED_RESPONSES` of them; a request
 naming one as `previous_response_id` continues it (instructions are not carried over, as in
 OpenAI's API). An id its session does not hold is a 400; `store: false` stores nothing; the store
-goes with the session. Usage: `input_tokens`, `output_tokens`, `total_tokens`; `cached_tokens`
+goes with the session. Over WebSocket (`GET /v1/responses`, see `server`) the connection also
+keeps its last response, stored or not (`CONNECTION`), and an empty `input` may continue it.
+Usage: `input_tokens`, `output_tokens`, `total_tokens`; `cached_tokens`
 and `reasoning_tokens` are 0 because the turn's answer does not count them.
 """
 
