@@ -530,7 +530,10 @@ async def test_the_responses_api_over_websocket_as_codex_calls_it() -> None:
             )
             second = await _events_until_done(ws)
             assert second[-1]["response"]["output"][-1]["content"][0]["text"] == "It is 5."
-        trace = await s.trace()
+            trace = await s.trace()  # the session ends: the open connection serves no more
+            await ws.send_str(json.dumps({**ask, "input": [user]}))
+            (closed,) = await _events_until_done(ws)
+            assert closed["status"] == 401 and closed["error"]["code"] == "invalid_api_key"
         assert s.gateway.websocket_requests == 4
     check_exact_single_sample(trace, s.worker)
 

@@ -316,6 +316,12 @@ class Gateway(Server):
         self, request: web.Request, ws: web.WebSocketResponse, session: Session, text: str
     ) -> None:
         """One `response.create` (or an acknowledgement) on a Responses WebSocket."""
+        if session.closed:  # finished or expired since the connection opened: as a POST would
+            raise GatewayHTTPError(
+                401,
+                "invalid or expired gateway API key: use the per-session key from _rollout.llm",
+                code="invalid_api_key",
+            )
         raw = text.encode()
         pool = pool_for(raw, self._pool)
         async with in_flight(session, self.max_session_requests):
