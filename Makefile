@@ -87,7 +87,7 @@ clean:
 # and openhands-tools pinned in the same pip command: alone, it would downgrade openhands-sdk).
 # Harbor's task model too (harbor needs >= 3.12), which tests/test_harbor_schema.py reads.
 CLIENTS := .clients
-CLAUDE_CODE_VERSION := 2.1.197
+CLAUDE_CODE_VERSION := 2.1.332
 CODEX_VERSION := 0.171.0
 CLAUDE_AGENT_SDK_VERSION := 0.2.189
 OPENHANDS_VERSION := 1.58.2
@@ -97,9 +97,15 @@ PYTHON312 := $(firstword $(wildcard $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python
 	$(shell command -v python3.12))
 CLIENT_PIP := -m pip install --quiet --disable-pip-version-check
 
-.PHONY: clients
+.PHONY: clients clients-latest
 
 clients: $(CLIENTS)/.installed  ## the released agent clients and Harbor's task model, for the tests
+
+# Whatever the registries serve today (or NAME=VERSION in ARGS), into .clients-latest/, each run
+# through the gateway as the tests run the pinned ones: a table of client x version -> first
+# request, tool ran, trace exact, ignored fields. Bump the pins above when a new one passes.
+clients-latest: $(VENV)/.test  ## the newest release of each agent client, run through the gateway
+	$(PY) bench/clients_latest.py $(ARGS)
 
 $(CLIENTS)/.installed: Makefile
 	@test -n "$(PYTHON312)" || { echo "make clients: openhands-sdk needs Python >= 3.12" \

@@ -30,13 +30,22 @@ pytestmark = pytest.mark.component
 
 CLIENTS = Path(__file__).resolve().parent / "fixtures" / "clients"
 # What the gateway ignores of each client's request; everything else it honours.
+BILLING = "system:x-anthropic-billing-header"  # left out of the prompt, named
 IGNORED = {
-    "claude-code-2.1.197": {"metadata", "context_management", "output_config.effort"},
+    "claude-code-2.1.197": {"metadata", "context_management", "output_config.effort", BILLING},
+    "claude-code-2.1.332": {  # its default model: a system message in `messages` with effort
+        "metadata",
+        "context_management",
+        "output_config.effort=medium",
+        "messages.output_config.effort=medium",
+        BILLING,
+    },
     "claude-agent-sdk-0.2.189": {
         "metadata",
         "context_management",
         "output_config.effort",
         "thinking.display",
+        BILLING,
     },
     "codex-0.171.0": {
         "client_metadata",
@@ -198,3 +207,135 @@ async def test_clearing_thinking_and_deferred_tools_change_the_prompt_the_trace_
     assert "Second thought." in prompt and "First thought." not in prompt
     assert '"add"' in prompt and "multiply" not in prompt
     assert trace["turns"][0]["ignored"] == []
+
+
+# -- messages mid-conversation: system turns and keys beyond role and content ---------------------
+
+SYSTEM_MID = "Environment: the working directory is /work."
+
+
+async def _one_turn(path: str, body: dict[str, Any], renderer: HFRenderer | None = None) -> Any:
+    """`body` posted once: its status, text, the turn's trace entry and the prompt sampled."""
+    renderer = renderer or hf_renderer()
+    async with stack([ids(renderer, "Done.")], renderer) as (worker, gw, admin, session):
+        status, text = await _post(f"{gw.url}{path}", session.api_key, body)
+        trace = await admin.finish_session(session.session_id)
+    prompt = renderer.tokenizer.decode(worker.calls[0]["input_ids"]) if worker.calls else None
+    return status, text, (trace["turns"] or [None])[0], prompt
+
+
+async def test_a_system_message_mid_conversation_is_rendered_where_it_stands_in_each_api() -> None:
+    """Anthropic's `system` message in `messages`, OpenAI chat's system message, a Responses
+    `developer` item: each a system turn at its place, which the trace's prompt shows."""
+    asks = {
+        "/v1/messages": {
+            "model": "claude-opus-5-5",  # any name: the session's policy serves it
+            "max_tokens": 16,
+            "messages": [
+                {"role": "user", "content": "Hi."},
+                {"role": "system", "content": [{"type": "text", "text": SYSTEM_MID}]},
+            ],
+        },
+        "/v1/chat/completions": {
+            "model": "policy",
+            "messages": [
+                {"role": "user", "content": "Hi."},
+                {"role": "system", "content": SYSTEM_MID},
+            ],
+        },
+        "/v1/responses": {
+            "model": "policy",
+            "input": [
+                {"role": "user", "content": "Hi."},
+                {"type": "message", "role": "developer", "content": SYSTEM_MID},
+            ],
+        },
+    }
+    for path, body in asks.items():
+        status, text, turn, prompt = await _one_turn(path, body)
+        assert status == 200, (path, text)
+        assert f"<|im_start|>user\nHi.<|im_end|>\n<|im_start|>system\n{SYSTEM_MID}" in prompt
+        assert turn["ignored"] == [], path
+
+
+async def test_keys_beyond_role_and_content_are_read_ignored_or_refused_by_name() -> None:
+    """Claude Code 2.1.332's `output_config` on a system message: its effort steers a hosted
+    model (ignored, named with its value); a key the gateway does not know is named too; in
+    OpenAI chat such a key is also kept from the template; a format on one message is refused
+    in one line."""
+    system = {"role": "system", "content": SYSTEM_MID, "output_config": {"effort": "medium"}}
+    user = {"role": "user", "content": "Hi.", "x_client_note": "n1"}
+    body = {"model": "m", "max_tokens": 16, "messages": [user, system]}
+    status, text, turn, _ = await _one_turn("/v1/messages", body)
+    assert status == 200, text
+    assert set(turn["ignored"]) == {
+        "messages.x_client_note",
+        "messages.output_config.effort=medium",
+    }
+
+    chat = {"model": "m", "messages": [{**user, "cache_control": {"type": "ephemeral"}}]}
+    status, text, turn, prompt = await _one_turn("/v1/chat/completions", chat)
+    assert status == 200, text
+    assert set(turn["ignored"]) == {"messages.cache_control", "messages.x_client_note"}
+    assert "n1" not in prompt and "ephemeral" not in prompt
+
+    responses = {"model": "m", "input": [{"role": "user", "content": "Hi.", "phase": "x"}]}
+    status, text, turn, _ = await _one_turn("/v1/responses", responses)
+    assert status == 200, text
+    assert turn["ignored"] == ["input.phase"]
+
+    system["output_config"] = {"format": {"type": "json_schema", "schema": {}}}
+    status, text, turn, _ = await _one_turn("/v1/messages", body)
+    assert status == 400 and turn is None
+    message = json.loads(text)["error"]["message"]
+    assert message.startswith("messages[1].output_config.format is not supported"), message
+    assert "\n" not in message
+
+    bad = {"model": "m", "max_tokens": 16, "messages": [{"role": "tool", "content": "x"}]}
+    status, text, _, _ = await _one_turn("/v1/messages", bad)
+    assert status == 400 and "'user' | 'assistant' | 'system'" in text
+
+
+async def test_a_template_without_system_turns_mid_conversation_gets_the_text_in_a_user_turn() -> (
+    None
+):
+    """Mistral's template renders no system message past the first: the text joins the user
+    turn before it, the prompt shows it there, and the trace names the move."""
+    mistral = family_renderer("mistral")
+    body = {
+        "model": "m",
+        "max_tokens": 16,
+        "messages": [
+            {"role": "user", "content": "Hi."},
+            {"role": "system", "content": SYSTEM_MID},
+        ],
+    }
+    status, text, turn, prompt = await _one_turn("/v1/messages", body, mistral)
+    assert status == 200, text
+    assert f"[INST]Hi.\n\n{SYSTEM_MID}[/INST]" in prompt
+    assert turn["ignored"] == ["messages:system-in-user-turn"]
+
+
+async def test_claude_codes_billing_header_is_left_out_so_sessions_share_their_prefix() -> None:
+    """The `x-anthropic-billing-header` block differs per task; left out of the prompt (and
+    named), two sessions with different tasks share the system prompt's render."""
+    system = "You are a coding agent. " * 200
+    scripts = [ids(hf_renderer(), "Done."), ids(hf_renderer(), "Done.")]
+    async with stack(scripts) as (worker, gw, admin, first):
+        turns = []
+        for n, session in enumerate([first, await admin.create_session("second")]):
+            header = f"x-anthropic-billing-header: cc_version=2.1.332.{n}ab; cc_entrypoint=cli;"
+            body = {
+                "model": "m",
+                "max_tokens": 16,
+                "system": [{"type": "text", "text": header}, {"type": "text", "text": system}],
+                "messages": [{"role": "user", "content": f"Task {n}."}],
+            }
+            status, text = await _post(f"{gw.url}/v1/messages", session.api_key, body)
+            assert status == 200, text
+            turns += (await admin.finish_session(session.session_id))["turns"]
+    prompt = hf_renderer().tokenizer.decode(worker.calls[1]["input_ids"])
+    assert "billing" not in prompt and prompt.startswith("<|im_start|>system\nYou are")
+    assert [t["render"] for t in turns] == ["full", "shared"]
+    assert turns[1]["reused_prompt_tokens"] > 0.9 * turns[1]["prompt_tokens"]
+    assert all(t["ignored"] == ["system:x-anthropic-billing-header"] for t in turns)

@@ -476,3 +476,72 @@ async def test_the_openai_agents_sdk_default_model_runs_a_tool_round_trip_exactl
     assert [t["finish_reason"] for t in trace["turns"]] == ["tool_calls", "stop"]
     second_prompt = hf_renderer().tokenizer.decode(s.worker.calls[1]["input_ids"])
     assert "<|im_start|>tool\n5<|im_end|>" in second_prompt
+
+
+# -- over WebSocket --------------------------------------------------------------------------------
+
+
+async def _events_until_done(ws: aiohttp.ClientWebSocketResponse) -> list[dict[str, Any]]:
+    events = []
+    while True:
+        message = await ws.receive(timeout=30)
+        assert message.type == aiohttp.WSMsgType.TEXT, message
+        events.append(json.loads(message.data))
+        if events[-1]["type"] in ("response.completed", "response.incomplete", "error"):
+            return events
+
+
+async def test_the_responses_api_over_websocket_as_codex_calls_it() -> None:
+    """`GET /v1/responses` upgraded: a `generate: false` warm-up, then `response.create`
+    messages that continue the connection's last response by `previous_response_id` with only
+    the new items, `store: false`, as Codex sends them. The events are the SSE stream's, each
+    parsed by the openai SDK's own types; the trace is one exact sample. A failed request is an
+    `error` event with its status, and the connection goes on."""
+    async with stack([ids(CALL_TEXT), ids("It is 5.")]) as s:
+        headers = {"Authorization": f"Bearer {s.key}"}
+        ask = {"type": "response.create", "model": "policy", "tools": TOOLS, "store": False}
+        user = {"type": "message", "role": "user", "content": "What is 2 + 3?"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.ws_connect(f"{s.gateway.url}/v1/responses", headers=headers) as ws,
+        ):
+            await ws.send_str(json.dumps({**ask, "input": [user], "generate": False}))
+            warm = await _events_until_done(ws)
+            assert [e["type"] for e in warm] == ["response.created", "response.completed"]
+            assert warm[-1]["response"]["output"] == [] and s.worker.calls == []
+
+            await ws.send_str(json.dumps({**ask, "input": [], "previous_response_id": "resp_x"}))
+            (error,) = await _events_until_done(ws)
+            assert error["status"] == 400 and "resp_x" in error["error"]["message"]
+
+            warmed = warm[-1]["response"]["id"]  # continued with no new item, as Codex may
+            await ws.send_str(json.dumps({**ask, "input": [], "previous_response_id": warmed}))
+            first = await _events_until_done(ws)
+            assert [e["type"] for e in first][:2] == ["response.created", "response.in_progress"]
+            for event in first:
+                EVENTS.validate_python(event)
+            call = first[-1]["response"]["output"][-1]
+            assert call["type"] == "function_call"
+            await ws.send_str(json.dumps({"type": "response.processed", "response_id": "x"}))
+            result = {"type": "function_call_output", "call_id": call["call_id"], "output": "5"}
+            previous = first[-1]["response"]["id"]
+            await ws.send_str(
+                json.dumps({**ask, "input": [result], "previous_response_id": previous})
+            )
+            second = await _events_until_done(ws)
+            assert second[-1]["response"]["output"][-1]["content"][0]["text"] == "It is 5."
+            trace = await s.trace()  # the session ends: the open connection serves no more
+            await ws.send_str(json.dumps({**ask, "input": [user]}))
+            (closed,) = await _events_until_done(ws)
+            assert closed["status"] == 401 and closed["error"]["code"] == "invalid_api_key"
+        assert s.gateway.websocket_requests == 4
+    check_exact_single_sample(trace, s.worker)
+
+
+async def test_a_get_without_upgrade_is_told_to_upgrade_or_post() -> None:
+    async with stack([]) as s, aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {s.key}"}
+        async with http.get(f"{s.gateway.url}/v1/responses", headers=headers) as r:
+            assert r.status == 426 and "POST /v1/responses" in (await r.json())["error"]["message"]
+        async with http.get(f"{s.gateway.url}/v1/responses") as r:
+            assert r.status == 401

@@ -252,15 +252,26 @@ async def sandbox(tmp_path: Path) -> AsyncIterator[Sandbox]:
             await sandbox.run(["tmux", "-S", socket, "kill-server"], {"PATH": os.environ["PATH"]})
 
 
-CLAUDE_ENV = {  # Claude Code, and the Claude Agent SDK's bundled copy of it
-    "ANTHROPIC_MODEL": "policy",
+CLAUDE_ENV = {  # Claude Code, and the Claude Agent SDK's bundled copy of it, on its default model
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # no title request, no update check
     "DISABLE_TELEMETRY": "1",
     "DISABLE_AUTOUPDATER": "1",
     "DISABLE_ERROR_REPORTING": "1",
     "IS_SANDBOX": "1",  # lets root bypass permissions
 }
-CLAUDE_IGNORED = {"metadata", "context_management", "output_config.effort"}
+CLAUDE_IGNORED = {  # on its default model, which sets a lower effort, on a system message too
+    "metadata",
+    "context_management",
+    "output_config.effort=medium",
+    "messages.output_config.effort=medium",
+    "system:x-anthropic-billing-header",
+}
+CLAUDE_POLICY_IGNORED = {  # given the model name `policy` (the example app), the default effort
+    "metadata",
+    "context_management",
+    "output_config.effort",
+    "system:x-anthropic-billing-header",
+}
 
 
 def claude_env(sandbox: Sandbox, gateway: Gateway, session: Any) -> dict[str, str]:
@@ -275,19 +286,35 @@ LITELLM_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no cost map fetched at
 # -- the clients ----------------------------------------------------------------------------------
 
 
-async def test_claude_code(sandbox: Sandbox) -> None:
-    """Anthropic Messages, streamed; the thinking is sent back whole, with its sealed signature."""
-    claude = installed(NPM_BIN / "claude", "CLAUDE_CODE", "--version")
+@dataclass
+class Run:
+    """A client's run against a fresh gateway: its exit code and output, the session's trace,
+    the worker that answered, and the gateway (its counters)."""
+
+    code: int | None
+    out: str
+    trace: dict[str, Any]
+    worker: TaskWorker
+    gateway: Gateway
+
+
+async def run_claude_code(sandbox: Sandbox, claude: Path) -> Run:
     worker = qwen3_worker("Bash", {"command": COMMAND})
     async with gateway_for(worker) as (gateway, admin, session):
         env = claude_env(sandbox, gateway, session)
         argv = [claude, "-p", TASK, "--dangerously-skip-permissions", "--output-format", "json"]
         code, out = await sandbox.run(argv, env)
         trace = await admin.finish_session(session.session_id)
-    sandbox.check(code, out)
-    assert json.loads(out.splitlines()[-1])["result"] == FINAL
-    check_trace(trace, worker, CLAUDE_IGNORED)
-    assert PLAN in worker.prompt(1)
+    return Run(code, out, trace, worker, gateway)
+
+
+async def test_claude_code(sandbox: Sandbox) -> None:
+    """Anthropic Messages, streamed; the thinking is sent back whole, with its sealed signature."""
+    run = await run_claude_code(sandbox, installed(NPM_BIN / "claude", "CLAUDE_CODE", "--version"))
+    sandbox.check(run.code, run.out)
+    assert json.loads(run.out.splitlines()[-1])["result"] == FINAL
+    check_trace(run.trace, run.worker, CLAUDE_IGNORED)
+    assert PLAN in run.worker.prompt(1)
 
 
 CODEX_CONFIG = """\
@@ -308,24 +335,70 @@ env_key = "GATEWAY_API_KEY"
 """
 
 
-async def test_codex(sandbox: Sandbox) -> None:
-    """OpenAI Responses, streamed, `store: false`: the reasoning is sent back as the
-    `encrypted_content` the gateway sealed it in."""
-    codex = installed(NPM_BIN / "codex", "CODEX", "--version")
+CODEX_IGNORED = {
+    "client_metadata",
+    "prompt_cache_key",
+    "reasoning.summary",
+    "tools:namespace",
+    "tools:web_search",
+}
+
+
+async def run_codex(sandbox: Sandbox, codex: Path, *, websocket: bool = False) -> Run:
+    """Codex on a custom provider (HTTP), or on its built-in one pointed at the gateway (its
+    default transport there: a WebSocket)."""
     worker = qwen3_worker("exec_command", {"cmd": COMMAND})
     codex_home = sandbox.home / ".codex"
-    codex_home.mkdir()
+    codex_home.mkdir(exist_ok=True)
     async with gateway_for(worker) as (gateway, admin, session):
-        (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=gateway.url))
-        env = sandbox.env(CODEX_HOME=str(codex_home), GATEWAY_API_KEY=session.api_key)
+        config = CODEX_OPENAI_CONFIG if websocket else CODEX_CONFIG
+        (codex_home / "config.toml").write_text(config.format(url=gateway.url))
+        key = "CODEX_API_KEY" if websocket else "GATEWAY_API_KEY"
+        env = sandbox.env(CODEX_HOME=str(codex_home), **{key: session.api_key})
+        if websocket:  # what releases before `openai_base_url` (early 2026) read instead
+            env["OPENAI_BASE_URL"] = f"{gateway.url}/v1"
         bypass = "--dangerously-bypass-approvals-and-sandbox"  # in a temporary directory
         code, out = await sandbox.run([codex, "exec", "--skip-git-repo-check", bypass, TASK], env)
         trace = await admin.finish_session(session.session_id)
-    sandbox.check(code, out)
-    assert FINAL in out
-    ignored = {"client_metadata", "prompt_cache_key", "reasoning.summary"}
-    check_trace(trace, worker, ignored | {"tools:namespace", "tools:web_search"})
-    assert PLAN in worker.prompt(1)
+    return Run(code, out, trace, worker, gateway)
+
+
+async def test_codex(sandbox: Sandbox) -> None:
+    """OpenAI Responses, streamed, `store: false`: the reasoning is sent back as the
+    `encrypted_content` the gateway sealed it in."""
+    run = await run_codex(sandbox, installed(NPM_BIN / "codex", "CODEX", "--version"))
+    sandbox.check(run.code, run.out)
+    assert FINAL in run.out
+    check_trace(run.trace, run.worker, CODEX_IGNORED)
+    assert PLAN in run.worker.prompt(1)
+
+
+CODEX_OPENAI_CONFIG = """\
+model = "policy"
+openai_base_url = "{url}/v1"  # the built-in OpenAI provider, pointed at the gateway
+
+[features]
+plugins = false
+
+[analytics]
+enabled = false
+"""
+
+
+async def test_codex_on_its_default_transport_the_responses_websocket(sandbox: Sandbox) -> None:
+    """Codex's built-in OpenAI provider opens a WebSocket to /v1/responses before any POST (a
+    custom provider does not, unless `supports_websockets`): the gateway serves it, a
+    `generate: false` warm-up first, then each turn as `response.create` continuing the last
+    response by `previous_response_id` with only the new items, `store: false`. No fallback
+    to HTTP, and the trace is as exact as over HTTP."""
+    codex = installed(NPM_BIN / "codex", "CODEX", "--version")
+    run = await run_codex(sandbox, codex, websocket=True)
+    sandbox.check(run.code, run.out)
+    assert FINAL in run.out and "falling back" not in run.out.lower(), run.out[-3000:]
+    assert run.gateway.websocket_requests >= 2  # the turns came over the WebSocket
+    ignored = {*CODEX_IGNORED, "input.internal_chat_message_metadata_passthrough"}
+    check_trace(run.trace, run.worker, ignored)  # ^ what OpenAI's provider adds to its items
+    assert PLAN in run.worker.prompt(1)
 
 
 SDK_DRIVER = """
@@ -344,20 +417,24 @@ anyio.run(main)
 """
 
 
-async def test_claude_agent_sdk(sandbox: Sandbox) -> None:
-    """`query()` from Python: the bundled Claude Code speaks Anthropic Messages as above, and
-    asks for thinking shown as updates."""
-    python = python_client("venv-claude-agent-sdk", "CLAUDE_AGENT_SDK", "claude-agent-sdk")
+async def run_claude_agent_sdk(sandbox: Sandbox, python: Path) -> Run:
     worker = qwen3_worker("Bash", {"command": COMMAND})
     async with gateway_for(worker) as (gateway, admin, session):
         env = claude_env(sandbox, gateway, session)
         code, out = await sandbox.run([python, "-c", SDK_DRIVER, TASK], env)
         trace = await admin.finish_session(session.session_id)
-    sandbox.check(code, out)
-    assert f"TextBlock(text='{FINAL}')" in out
-    ignored = {*CLAUDE_IGNORED, "thinking.display"}
-    check_trace(trace, worker, ignored)
-    assert PLAN in worker.prompt(1)
+    return Run(code, out, trace, worker, gateway)
+
+
+async def test_claude_agent_sdk(sandbox: Sandbox) -> None:
+    """`query()` from Python: the bundled Claude Code speaks Anthropic Messages as above, and
+    asks for thinking shown as updates."""
+    python = python_client("venv-claude-agent-sdk", "CLAUDE_AGENT_SDK", "claude-agent-sdk")
+    run = await run_claude_agent_sdk(sandbox, python)
+    sandbox.check(run.code, run.out)
+    assert f"TextBlock(text='{FINAL}')" in run.out
+    check_trace(run.trace, run.worker, {*CLAUDE_IGNORED, "thinking.display"})
+    assert PLAN in run.worker.prompt(1)
 
 
 OPENHANDS_DRIVER = """
@@ -377,14 +454,7 @@ sys.exit(conversation.state.execution_status.value != "finished")
 """
 
 
-@pytest.mark.parametrize("reasoning", [False, True], ids=["plain", "reasoning"])
-async def test_openhands_sdk(sandbox: Sandbox, reasoning: bool) -> None:
-    """OpenAI chat through litellm, not streamed. A policy that does not reason (the fixture's
-    Hermes template) gets its turns back as written: one sample. OpenHands sends
-    `reasoning_content` back only for the models it lists (Kimi, DeepSeek's reasoner, ...), not
-    for `openai/policy`: with a reasoning policy the second prompt lacks the first turn's
-    reasoning, so each turn is a sample of its own, each still exact."""
-    python = python_client("venv-openhands-sdk", "OPENHANDS", "openhands-sdk", "openhands-tools")
+async def run_openhands(sandbox: Sandbox, python: Path, *, reasoning: bool) -> Run:
     arguments = {"command": COMMAND, "security_risk": "LOW"}
     call = json.dumps({"name": "terminal", "arguments": arguments})
     replies = [f"<tool_call>{call}</tool_call>", FINAL]
@@ -398,20 +468,28 @@ async def test_openhands_sdk(sandbox: Sandbox, reasoning: bool) -> None:
         env["GATEWAY_URL"] = f"{gateway.url}/v1"
         code, out = await sandbox.run([python, "-c", OPENHANDS_DRIVER, TASK], env)
         trace = await admin.finish_session(session.session_id)
-    sandbox.check(code, out)
-    assert "STATUS finished" in out
+    return Run(code, out, trace, worker, gateway)
+
+
+@pytest.mark.parametrize("reasoning", [False, True], ids=["plain", "reasoning"])
+async def test_openhands_sdk(sandbox: Sandbox, reasoning: bool) -> None:
+    """OpenAI chat through litellm, not streamed. A policy that does not reason (the fixture's
+    Hermes template) gets its turns back as written: one sample. OpenHands sends
+    `reasoning_content` back only for the models it lists (Kimi, DeepSeek's reasoner, ...), not
+    for `openai/policy`: with a reasoning policy the second prompt lacks the first turn's
+    reasoning, so each turn is a sample of its own, each still exact."""
+    python = python_client("venv-openhands-sdk", "OPENHANDS", "openhands-sdk", "openhands-tools")
+    run = await run_openhands(sandbox, python, reasoning=reasoning)
+    sandbox.check(run.code, run.out)
+    assert "STATUS finished" in run.out
     ignored = {"prompt_cache_key", "reasoning_effort=high"}
-    check_trace(trace, worker, ignored, samples=[[0], [1]] if reasoning else None)
+    check_trace(run.trace, run.worker, ignored, samples=[[0], [1]] if reasoning else None)
     if reasoning:
-        assert PLAN not in worker.prompt(1)
+        assert PLAN not in run.worker.prompt(1)
 
 
-async def test_mini_swe_agent(sandbox: Sandbox, tmp_path: Path) -> None:
-    """OpenAI chat through litellm, not streamed; the reasoning is sent back as
-    `reasoning_content`. The agent ends when its model runs the submit command."""
-    python = python_client("venv-mini-swe-agent", "MINI_SWE_AGENT", "mini-swe-agent")
+async def run_mini_swe_agent(sandbox: Sandbox, python: Path, trajectory: Path) -> Run:
     worker = qwen3_worker("bash", {"command": COMMAND}, then=SUBMIT)
-    trajectory = tmp_path / "trajectory.json"
     async with gateway_for(worker) as (gateway, admin, session):
         env = sandbox.env(**LITELLM_ENV, MSWEA_COST_TRACKING="ignore_errors")
         env["MSWEA_CONFIGURED"] = "true"  # no first-run setup wizard
@@ -424,10 +502,19 @@ async def test_mini_swe_agent(sandbox: Sandbox, tmp_path: Path) -> None:
         argv += ["-c", "mini.yaml", *(a for k, v in settings.items() for a in ("-c", f"{k}={v}"))]
         code, out = await sandbox.run([*argv, "-t", TASK, "-o", trajectory], env)
         trace = await admin.finish_session(session.session_id)
-    sandbox.check(code, out)
+    return Run(code, out, trace, worker, gateway)
+
+
+async def test_mini_swe_agent(sandbox: Sandbox, tmp_path: Path) -> None:
+    """OpenAI chat through litellm, not streamed; the reasoning is sent back as
+    `reasoning_content`. The agent ends when its model runs the submit command."""
+    python = python_client("venv-mini-swe-agent", "MINI_SWE_AGENT", "mini-swe-agent")
+    trajectory = tmp_path / "trajectory.json"
+    run = await run_mini_swe_agent(sandbox, python, trajectory)
+    sandbox.check(run.code, run.out)
     assert json.loads(trajectory.read_text())["info"]["exit_status"] == "Submitted"
-    check_trace(trace, worker, set(), last="tool_calls")
-    assert PLAN in worker.prompt(1)
+    check_trace(run.trace, run.worker, set(), last="tool_calls")
+    assert PLAN in run.worker.prompt(1)
 
 
 # -- the example agents: the same clients inside a RolloutApp -----------------------------------
@@ -453,12 +540,11 @@ async def test_the_coding_agent_example_runs_each_client_and_checks_its_work(
     if agent == "claude_code":
         monkeypatch.setenv("CLAUDE_BIN", str(installed(NPM_BIN / "claude", "CLAUDE_CODE", "-v")))
         worker, rollout = qwen3_worker("Bash", {"command": COMMAND}), app.claude_code_rollout
-        ignored = CLAUDE_IGNORED
+        ignored = CLAUDE_POLICY_IGNORED
     else:
         monkeypatch.setenv("CODEX_BIN", str(installed(NPM_BIN / "codex", "CODEX", "--version")))
         worker, rollout = qwen3_worker("exec_command", {"cmd": COMMAND}), app.codex_rollout
-        ignored = {"client_metadata", "prompt_cache_key", "reasoning.summary"}
-        ignored |= {"tools:namespace", "tools:web_search"}
+        ignored = CODEX_IGNORED
     options = {}
     if tls:
         ca = trustme.CA()

@@ -3,7 +3,10 @@
 Every field of the request is honoured, ignored (no effect on the turn, named in its trace:
 `user`, `metadata`, `store`, `service_tier`, `prompt_cache_key` and the like, `reasoning_effort`
 and `verbosity`, fields the gateway does not know) or refused with a 400 that names it; see
-`turns` for the kinds and what the shared options mean.
+`turns` for the kinds and what the shared options mean. On a message, keys no chat template
+reads (`cache_control`, a client's bookkeeping) are ignored, named `messages.<key>`, and kept
+from the template, so the prompt is what the trace says; system messages render where they
+stand (see `pipeline` for a template that renders none past the first).
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class ChatDialect(Dialect):
             raise ValueError("top_logprobs needs logprobs: true")
         parallel = body.get("parallel_tool_calls")
         return ChatTurn(
-            messages=body.get("messages"),  # type: ignore[arg-type]  # the renderer checks them
+            messages=_known_keys(body.get("messages"), ignored),
             tools=tools,
             tool_choice=_tool_choice(body.get("tool_choice"), tools),
             parallel_tool_calls=parallel is None or boolean(parallel, "parallel_tool_calls"),
@@ -107,6 +110,34 @@ class ChatDialect(Dialect):
         for chunk in chat_chunks(head, deltas, finish, reply["usage"], options):
             yield None, chunk
         yield None, "[DONE]"
+
+
+# What a chat message carries that templates read (`thinking`, `reasoning`: the names some
+# templates and servers give reasoning_content), and OpenAI's own keys that render nothing.
+_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
+_MESSAGE_KEYS |= {"thinking", "reasoning", "refusal", "annotations", "audio", "function_call"}
+
+
+def _known_keys(messages: Any, ignored: Ignored) -> Any:
+    """The messages as the template is to see them: a key no template reads (`cache_control`,
+    a client's own bookkeeping) is left out and named in the trace (`messages.<key>`), so the
+    prompt is what the trace says it is. The renderer checks the rest."""
+    if not isinstance(messages, list):
+        return messages
+    out = messages
+    for i, message in enumerate(messages):
+        if type(message) is not dict or _MESSAGE_KEYS.issuperset(message):
+            continue
+        extra = set(message) - _MESSAGE_KEYS
+        for key in sorted(extra):
+            if message[key] is not None:
+                ignored.add(
+                    f"messages.{key}", "unknown to the gateway: it changes nothing rendered"
+                )
+        if out is messages:
+            out = list(messages)
+        out[i] = {k: v for k, v in message.items() if k not in extra}
+    return out
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:

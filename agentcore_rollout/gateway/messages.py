@@ -20,15 +20,23 @@ back empty, its text sealed in the signature), `system` messages in `messages` (
 where they stand), `context_management`'s `clear_thinking_20251015` edit (the thinking of all
 but the last `keep` assistant turns is left out of the prompt, which the trace shows), and a
 tool's `defer_loading` (a deferred tool is not in the prompt: the gateway serves no tool search
-that would load it). Ignored: `metadata`, `service_tier`, `speed`, `inference_geo`,
+that would load it). The model name is any: the session's policy answers it (Claude Code on
+its default model sends its own). Ignored: `metadata`, `service_tier`, `speed`, `inference_geo`,
 `diagnostics` (the reply carries none), `cache_control` (anywhere), text `citations`,
 `toolset_name`, a tool's `eager_input_streaming` (a turn is streamed once whole) and `strict`
 (not enforced while sampling: a call that does not parse is flagged ill-formed),
 `thinking.display` other than omitted, `output_config.effort` (named with its value when not
 the default, high), a `clear_thinking_20251015` edit that keeps all, server tools (web_search_*,
 bash_*, ...: dropped from what the model sees, as Responses' hosted tools are), fields the
-gateway does not know.
-Refused with a 400 naming them: `thinking` `enabled` / `between_tools` (a budget or a schedule
+gateway does not know; on a message, keys besides `role` and `content`: `output_config.effort`
+(Claude Code >= 2.1.332 sets one on a system message; named `messages.output_config.effort`),
+`cache_control` and unknown keys (`messages.<key>`). Claude Code's billing header, the first
+system block `x-anthropic-billing-header: cc_version=...; cc_entrypoint=...[; cch=...]`, is
+left out of the prompt and named (`system:x-anthropic-billing-header`): it is a version and a
+hash that differ per task, so it carries nothing for the policy, and as the prompt's first line
+it kept any two sessions from sharing a rendered prefix (docs/benchmarks.md).
+Refused with a 400 naming them: a message's `output_config.format` (a format binds the whole
+reply), `thinking` `enabled` / `between_tools` (a budget or a schedule
 cannot be enforced on the policy), context edits other than clearing thinking,
 `container`, `mcp_servers`, a tool's `input_examples` and callers other than direct, image /
 document / search-result blocks (the renderer is text-only), `redacted_thinking` (encrypted by
@@ -120,9 +128,9 @@ class MessagesDialect(Dialect):
         picked.update((k, body.get(k)) for k in ("temperature", "top_p", "top_k"))
         tools = _tools(body.get("tools"), ignored)
         choice, parallel = _tool_choice(body.get("tool_choice"), tools)
-        messages = _messages(body.get("messages"))
+        messages = _messages(body.get("messages"), ignored)
         _clear_thinking(messages, body.get("context_management"), ignored)
-        system = _system(body.get("system"))
+        system = _system(body.get("system"), ignored)
         return ChatTurn(
             messages=[{"role": "system", "content": system}, *messages] if system else messages,
             tools=tools,
@@ -260,14 +268,28 @@ def _output_schema(config: Any, ignored: Ignored) -> dict[str, Any] | None:
     return json_schema_of("json_schema", fmt.get("schema"), "output_config.format")
 
 
-def _system(system: Any) -> str | None:
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _system(system: Any, ignored: Ignored) -> str | None:
     if system is None or isinstance(system, str):
         return system or None
     if isinstance(system, list):
         try:
-            return "\n".join(_text_blocks(system)) or None
+            texts = _text_blocks(system)
         except ValueError as exc:
             raise ValueError(f"system{exc}") from None
+        if texts and texts[0].startswith(BILLING_HEADER):
+            # Claude Code's first block: its version, entry point and a hash of the request,
+            # for Anthropic's billing, different in every session (or request): nothing the
+            # policy could use, and in the prompt's first line it would keep any two sessions
+            # from sharing a prefix. Left out of the prompt, named in the trace.
+            ignored.add(
+                "system:x-anthropic-billing-header",
+                "a billing header of Claude Code's: left out of the prompt",
+            )
+            texts = texts[1:]
+        return "\n".join(texts) or None
     raise ValueError("system must be a string or a list of text blocks")
 
 
@@ -307,14 +329,17 @@ def _refusal(kind: str) -> str:
     return f"a {kind!r} block is not supported here"
 
 
-def _messages(messages: Any) -> list[dict[str, Any]]:
+def _messages(messages: Any, ignored: Ignored) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         role = message.get("role") if type(message) is dict else None
-        if role not in ("user", "assistant", "system") or len(message) != 2:
-            raise ValueError(f"messages[{i}] must be {{'role': 'user' | 'assistant', 'content'}}")
+        if role not in ("user", "assistant", "system") or "content" not in message:
+            raise ValueError(
+                f"messages[{i}] must be {{'role': 'user' | 'assistant' | 'system', 'content'}}"
+            )
+        _message_keys(message, i, ignored)
         content = message.get("content")
         if isinstance(content, str):
             out.append({"role": role, "content": content})
@@ -336,6 +361,34 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
             "samples a new assistant turn"
         )
     return out
+
+
+def _message_keys(message: dict[str, Any], i: int, ignored: Ignored) -> None:
+    """A message's keys besides role and content, by the field policy: an `output_config` on a
+    message (Claude Code >= 2.1.332 sets one on its system messages) is read as the request's
+    is (its effort steers a hosted model: ignored; a format there cannot be carried out for one
+    message: refused); `cache_control` and keys the gateway does not know change nothing
+    rendered: ignored, named `messages.<key>`."""
+    for key in sorted(set(message) - {"role", "content"}):
+        value = message[key]
+        if value is None:
+            continue
+        if key == "output_config":
+            if not isinstance(value, Mapping) or set(value) - {"format", "effort"}:
+                raise ValueError(f"messages[{i}].output_config must be an object with 'effort'")
+            if value.get("format") is not None:
+                raise ValueError(
+                    f"messages[{i}].output_config.format is not supported: a format binds the "
+                    "whole reply; set output_config.format on the request"
+                )
+            steering(value.get("effort"), "messages.output_config.effort", ignored)
+        else:
+            why = (
+                "it has no effect on the turn"
+                if key == "cache_control"
+                else "unknown to the gateway"
+            )
+            ignored.add(f"messages.{key}", why)
 
 
 def _user(blocks: list[Any]) -> list[dict[str, Any]]:

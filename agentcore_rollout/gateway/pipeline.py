@@ -37,7 +37,16 @@ from typing import Any
 from ._limits import in_pool
 from .backends import Backend, Completion
 from .prefixes import SharedPrefixes
-from .render import IncrementalRenderer, Parsed, Rendered, Renderer, RenderState, TextRenderer
+from .render import (
+    IncrementalRenderer,
+    Parsed,
+    Rendered,
+    Renderer,
+    RenderState,
+    TextRenderer,
+    fold_system_messages,
+    places_system_anywhere,
+)
 from .resume import ResumePolicy, complete
 from .sessions import Session
 from .trajectory import RENDER_KINDS, Turn
@@ -61,6 +70,9 @@ class TurnPipeline:
         self.ignored_fields: Counter[str] = Counter()  # per field name, the turns that sent it
         self.undelivered_turns = 0  # recorded turns whose reply the agent did not get
         self.counted_prompts = 0  # count_tokens requests answered
+        # Whether the template renders a system message past the first (Claude Code sends them
+        # mid-conversation): if it drops or refuses one, its text joins a user turn (below).
+        self._system_anywhere = renderer is None or places_system_anywhere(renderer)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -77,6 +89,7 @@ class TurnPipeline:
     ) -> TurnAnswer:
         """Render, sample, parse and record one turn of `session`. Past the session's turn
         limit the turn ends at once as `length` (what agent loops stop on), unrecorded."""
+        self._place_system(turn)
         self.ignored_fields.update(turn.ignored)
         # Render before reserving a turn: a malformed request is a 400 and costs no turn.
         prompt_ids, render, reused = await self._render(session, turn.messages, turn.tools, pool)
@@ -143,10 +156,27 @@ class TurnPipeline:
         """The prompt tokens `turn` renders to (Anthropic's count_tokens): in `pool`, in the
         session's turn of it, recorded nowhere."""
         assert self.renderer is not None
+        self._place_system(turn)
         async with session.cpu:
             ids = await in_pool(pool, self.renderer.render, turn.messages, turn.tools)
         self.counted_prompts += 1
         return len(ids)
+
+    def _place_system(self, turn: ChatTurn) -> None:
+        """A system message past the first, where the template renders none (it drops or
+        refuses one there): its text joins the user turn before it (after it, if none is
+        before), so the model sees it as the template allows, and the trace names it
+        (`messages:system-in-user-turn`)."""
+        if self._system_anywhere or not isinstance(turn.messages, list):
+            return
+        folded = fold_system_messages(turn.messages)
+        if folded is not turn.messages:
+            turn.messages = folded
+            turn.ignored.add(
+                "messages:system-in-user-turn",
+                "the chat template renders no system message past the first: its text is "
+                "in the nearest user turn",
+            )
 
     def undelivered(self, session: Session, rid: str) -> None:
         """Mark the recorded turn `rid` as not delivered: its reply never reached the agent."""

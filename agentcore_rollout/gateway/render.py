@@ -170,6 +170,53 @@ def normalize_messages(messages: Any) -> list[Message]:
     return out
 
 
+_SYSTEM_MARK = "agw-system-probe"
+
+
+def places_system_anywhere(renderer: Any) -> bool:
+    """Whether `renderer`'s template renders a system message past the first message (Hermes,
+    Qwen, Llama 3 and GLM templates do; Mistral's, DeepSeek's and gpt-oss' drop or refuse
+    one). A renderer without `render_text` is taken at its word: it renders what it is given."""
+    render_text = getattr(renderer, "render_text", None)
+    if render_text is None:
+        return True
+    probe = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+        {"role": "system", "content": _SYSTEM_MARK},
+        {"role": "user", "content": "v"},
+    ]
+    try:
+        return _SYSTEM_MARK in render_text(probe, None)
+    except Exception:  # a template that refuses it places none
+        return False
+
+
+def fold_system_messages(messages: list[Any]) -> list[Any]:
+    """`messages` with each system message past the first joined to the nearest user message
+    before it (its text after the user's, a blank line between), or after it if none is before;
+    the list itself when there is none to move. Content parts are flattened first."""
+    if not any(isinstance(m, Mapping) and m.get("role") == "system" for m in messages[1:]):
+        return messages
+    out = [dict(m) for m in normalize_messages(messages)]
+    moved = [i for i in range(1, len(out)) if out[i]["role"] == "system"]
+    for i in moved:
+        text = out[i].get("content") or ""
+        before = [j for j in range(i - 1, -1, -1) if out[j]["role"] == "user"]
+        after = [j for j in range(i + 1, len(out)) if out[j]["role"] == "user"]
+        if before:
+            user = out[before[0]]
+            user["content"] = f"{user.get('content') or ''}\n\n{text}"
+        elif after:
+            user = out[after[0]]
+            user["content"] = f"{text}\n\n{user.get('content') or ''}"
+        else:
+            continue  # no user turn at all: it stays where it is, as the template renders it
+        out[i] = None  # type: ignore[call-overload]
+    return [m for m in out if m is not None]
+
+
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})  # OpenAI chat's, Responses'
 
 

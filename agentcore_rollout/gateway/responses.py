@@ -34,7 +34,7 @@ Every request field is honoured, ignored (no effect on the turn; named in the tu
     and named in the trace: the gateway runs none, and a client such as Codex sends
     `web_search` whatever it is told, so refusing it would stop the agent, while the model
     never sees a tool it cannot call. Item metadata (`id`, `status`, annotations, logprobs) is
-    not read.
+    not read; an item's other keys the gateway does not know are named (`input.<key>`).
   - refused: `conversation` (no conversation objects: send items or `previous_response_id`),
     `prompt` (no stored prompts), `background: true`, `truncation: "auto"` (the gateway never
     drops input), other `reasoning` settings, `context_management`, `moderation`, `image`,
@@ -46,14 +46,18 @@ Every request field is honoured, ignored (no effect on the turn; named in the tu
 instructions, plus output) in its session, the last `MAX_STORED_RESPONSES` of them; a request
 naming one as `previous_response_id` continues it (instructions are not carried over, as in
 OpenAI's API). An id its session does not hold is a 400; `store: false` stores nothing; the store
-goes with the session. Usage: `input_tokens`, `output_tokens`, `total_tokens`; `cached_tokens`
+goes with the session. Over WebSocket (`GET /v1/responses`, see `server`) the connection also
+keeps its last response, stored or not (`CONNECTION`), and an empty `input` may continue it.
+Usage: `input_tokens`, `output_tokens`, `total_tokens`; `cached_tokens`
 and `reasoning_tokens` are 0 because the turn's answer does not count them.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +100,14 @@ _REFUSED = {
 }
 _TEXT_PARTS = {"input_text", "output_text"}
 
+# Over WebSocket (`GET /v1/responses`, as OpenAI serves it), a connection keeps its last
+# response's conversation whether or not it was stored, so the next `response.create` may
+# continue it by `previous_response_id` and send only the new items (Codex does, with
+# `store: false`). The server's connection handler sets this to the connection's store.
+CONNECTION: ContextVar[dict[str, list[dict[str, Any]]] | None] = ContextVar(
+    "responses_connection", default=None
+)
+
 
 @dataclass
 class ResponsesTurn(ChatTurn):
@@ -132,7 +144,9 @@ class ResponsesDialect(Dialect):
             raise ValueError("instructions must be a string")
         system = {"role": "system", "content": instructions} if instructions else None
         conversation = _continued(body.get("previous_response_id"), session)
-        conversation += _messages(body.get("input"))
+        new = body.get("input")
+        if not (conversation and new == []):  # a continued response may add no item
+            conversation += _messages(new, ignored)
         parallel = body.get("parallel_tool_calls")
         picked = {k: body.get(k) for k in ("temperature", "top_p")}
         picked["max_tokens"] = body.get("max_output_tokens")
@@ -158,6 +172,26 @@ class ResponsesDialect(Dialect):
         if isinstance(turn, ResponsesTurn):
             _store(answer, turn, response["id"])
         return response
+
+    def prepared(self, turn: ChatTurn) -> Iterator[tuple[str | None, Any]]:
+        """A `generate: false` request over WebSocket (Codex warms a new connection with one):
+        nothing is sampled or recorded; its input becomes the connection's last response, which
+        the next request continues. response.created, then response.completed, output empty."""
+        answer = TurnAnswer(uuid.uuid4().hex, {"role": "assistant", "content": None}, "stop")
+        final = {**self._response(answer, turn), "output": []}
+        connection = CONNECTION.get()
+        if connection is not None and isinstance(turn, ResponsesTurn):
+            connection.clear()
+            connection[final["id"]] = list(turn.conversation)
+        started = {**final, "status": "in_progress", "usage": None, "completed_at": None}
+        yield (
+            "response.created",
+            {"type": "response.created", "sequence_number": 0, "response": started},
+        )
+        yield (
+            "response.completed",
+            {"type": "response.completed", "sequence_number": 1, "response": final},
+        )
 
     def events(self, answer: TurnAnswer, turn: ChatTurn) -> Iterator[tuple[str | None, Any]]:
         """response.created and .in_progress, each output item added, its content streamed
@@ -243,7 +277,10 @@ def _continued(previous: Any, session: Session) -> list[dict[str, Any]]:
     hold it), or none."""
     if previous is None:
         return []
-    earlier = session.responses.get(previous) if isinstance(previous, str) else None
+    connection = CONNECTION.get()
+    earlier = None
+    if isinstance(previous, str):
+        earlier = (connection or {}).get(previous) or session.responses.get(previous)
     if earlier is None:
         raise ValueError(
             f"previous_response_id {str(previous)[:80]!r} is not a stored response of this "
@@ -334,8 +371,17 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
     )
 
 
-def _messages(value: Any) -> list[dict[str, Any]]:
-    """`input` as OpenAI chat messages (see the module docstring)."""
+_ITEM_KEYS = {  # per item type, what the gateway reads, and the metadata it does not (id, status)
+    "message": {"type", "role", "content", "id", "status"},
+    "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
+    "function_call_output": {"type", "call_id", "output", "id", "status"},
+    "reasoning": {"type", "id", "summary", "content", "encrypted_content", "status"},
+}
+
+
+def _messages(value: Any, ignored: Ignored) -> list[dict[str, Any]]:
+    """`input` as OpenAI chat messages (see the module docstring); an item's keys the gateway
+    does not read, besides its metadata, are named in the trace (`input.<key>`)."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
@@ -357,6 +403,13 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         kind = item.get("type")
         if kind is None and "role" in item:
             kind = "message"
+        known = _ITEM_KEYS.get(kind)
+        if known is not None and not known.issuperset(item):
+            for key in sorted(set(item) - known):
+                if item[key] is not None:
+                    ignored.add(
+                        f"input.{key}", "unknown to the gateway: it changes nothing rendered"
+                    )
         if kind == "message":
             role = item.get("role")
             if role == "assistant":
@@ -495,12 +548,18 @@ def _output(answer: TurnAnswer, sealed: bool) -> list[dict[str, Any]]:
 
 
 def _store(answer: TurnAnswer, turn: ResponsesTurn, response_id: str) -> None:
-    """Keep the response's conversation in its session (`store`), the newest few."""
+    """Keep the response's conversation in its session (`store`), the newest few; and, over a
+    WebSocket, as its connection's last response whatever `store` says."""
+    conversation = [*turn.conversation, answer.chat_message()]
+    connection = CONNECTION.get()
+    if connection is not None:
+        connection.clear()
+        connection[response_id] = conversation
     session = turn.session
     if not turn.store or session is None:
         return
     stored = session.responses
-    stored[response_id] = [*turn.conversation, answer.chat_message()]
+    stored[response_id] = conversation
     while len(stored) > MAX_STORED_RESPONSES:
         del stored[next(iter(stored))]
 

@@ -21,6 +21,8 @@ routes of the listener asked):
   POST   /v1/responses                    OpenAI Responses (`responses.ResponsesDialect`): items,
                                           function calls, reasoning, its event stream;
                                           `previous_response_id` within the session
+  GET    /v1/responses (WebSocket)        the same over WebSocket, as Codex calls it first:
+                                          `response.create` messages, the events as messages
   POST   /v1/messages, /v1/v1/messages    Anthropic Messages (`messages.MessagesDialect`), at the
                                           root URL and at the agents' base URL (gateway + /v1);
                                           `.../count_tokens` renders and counts the prompt
@@ -45,12 +47,12 @@ from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 from .._tracing import TRACEPARENT, child_span, flush, tracer
 from ..serving.http import Handler, sent, sse_events
 from ..serving.server import Server, tls_context
-from . import _fastjson
+from . import _fastjson, responses
 from ._http import GatewayHTTPError, bearer, json_response
 from ._limits import (
     DEFAULT_MAX_BODY_BYTES,
@@ -141,9 +143,12 @@ class Gateway(Server):
             port=admin_port,
         )
         self._messages = MessagesDialect(strict_fields)
+        self._responses = ResponsesDialect(strict_fields)
+        self.websocket_connections = 0  # Responses WebSockets opened
+        self.websocket_requests = 0  # response.create messages over them
         self.dialects: tuple[Dialect, ...] = (
             ChatDialect(strict_fields),
-            ResponsesDialect(strict_fields),
+            self._responses,
             self._messages,
         )
 
@@ -197,6 +202,7 @@ class Gateway(Server):
         counts = [web.post(f"{p}/count_tokens", self._count_tokens) for p in self._messages.paths]
         app.add_routes(counts)
         app.add_routes([web.get("/v1/models", self._models), web.get("/health", self._health)])
+        app.add_routes([web.get(path, self._responses_ws) for path in self._responses.paths])
         app.cleanup_ctx.append(self._lifespan)
         return app
 
@@ -262,6 +268,85 @@ class Gateway(Server):
                 if turn.stream:
                     return await sse_events(request, dialect.events(answer, turn), _fastjson.dumps)
                 return await sent(request, json_response(dialect.reply(answer, turn)))
+            except BaseException:
+                self.pipeline.undelivered(session, answer.id)
+                raise
+
+    async def _responses_ws(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API over WebSocket (`GET /v1/responses`, as OpenAI serves it, and as
+        Codex calls it first): each text message a `response.create` request (the POST body
+        plus `"type"`), answered by the same events the POST streams, one JSON object each, on
+        the same connection; the connection keeps its last response for `previous_response_id`
+        (`responses.CONNECTION`). `generate: false` warms it up (`ResponsesDialect.prepared`);
+        `response.processed` acknowledgements are read and dropped. A request that fails is an
+        `error` event with its status, and the connection stays open."""
+        session = self._agent_session(request)
+        ws = web.WebSocketResponse(max_msg_size=self.max_body_bytes, heartbeat=30.0)
+        if not ws.can_prepare(request).ok:
+            raise GatewayHTTPError(
+                426,
+                "GET /v1/responses is the Responses API over WebSocket (send an Upgrade); "
+                "POST /v1/responses serves it over HTTP",
+                code="upgrade_required",
+            )
+        await ws.prepare(request)
+        self.websocket_connections += 1
+        responses.CONNECTION.set({})
+        async for message in ws:
+            if message.type != WSMsgType.TEXT:
+                continue  # requests are JSON text; pings are answered by aiohttp
+            try:
+                await self._ws_request(request, ws, session, message.data)
+            except ConnectionResetError:  # the agent went away mid-reply
+                break
+            except Exception as exc:
+                if not isinstance(exc, (GatewayHTTPError, BackendError, ValueError)):
+                    log.exception("gateway error on a Responses WebSocket")
+                    exc = GatewayHTTPError(500, "internal gateway error", code="server_error")
+                status = getattr(exc, "status", 400)
+                code = getattr(exc, "code", None) or (
+                    "backend_error" if isinstance(exc, BackendError) else None
+                )
+                error = self._responses.error(status, " ".join(str(exc).split()), code)["error"]
+                if not ws.closed:
+                    await _send(ws, {"type": "error", "status": status, "error": error})
+        return ws
+
+    async def _ws_request(
+        self, request: web.Request, ws: web.WebSocketResponse, session: Session, text: str
+    ) -> None:
+        """One `response.create` (or an acknowledgement) on a Responses WebSocket."""
+        if session.closed:  # finished or expired since the connection opened: as a POST would
+            raise GatewayHTTPError(
+                401,
+                "invalid or expired gateway API key: use the per-session key from _rollout.llm",
+                code="invalid_api_key",
+            )
+        raw = text.encode()
+        pool = pool_for(raw, self._pool)
+        async with in_flight(session, self.max_session_requests):
+            async with session.cpu:
+                body = await in_pool(pool, parse_body, raw)
+            kind = body.pop("type", None)
+            if kind == "response.processed":
+                return
+            self.websocket_requests += 1
+            if kind != "response.create":
+                raise ValueError(
+                    f"a WebSocket message of type {kind!r}: the gateway serves 'response.create'"
+                )
+            generate = body.pop("generate", None)
+            body["stream"] = True  # the events are the reply
+            turn = self._responses.turn(body, session, self.model_name)
+            if generate is False:
+                for _, data in self._responses.prepared(turn):
+                    await _send(ws, data)
+                return
+            work = self.pipeline.answer(session, turn, pool)
+            answer = await (work if self._tracer is None else self._traced(request, session, work))
+            try:
+                for _, data in self._responses.events(answer, turn):
+                    await _send(ws, data)
             except BaseException:
                 self.pipeline.undelivered(session, answer.id)
                 raise
@@ -340,6 +425,11 @@ class Gateway(Server):
         final = 400 <= status < 500 and status not in (408, 409, 429)
         headers = {"x-should-retry": "false"} if final else None
         return json_response(dialect.error(status, line, code), status, headers)
+
+
+async def _send(ws: web.WebSocketResponse, data: Any) -> None:
+    """One event on a Responses WebSocket: a text message of JSON, as OpenAI sends them."""
+    await ws.send_str(_fastjson.dumps(data).decode())
 
 
 def _routes(app: web.Application) -> str:

@@ -202,6 +202,7 @@ STEERING_DEFAULTS = {  # each API's documented default
     "reasoning.effort": "medium",
     "text.verbosity": "medium",
     "output_config.effort": "high",
+    "messages.output_config.effort": "high",
 }
 
 

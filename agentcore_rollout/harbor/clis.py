@@ -28,7 +28,7 @@ from pathlib import Path
 from ..contract import LLMSettings
 from .launch import AgentRun, HarborAgent, Launch
 
-CLAUDE_CODE_VERSION = "2.1.197"
+CLAUDE_CODE_VERSION = "2.1.332"
 CODEX_VERSION = "0.171.0"
 MINI_SWE_AGENT_VERSION = "2.4.6"
 OPENHANDS_VERSION = "1.58.2"

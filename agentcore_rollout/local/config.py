@@ -238,6 +238,19 @@ class LocalConfig(EmulatorSettings):
         default=None, description="PEM private key of gateway_tls_cert"
     )
     max_context: int = Field(default=2048, ge=16, description="gateway context limit, tokens")
+    # A start is waited for while it makes progress (a line on its stderr, CPU time used): a
+    # model loading on a busy machine can take minutes (serving/process.py).
+    start_stall_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds a starting moto, policy worker, gateway or emulator may go with no "
+        "progress (no output, no CPU time used) before it is killed",
+    )
+    start_limit_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="seconds a starting process may take to print its URL however busy it is",
+    )
 
     @model_validator(mode="after")
     def _params_for_the_toy(self) -> LocalConfig:

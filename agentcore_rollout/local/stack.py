@@ -70,6 +70,7 @@ class LocalStack:
         if self.environments and self.config.mode != "container":
             raise ValueError("tasks with environments run in their images: local.mode: container")
         self.moto = MotoServer()
+        self.moto.stall, self.moto.limit = self._bounds["stall"], self._bounds["limit"]
         self.model_dir: str | None = None  # the served model's directory; None: the toy
         self.workers: list[ServiceProcess] = []  # made on entry, once the model is resolved
         self.router: Any = None
@@ -164,6 +165,7 @@ class LocalStack:
                 "agentcore_rollout.local.policy",
                 *("--seed", str(cfg.policy_seed), "--worker-id", f"worker-{i}", *serves),
                 env={POLICY_TOKEN_ENV: self._policy_token},
+                **self._bounds,
             )
             for i in range(cfg.policy_workers)
         ]
@@ -186,6 +188,7 @@ class LocalStack:
             *to_flags(cfg, EmulatorSettings),  # `local.*`'s emulator settings, every one
             *(containers if self._containers else []),
             env=self.agent_env(),  # agents inherit the emulator's environment
+            **self._bounds,
         )
         self.emulator.start()
 
@@ -223,10 +226,16 @@ class LocalStack:
                 *("--backend", "sglang", "--backend-url", self.policy_url, "--renderer", renderer),
                 *tls,
                 env={"AGENTCORE_GATEWAY_ADMIN_TOKEN": self._admin_token},
+                **self._bounds,
             )
             for i in range(self.config.gateway_replicas)
         ]
         await _together(*(asyncio.to_thread(gateway.start) for gateway in self.gateways))
+
+    @property
+    def _bounds(self) -> dict[str, float]:
+        """How long a child's start is waited for (`local.start_*_seconds`)."""
+        return {"stall": self.config.start_stall_seconds, "limit": self.config.start_limit_seconds}
 
     @property
     def policy_url(self) -> str:

@@ -9,7 +9,7 @@ tokens; nothing here parses the agent's output. Two apps, one per agent:
     python -m agentcore_rollout.agent.serve examples.coding_agent.app:claude_code --port 8080
     python -m agentcore_rollout.agent.serve examples.coding_agent.app:codex --port 8080
 
-The binaries are `claude` (`npm install @anthropic-ai/claude-code@2.1.197`) and `codex`
+The binaries are `claude` (`npm install @anthropic-ai/claude-code@2.1.332`) and `codex`
 (`npm install @openai/codex@0.171.0`) on the PATH, or where `CLAUDE_BIN` / `CODEX_BIN` say.
 """
 
