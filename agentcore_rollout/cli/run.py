@@ -223,6 +223,7 @@ async def roll_out(
     out a window at a time: submit or resume each, write rollouts.jsonl as outcomes arrive."""
     async with AsyncExitStack() as stack:
         engine_config = config.engine.model_copy(update={"run_secret": begin.secret})
+        unbuilt: dict[str, str] = {}  # environments whose image did not build: their rows fail
         if config.stack == "local":
             from ..local.stack import LocalStack  # lazily: it loads moto, numpy, the gateway
 
