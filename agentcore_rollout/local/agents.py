@@ -26,8 +26,14 @@ from typing import IO, Any, Protocol
 import aiohttp
 
 from .agent_env import process_agent_env
-from .config import EmulatorConfig
-from .containers import LABEL, SESSION_LABEL, ContainerEngine, container_url
+from .config import ContainerLimits, EmulatorConfig
+from .containers import (
+    LABEL,
+    SESSION_LABEL,
+    ContainerEngine,
+    InternalNetwork,
+    container_url,
+)
 from .host import load_asgi_app
 
 PING_TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -139,6 +145,9 @@ class ProcessAgent:
                 lines = self._tail.decode(errors="replace").strip().splitlines()
                 why = f": {lines[-1][:300]}" if lines else ""
                 raise RuntimeError(f"{self._exited()} with code {self.process.returncode}{why}")
+            if not await self._located():
+                await asyncio.sleep(0.25)
+                continue
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with http.get(f"{self.url}/ping", timeout=PING_TIMEOUT) as resp:
                     if resp.status == 200:
@@ -154,6 +163,10 @@ class ProcessAgent:
 
     def _exited(self) -> str:
         return f"{self._what} exited"
+
+    async def _located(self) -> bool:
+        """Its URL is known (a process's is, from its start)."""
+        return True
 
     async def busy(self, http: aiohttp.ClientSession) -> bool:
         return await _ping_busy(http, self.url)
@@ -214,25 +227,57 @@ class ContainerAgent(ProcessAgent):
         label: str,
         session_id: str,
         image: str,
+        limits: ContainerLimits | None = None,
+        *,
+        internal: InternalNetwork | None = None,
+        disk: bool = False,
     ) -> ContainerAgent:
-        """A container of `image` for one session, labelled `label` (its emulator's)."""
-        with socket.socket() as sock:  # free now, bound by podman's port forwarder next
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        given = {k: container_url(v, engine.host) for k, v in container_env(config.env).items()}
+        """A container of `image` for one session, labelled `label` (its emulator's), given
+        `limits`: cpus and memory; disk where `disk` (the engine's storage bounds it); with
+        `network=no-network`, on `internal` (no port published there: the emulator reaches
+        it at its address on that bridge, found once it runs)."""
+        limits = limits or ContainerLimits()
+        isolated = limits.network == "no-network"
+        if isolated and internal is None:
+            raise ValueError("a no-network container needs the internal network")
+        host = internal.gateway if internal is not None and isolated else engine.host
+        given = {k: container_url(v, host) for k, v in container_env(config.env).items()}
         name = f"agentcore-rollout-{uuid.uuid4().hex[:12]}"
+        if internal is not None and isolated:
+            network, url = ("--network", internal.name), ""
+        else:
+            with socket.socket() as sock:  # free now, bound by podman's port forwarder next
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            network = ("--network", engine.network, "-p", f"127.0.0.1:{port}:8080")
+            url = f"http://127.0.0.1:{port}"
+        bounds = [f"--cpus={limits.cpus:g}"] if limits.cpus else []
+        bounds += [f"--memory={limits.memory_mb}m"] if limits.memory_mb else []
+        bounds += [f"--storage-opt=size={limits.storage_mb}m"] if limits.storage_mb and disk else []
         argv = engine.argv(
             # --init: an init as PID 1 passes SIGTERM on and reaps (a server as PID 1 may
             # not exit on it: 2 s to a SIGKILL per stop, measured)
             *("run", "--rm", "--init", "--sig-proxy=false", "--name", name),
             *("--label", f"{LABEL}={label}", "--label", f"{SESSION_LABEL}={session_id}"),
-            *("--network", engine.network, "-p", f"127.0.0.1:{port}:8080"),
+            *network,
+            *bounds,
             *(f"--env={k}" for k in sorted(given)),  # values from the client's environment
             image,
         )
         # the values not in argv: credentials stay out of `ps`
         process = await _start(argv, {**engine.env, **given}, config.agent_log_dir, session_id)
-        return cls(process, f"http://127.0.0.1:{port}", engine, name)
+        return cls(process, url, engine, name)
+
+    async def _located(self) -> bool:
+        """Its URL known: a container on the internal network has one once it runs (its
+        address on the bridge, as the engine reports it)."""
+        if self.url:
+            return True
+        template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        shown = await asyncio.to_thread(self.engine.run, "inspect", "--format", template, self.name)
+        if shown.returncode == 0 and (address := shown.stdout.strip()):
+            self.url = f"http://{address}:8080"
+        return bool(self.url)
 
     def _exited(self) -> str:
         if self.process.returncode in _ENGINE_ERRORS:

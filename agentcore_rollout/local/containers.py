@@ -23,6 +23,18 @@ other loopback service of the host are out of its reach:
   in hybrid mode not supported`).
 - Docker's containers join `DOCKER_NETWORK`, a bridge without traffic between its containers,
   and reach the host at its gateway address, where the relay serves that network's peers.
+- A runtime whose limits say `network=no-network` (a Harbor task's `network_mode`): its
+  containers join `INTERNAL_NETWORK` (`internal_network()`), a bridge made `--internal`: no
+  route out of its subnet, no NAT, no DNS (a resolver forwarding names out would be a way
+  out), so they reach the bridge's gateway address alone, where a relay of its own serves
+  that network's peers. The engine publishes no port on an internal network: the emulator
+  reaches such a container at its own address on the bridge (port 8080), which the host
+  routes to. With Podman, the containers of that network are not kept apart from each other
+  (netavark has no inter-container switch); with Docker, `enable_icc=false` keeps them apart.
+
+`--cpus` and `--memory` bound every container whose runtime sets them; disk
+(`--storage-opt size=`) only where the engine's storage supports it (`storage_quota`:
+overlay on XFS with project quotas), and is ignored otherwise, the caller warned once.
 
 Every session container is labelled with its emulator's identity (`emulator_label`), so the
 next emulator removes those of one killed before its stop (`remove_orphans`) and no other's.
@@ -32,6 +44,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
+import json
 import os
 import re
 import shutil
@@ -57,6 +71,8 @@ NETWORK = "slirp4netns"
 """Podman: each container its own network namespace, the host's loopback out of its reach."""
 DOCKER_NETWORK = "agentcore-rollout"
 """Docker: the bridge session containers join (no traffic between them, as between microVMs)."""
+INTERNAL_NETWORK = "agentcore-rollout-internal"
+"""No-network sessions' bridge (`--internal`): no route out, no DNS; the host at its gateway."""
 _DEBIAN_PACKAGES = "python3-minimal,python3-venv,passwd,ca-certificates"
 _CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _CONF = """\
@@ -178,6 +194,88 @@ def _docker(path: str) -> ContainerEngine:
         why = _last_line(shown.stderr or shown.stdout)
         raise ContainerRuntimeError(f"docker network {DOCKER_NETWORK} is unusable: {why}")
     return dataclasses.replace(engine, host=gateway, subnet=subnet)
+
+
+@dataclass(frozen=True)
+class InternalNetwork:
+    """`INTERNAL_NETWORK` as an engine has it: its name, its gateway (the host's address on
+    it, where the relay listens) and its subnet (the relay's peers)."""
+
+    name: str
+    gateway: str
+    subnet: str
+
+
+_internal: dict[str, InternalNetwork] = {}
+
+
+def internal_network(engine: ContainerEngine) -> InternalNetwork:
+    """`INTERNAL_NETWORK`, made the first time (another process may be making it at once);
+    a network of that name that is not internal is refused, in one line."""
+    if (known := _internal.get(engine.path)) is not None:
+        return known
+    if engine.name == "podman":
+        template = "{{.Internal}} {{range .Subnets}}{{.Gateway}} {{.Subnet}}{{end}}"
+        create = ("--internal", "--disable-dns")
+    else:
+        template = "{{.Internal}} {{range .IPAM.Config}}{{.Gateway}} {{.Subnet}}{{end}}"
+        create = ("--internal", "--driver", "bridge")
+        create += ("-o", "com.docker.network.bridge.enable_icc=false")
+    shown = engine.run("network", "inspect", INTERNAL_NETWORK, "--format", template)
+    if shown.returncode != 0:
+        engine.run("network", "create", *create, INTERNAL_NETWORK)
+        shown = engine.run("network", "inspect", INTERNAL_NETWORK, "--format", template)
+        words = shown.stdout.split()
+        if len(words) == 3 and words[1] == "<nil>":
+            # Podman gives an internal network without DNS no gateway (no host address on
+            # its bridge): made again on the subnet it chose, with its first address the host's
+            subnet = ipaddress.ip_network(words[2])
+            engine.run("network", "rm", INTERNAL_NETWORK)
+            gateway = ("--subnet", str(subnet), "--gateway", str(next(subnet.hosts())))
+            engine.run("network", "create", *create, *gateway, INTERNAL_NETWORK)
+            shown = engine.run("network", "inspect", INTERNAL_NETWORK, "--format", template)
+    words = shown.stdout.split()
+    if shown.returncode != 0 or len(words) != 3 or words[1] == "<nil>":
+        why = _last_line(shown.stderr or shown.stdout)
+        raise ContainerRuntimeError(f"{engine.name} network {INTERNAL_NETWORK} is unusable: {why}")
+    if words[0] != "true":
+        raise ContainerRuntimeError(
+            f"{engine.name} network {INTERNAL_NETWORK} is not internal: remove it "
+            f"({engine.name} network rm {INTERNAL_NETWORK}), it is made again"
+        )
+    _internal[engine.path] = made = InternalNetwork(INTERNAL_NETWORK, words[1], words[2])
+    return made
+
+
+_storage: dict[str, str | None] = {}
+
+
+def storage_quota(engine: ContainerEngine) -> str | None:
+    """None if `engine` can bound a container's disk (`--storage-opt size=`), else why not, in
+    one line (asked once per process: `info` takes seconds on a loaded machine)."""
+    if engine.path not in _storage:
+        _storage[engine.path] = _storage_reason(engine)
+    return _storage[engine.path]
+
+
+def _storage_reason(engine: ContainerEngine) -> str | None:
+    shown = engine.run("info", "--format", "json", timeout=120)
+    try:
+        info = json.loads(shown.stdout)
+    except ValueError:
+        return f"{engine.name} info did not answer ({_last_line(shown.stderr)})"
+    if engine.name == "podman":
+        store = info.get("store", {})
+        driver, status = store.get("graphDriverName", ""), store.get("graphStatus", {})
+    else:
+        driver, status = info.get("Driver", ""), dict(info.get("DriverStatus") or [])
+    backing = status.get("Backing Filesystem", "unknown")
+    if driver in ("overlay", "overlay2") and backing == "xfs":
+        return None
+    return (
+        f"{engine.name}'s storage ({driver} on {backing}) cannot bound a container's disk "
+        "(--storage-opt size= needs overlay on XFS with project quotas)"
+    )
 
 
 def container_url(url: str, host: str) -> str:

@@ -1,0 +1,151 @@
+"""A Harbor task's limits, enforced in its local containers (`local.mode: container`): its
+`cpus` and `memory_mb` bound its session container's cgroup, and `network_mode = "no-network"`
+puts it on the internal network, where it reaches nothing but what the emulator relays for it
+(moto, for its result) while a public task's container reaches the same listener.
+
+The probe is a listener on the address the engine's containers reach the host at (Podman:
+the host's own address; Docker: its bridge's gateway), on a port no relay serves: no traffic
+leaves the machine."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentcore_rollout import Outcome
+from agentcore_rollout.cli.harbor import task_images
+from agentcore_rollout.harbor.tasks import read_tasks
+from agentcore_rollout.local.config import ContainerLimits, EmulatorConfig
+from agentcore_rollout.local.containers import ContainerEngine, ContainerRuntimeError
+from agentcore_rollout.local.containers import container_engine as find_engine
+from agentcore_rollout.local.stack import environment_arn
+
+from .test_harbor_containers import SHARED, _roll_out
+from .test_harbor_containers import no_container_left as no_container_left  # a fixture
+
+_SOLVE = """#!/bin/bash
+python3 - <<'EOF' > /app/probe
+import socket
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(("{host}", {port}))
+    print("reached")
+except OSError as e:
+    print("blocked", type(e).__name__)
+EOF
+"""
+_TEST = """#!/bin/bash
+mem=$(cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes)
+cpu=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || \
+  echo "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)")
+probe=$(cut -d' ' -f1 /app/probe)
+echo "memory $mem cpu $cpu probe $(cat /app/probe)"
+if [ "$probe" = "{probe}" ] && {limits}; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+@pytest.fixture(scope="session", params=["podman", "docker"])
+def engine(request: pytest.FixtureRequest) -> ContainerEngine:
+    try:
+        return find_engine(request.param)
+    except ContainerRuntimeError as e:
+        pytest.skip(f"no {request.param} here: {e}")
+
+
+@pytest.fixture
+def listener(engine: ContainerEngine) -> Iterator[tuple[str, int, list[str]]]:
+    """A listener at the address containers reach the host at, on a port no relay serves:
+    (address, port, the peers it accepted)."""
+    sock = socket.socket()
+    sock.bind((engine.host, 0))
+    sock.listen(8)
+    accepted: list[str] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, peer = sock.accept()
+            except OSError:
+                return
+            accepted.append(peer[0])
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield engine.host, sock.getsockname()[1], accepted
+    sock.close()
+
+
+def _task(into: Path, name: str, toml: str, solve: str, test: str) -> None:
+    task = into / name
+    shutil.copytree(SHARED, task / "environment")
+    (task / "instruction.md").write_text(f"probe {name}\n")
+    (task / "task.toml").write_text(f"[verifier]\ntimeout_sec = 30\n{toml}")
+    for path, text in (("tests/test.sh", test), ("solution/solve.sh", solve)):
+        (task / path).parent.mkdir(exist_ok=True)
+        (task / path).write_text(text)
+
+
+@pytest.mark.containers
+@pytest.mark.e2e
+async def test_a_no_network_task_reaches_nothing_but_writes_its_result(
+    engine, listener, emulator, moto, channel, no_container_left, tmp_path
+):
+    """`sealed` (cpus 1, memory 512 MB, no-network) is blocked from the listener and bounded;
+    `open` (no limits, public) reaches it; both end ok with their verifier's reward 1, so the
+    sealed one's result still reached moto through the internal network's relay."""
+    host, port, accepted = listener
+    solve = _SOLVE.format(host=host, port=port)
+    sealed = '[ "$mem" = "536870912" ] && [ "$cpu" = "100000 100000" ]'
+    _task(
+        tmp_path,
+        "sealed",
+        '[environment]\ncpus = 1\nmemory_mb = 512\nnetwork_mode = "no-network"\n',
+        solve,
+        _TEST.format(probe="blocked", limits=sealed),
+    )
+    _task(tmp_path, "open", "", solve, _TEST.format(probe="reached", limits="true"))
+    tasks = read_tasks(tmp_path)
+    built = task_images(tasks, "oracle", engine)
+    assert not built.failed, built.failed
+    limits = {
+        e: ContainerLimits(cpus=r.cpus, memory_mb=r.memory_mb, network=r.network_mode)
+        for e, r in built.resources.items()
+    }
+    outcomes = await _roll_out(
+        emulator,
+        moto,
+        channel,
+        engine,
+        built.images,
+        tasks,
+        runtime_limits=tuple(f"{environment_arn(e)}={lim.text()}" for e, lim in limits.items()),
+    )
+    assert {n: (o.outcome, o.reward) for n, o in outcomes.items()} == {
+        "sealed": (Outcome.OK, 1.0),
+        "open": (Outcome.OK, 1.0),
+    }, {n: (o.error, o.result and o.result.trajectory) for n, o in outcomes.items()}
+    assert len(accepted) == 1, accepted  # the open task's probe alone
+
+
+@pytest.mark.unit
+def test_limits_are_written_and_read_back_and_bad_ones_refused():
+    limits = ContainerLimits(cpus=0.5, memory_mb=512, network="no-network")
+    assert ContainerLimits.parse(limits.text()) == limits
+    assert ContainerLimits.parse("") == ContainerLimits()
+    config = EmulatorConfig(mode="container", image="i", runtime_limits=(f"arn:x={limits.text()}",))
+    assert config.limits_of("arn:x") == limits
+    assert config.limits_of("arn:y") == ContainerLimits()
+    for bad, said in [
+        ("arn:x=cpus=0", "cpus"),
+        ("arn:x=network=none", "network"),
+        ("arn:x=disk=1", "disk"),
+        ("arn:x", "not ARN=LIMITS"),
+    ]:
+        with pytest.raises(ValueError, match=said):
+            EmulatorConfig(mode="container", image="i", runtime_limits=(bad,))
