@@ -9,9 +9,12 @@ leaves the machine."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +24,15 @@ from agentcore_rollout import Outcome
 from agentcore_rollout.cli.harbor import task_images
 from agentcore_rollout.harbor.tasks import read_tasks
 from agentcore_rollout.local.config import ContainerLimits, EmulatorConfig
-from agentcore_rollout.local.containers import ContainerEngine, ContainerRuntimeError
+from agentcore_rollout.local.containers import (
+    BASE_IMAGE,
+    LABEL,
+    ContainerEngine,
+    ContainerRuntimeError,
+    debian_base,
+    internal_network,
+    isolate_ports,
+)
 from agentcore_rollout.local.containers import container_engine as find_engine
 from agentcore_rollout.local.stack import environment_arn
 
@@ -149,3 +160,45 @@ def test_limits_are_written_and_read_back_and_bad_ones_refused():
     ]:
         with pytest.raises(ValueError, match=said):
             EmulatorConfig(mode="container", image="i", runtime_limits=(bad,))
+
+
+@pytest.mark.containers
+@pytest.mark.e2e
+def test_no_network_containers_cannot_reach_each_other(engine):
+    """On the internal network, as microVMs cannot: a container started after another (its
+    port isolated once it runs, as the emulator does before a session's first invocation)
+    does not reach the first's 8080, which the host (the emulator) still reaches."""
+    net = internal_network(engine)
+    debian_base(engine)
+    on_network = ("--network", net.name, "--label", f"{LABEL}=isolation")
+    serve = ("python3", "-m", "http.server", "8080")
+    server = engine.run("run", "-d", "--rm", *on_network, BASE_IMAGE, *serve).stdout.strip()
+    probe = ""
+    try:
+        template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        address = engine.run("inspect", "--format", template, server).stdout.strip()
+        give_up = time.monotonic() + 30
+        while True:  # until it listens, as the host (the emulator) sees it
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://{address}:8080/", timeout=2).close()
+                break
+            assert time.monotonic() < give_up, f"the host never reached {address}:8080"
+            time.sleep(0.2)
+        code = f"import time,socket;time.sleep(3);s=socket.socket();s.settimeout(3);{_CONNECT}"
+        probe = engine.run(
+            "run", "-d", *on_network, BASE_IMAGE, "python3", "-c", code, address
+        ).stdout.strip()
+        if net.bridge:
+            isolate_ports(net.bridge)
+        engine.run("wait", probe, timeout=60)
+        said = engine.run("logs", probe).stdout.strip()
+        assert said.startswith("blocked"), said
+        urllib.request.urlopen(f"http://{address}:8080/", timeout=5).close()  # the host still
+    finally:
+        engine.remove(*(c for c in (server, probe) if c))
+
+
+_CONNECT = (
+    "import sys\ntry:\n s.connect((sys.argv[1], 8080)); print('reached')\n"
+    "except OSError as e:\n print('blocked', type(e).__name__)"
+)

@@ -33,6 +33,7 @@ from .containers import (
     ContainerEngine,
     InternalNetwork,
     container_url,
+    isolate_ports,
 )
 from .host import load_asgi_app
 
@@ -218,6 +219,7 @@ class ContainerAgent(ProcessAgent):
         super().__init__(process, url)
         self.engine = engine
         self.name = name
+        self.bridge = ""  # Podman's internal bridge, whose ports are isolated once it runs
 
     @classmethod
     async def spawn_container(
@@ -266,16 +268,22 @@ class ContainerAgent(ProcessAgent):
         )
         # the values not in argv: credentials stay out of `ps`
         process = await _start(argv, {**engine.env, **given}, config.agent_log_dir, session_id)
-        return cls(process, url, engine, name)
+        agent = cls(process, url, engine, name)
+        agent.bridge = internal.bridge if internal is not None and isolated else ""
+        return agent
 
     async def _located(self) -> bool:
         """Its URL known: a container on the internal network has one once it runs (its
-        address on the bridge, as the engine reports it)."""
+        address on the bridge, as the engine reports it), its bridge port then isolated from
+        the other containers' (Podman's; before it is ready, so before its first
+        invocation)."""
         if self.url:
             return True
         template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
         shown = await asyncio.to_thread(self.engine.run, "inspect", "--format", template, self.name)
         if shown.returncode == 0 and (address := shown.stdout.strip()):
+            if self.bridge:
+                await asyncio.to_thread(isolate_ports, self.bridge)
             self.url = f"http://{address}:8080"
         return bool(self.url)
 

@@ -29,8 +29,11 @@ other loopback service of the host are out of its reach:
   out), so they reach the bridge's gateway address alone, where a relay of its own serves
   that network's peers. The engine publishes no port on an internal network: the emulator
   reaches such a container at its own address on the bridge (port 8080), which the host
-  routes to. With Podman, the containers of that network are not kept apart from each other
-  (netavark has no inter-container switch); with Docker, `enable_icc=false` keeps them apart.
+  routes to (so Podman must run as root: a rootless one's bridge is not the host's). Its
+  containers are kept apart as microVMs are: Docker's by `enable_icc=false`; Podman's (netavark
+  has no such switch) by the kernel's bridge port isolation (`isolate_ports`), set on each
+  container's port once it runs and before its first invocation (its agent's commands run
+  only then).
 
 `--cpus` and `--memory` bound every container whose runtime sets them; disk
 (`--storage-opt size=`) only where the engine's storage supports it (`storage_quota`:
@@ -204,6 +207,8 @@ class InternalNetwork:
     name: str
     gateway: str
     subnet: str
+    bridge: str = ""
+    """Podman: the host's bridge device, whose ports `isolate_ports` keeps apart."""
 
 
 _internal: dict[str, InternalNetwork] = {}
@@ -215,7 +220,13 @@ def internal_network(engine: ContainerEngine) -> InternalNetwork:
     if (known := _internal.get(engine.path)) is not None:
         return known
     if engine.name == "podman":
+        if os.geteuid() != 0:
+            raise ContainerRuntimeError(
+                "no-network sessions need Podman as root: a rootless Podman's internal "
+                "bridge is in a namespace of its own, out of the emulator's reach"
+            )
         template = "{{.Internal}} {{range .Subnets}}{{.Gateway}} {{.Subnet}}{{end}}"
+        template += " {{.NetworkInterface}}"
         create = ("--internal", "--disable-dns")
     else:
         template = "{{.Internal}} {{range .IPAM.Config}}{{.Gateway}} {{.Subnet}}{{end}}"
@@ -226,7 +237,7 @@ def internal_network(engine: ContainerEngine) -> InternalNetwork:
         engine.run("network", "create", *create, INTERNAL_NETWORK)
         shown = engine.run("network", "inspect", INTERNAL_NETWORK, "--format", template)
         words = shown.stdout.split()
-        if len(words) == 3 and words[1] == "<nil>":
+        if len(words) >= 3 and words[1] == "<nil>":
             # Podman gives an internal network without DNS no gateway (no host address on
             # its bridge): made again on the subnet it chose, with its first address the host's
             subnet = ipaddress.ip_network(words[2])
@@ -235,7 +246,7 @@ def internal_network(engine: ContainerEngine) -> InternalNetwork:
             engine.run("network", "create", *create, *gateway, INTERNAL_NETWORK)
             shown = engine.run("network", "inspect", INTERNAL_NETWORK, "--format", template)
     words = shown.stdout.split()
-    if shown.returncode != 0 or len(words) != 3 or words[1] == "<nil>":
+    if shown.returncode != 0 or len(words) not in (3, 4) or words[1] == "<nil>":
         why = _last_line(shown.stderr or shown.stdout)
         raise ContainerRuntimeError(f"{engine.name} network {INTERNAL_NETWORK} is unusable: {why}")
     if words[0] != "true":
@@ -243,8 +254,23 @@ def internal_network(engine: ContainerEngine) -> InternalNetwork:
             f"{engine.name} network {INTERNAL_NETWORK} is not internal: remove it "
             f"({engine.name} network rm {INTERNAL_NETWORK}), it is made again"
         )
-    _internal[engine.path] = made = InternalNetwork(INTERNAL_NETWORK, words[1], words[2])
+    _internal[engine.path] = made = InternalNetwork(INTERNAL_NETWORK, *words[1:])
     return made
+
+
+def isolate_ports(bridge: str) -> None:
+    """Every port of `bridge` isolated (the kernel's `isolated` flag: no traffic between two
+    isolated ports, each still reaching the bridge, the host): each container on it reaches
+    the host alone. Raises `ContainerRuntimeError` if the flag cannot be set."""
+    for flag in (Path("/sys/class/net") / bridge / "brif").glob("*/isolated"):
+        try:
+            if flag.read_text().strip() != "1":
+                flag.write_text("1")
+        except FileNotFoundError:  # a port gone meanwhile (its container ended)
+            continue
+        except OSError as e:
+            why = f"cannot isolate the ports of bridge {bridge}: {e}"
+            raise ContainerRuntimeError(why) from None
 
 
 _storage: dict[str, str | None] = {}
