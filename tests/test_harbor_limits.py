@@ -10,6 +10,7 @@ leaves the machine."""
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from agentcore_rollout import Outcome
+from agentcore_rollout.cli.args import main
 from agentcore_rollout.cli.harbor import task_images
 from agentcore_rollout.harbor.tasks import read_tasks
 from agentcore_rollout.local.config import ContainerLimits, EmulatorConfig
@@ -32,10 +34,12 @@ from agentcore_rollout.local.containers import (
     debian_base,
     internal_network,
     isolate_ports,
+    storage_quota,
 )
 from agentcore_rollout.local.containers import container_engine as find_engine
 from agentcore_rollout.local.stack import environment_arn
 
+from .conftest import ROOT
 from .test_harbor_containers import SHARED, _roll_out
 from .test_harbor_containers import no_container_left as no_container_left  # a fixture
 
@@ -142,6 +146,42 @@ async def test_a_no_network_task_reaches_nothing_but_writes_its_result(
         "open": (Outcome.OK, 1.0),
     }, {n: (o.error, o.result and o.result.trajectory) for n, o in outcomes.items()}
     assert len(accepted) == 1, accepted  # the open task's probe alone
+
+
+@pytest.mark.containers
+@pytest.mark.e2e
+def test_run_gives_each_environment_its_tasks_limits(engine, listener, tmp_path, capsys):
+    """`agentcore-rollout run` on a folder of tasks (Podman): the stack's emulator is given
+    each environment's limits, so the no-network task is blocked and bounded, the public one
+    is not, both end ok; a storage_mb this machine cannot bound is one warning line."""
+    if engine.name != "podman":
+        pytest.skip("run's local stack is tested with Podman")
+    host, port, accepted = listener
+    solve = _SOLVE.format(host=host, port=port)
+    sealed = '[ "$mem" = "268435456" ] && [ "$cpu" = "50000 100000" ]'
+    toml = "[environment]\ncpus = 0.5\nmemory_mb = 256\nstorage_mb = 512\n"
+    toml += 'network_mode = "no-network"\n'
+    data = tmp_path / "data"
+    _task(data, "sealed", toml, solve, _TEST.format(probe="blocked", limits=sealed))
+    _task(data, "open", "", solve, _TEST.format(probe="reached", limits="true"))
+    out = tmp_path / "out"
+    code = main(
+        [
+            *("run", "--config", str(ROOT / "configs" / "harbor-local.yaml")),
+            *("--data", str(data), "--out", str(out), "local.policy=toy"),
+        ]
+    )
+    said = capsys.readouterr()
+    assert code == 0, said.err[-3000:]
+    rows = {r["input_id"]: r for r in map(json.loads, (out / "rollouts.jsonl").open())}
+    assert {n: (r["outcome"], r["reward"]) for n, r in rows.items()} == {
+        "sealed": ("ok", 1.0),
+        "open": ("ok", 1.0),
+    }, rows
+    assert len(accepted) == 1, accepted
+    why = storage_quota(engine)
+    warned = [line for line in (said.out + said.err).splitlines() if "storage_mb" in line]
+    assert len(warned) == (0 if why is None else 1), warned
 
 
 @pytest.mark.unit
