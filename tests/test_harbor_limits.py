@@ -150,10 +150,11 @@ async def test_a_no_network_task_reaches_nothing_but_writes_its_result(
 
 @pytest.mark.containers
 @pytest.mark.e2e
-def test_run_gives_each_environment_its_tasks_limits(engine, listener, tmp_path, capsys):
+def test_run_gives_each_environment_its_tasks_limits(engine, listener, tmp_path, capfd):
     """`agentcore-rollout run` on a folder of tasks (Podman): the stack's emulator is given
     each environment's limits, so the no-network task is blocked and bounded, the public one
-    is not, both end ok; a storage_mb this machine cannot bound is one warning line."""
+    is not, both end ok; a storage_mb this machine cannot bound is one warning line (the
+    emulator's)."""
     if engine.name != "podman":
         pytest.skip("run's local stack is tested with Podman")
     host, port, accepted = listener
@@ -171,7 +172,7 @@ def test_run_gives_each_environment_its_tasks_limits(engine, listener, tmp_path,
             *("--data", str(data), "--out", str(out), "local.policy=toy"),
         ]
     )
-    said = capsys.readouterr()
+    said = capfd.readouterr()  # the emulator's lines too (a child's stderr)
     assert code == 0, said.err[-3000:]
     rows = {r["input_id"]: r for r in map(json.loads, (out / "rollouts.jsonl").open())}
     assert {n: (r["outcome"], r["reward"]) for n, r in rows.items()} == {

@@ -268,13 +268,13 @@ def task_environments(
     tasks' rows end `submit_failed` saying so, the others run), and what each environment's
     containers are given (its tasks' cpus, memory_mb, storage_mb, network_mode); any other
     dataset: none. With no environment built there is nothing to run: a UsageError naming
-    every failure. Where the engine cannot bound a container's disk and a task asks it to,
-    one warning line."""
+    every failure. (Where the engine cannot bound a container's disk and a task asks it to,
+    the emulator says so in one warning line.)"""
     data = Path(config.run.data)
     if not is_task_source(data):
         return {}, {}, {}
     from ..local.config import ContainerLimits
-    from ..local.containers import container_engine, storage_quota  # lazily: subprocesses only
+    from ..local.containers import container_engine  # lazily: subprocesses only
     from .harbor import task_images
 
     engine = container_engine(config.local.container_engine)
@@ -288,13 +288,6 @@ def task_environments(
         )
         for env, r in built.resources.items()
     }
-    asked = sum(1 for r in built.resources.values() if r.storage_mb)
-    if asked and (why := storage_quota(engine)) is not None:
-        console.print(
-            f"warning: storage_mb of {asked} environment(s) is not enforced: {why}",
-            style="yellow",
-            markup=False,
-        )
     return built.images, built.failed, limits
 
 

@@ -117,11 +117,12 @@ class Sessions(Mapping[str, Session]):
                 self._internal = net = await asyncio.to_thread(internal_network, engine)
                 self._isolated = LoopbackRelay(net.gateway, net.subnet, ports, freebind=True)
                 await self._isolated.start()
-            if any(lim.storage_mb for lim in limits):
+            if asked := sum(1 for lim in limits if lim.storage_mb):  # one line if it cannot
                 why = await asyncio.to_thread(storage_quota, engine)
                 self._disk = why is None
                 if why is not None:
-                    print(f"warning: storage_mb is not enforced: {why}", file=sys.stderr)
+                    said = f"storage_mb of {asked} runtime(s) is not enforced: {why}"
+                    print(f"warning: {said}", file=sys.stderr, flush=True)
         # No total timeout: the service's caps (sync_timeout, stream_timeout) are applied per
         # invocation; a connect that hangs is still bounded. No connection limit either: open
         # streams must not queue other sessions' invocations (only the quotas bound them).
