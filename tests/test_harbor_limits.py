@@ -57,10 +57,12 @@ EOF
 """
 _TEST = """#!/bin/bash
 mem=$(cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes)
+v1=/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes
+swap=$(cat /sys/fs/cgroup/memory.swap.max 2>/dev/null || echo $(( $(cat $v1) - mem )))
 cpu=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || \
   echo "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)")
 probe=$(cut -d' ' -f1 /app/probe)
-echo "memory $mem cpu $cpu probe $(cat /app/probe)"
+echo "memory $mem swap $swap cpu $cpu probe $(cat /app/probe)"
 if [ "$probe" = "{probe}" ] && {limits}; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
 """
 
@@ -111,12 +113,13 @@ def _task(into: Path, name: str, toml: str, solve: str, test: str) -> None:
 async def test_a_no_network_task_reaches_nothing_but_writes_its_result(
     engine, listener, emulator, moto, channel, no_container_left, tmp_path
 ):
-    """`sealed` (cpus 1, memory 512 MB, no-network) is blocked from the listener and bounded;
+    """`sealed` (cpus 1, memory 512 MB and no swap, no-network) is blocked from the listener
+    and bounded;
     `open` (no limits, public) reaches it; both end ok with their verifier's reward 1, so the
     sealed one's result still reached moto through the internal network's relay."""
     host, port, accepted = listener
     solve = _SOLVE.format(host=host, port=port)
-    sealed = '[ "$mem" = "536870912" ] && [ "$cpu" = "100000 100000" ]'
+    sealed = '[ "$mem" = "536870912" ] && [ "$swap" = 0 ] && [ "$cpu" = "100000 100000" ]'
     _task(
         tmp_path,
         "sealed",
@@ -159,7 +162,7 @@ def test_run_gives_each_environment_its_tasks_limits(engine, listener, tmp_path,
         pytest.skip("run's local stack is tested with Podman")
     host, port, accepted = listener
     solve = _SOLVE.format(host=host, port=port)
-    sealed = '[ "$mem" = "268435456" ] && [ "$cpu" = "50000 100000" ]'
+    sealed = '[ "$mem" = "268435456" ] && [ "$swap" = 0 ] && [ "$cpu" = "50000 100000" ]'
     toml = "[environment]\ncpus = 0.5\nmemory_mb = 256\nstorage_mb = 512\n"
     toml += 'network_mode = "no-network"\n'
     data = tmp_path / "data"

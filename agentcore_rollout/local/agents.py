@@ -255,7 +255,8 @@ class ContainerAgent(ProcessAgent):
             network = ("--network", engine.network, "-p", f"127.0.0.1:{port}:8080")
             url = f"http://127.0.0.1:{port}"
         bounds = [f"--cpus={limits.cpus:g}"] if limits.cpus else []
-        bounds += [f"--memory={limits.memory_mb}m"] if limits.memory_mb else []
+        if limits.memory_mb:  # swap included: without it the engines allow as much again
+            bounds += [f"--memory={limits.memory_mb}m", f"--memory-swap={limits.memory_mb}m"]
         bounds += [f"--storage-opt=size={limits.storage_mb}m"] if limits.storage_mb and disk else []
         argv = engine.argv(
             # --init: an init as PID 1 passes SIGTERM on and reaps (a server as PID 1 may

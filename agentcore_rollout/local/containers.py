@@ -35,7 +35,7 @@ other loopback service of the host are out of its reach:
   container's port once it runs and before its first invocation (its agent's commands run
   only then).
 
-`--cpus` and `--memory` bound every container whose runtime sets them; disk
+`--cpus` and `--memory` (swap included) bound every container whose runtime sets them; disk
 (`--storage-opt size=`) only where the engine's storage supports it (`storage_quota`:
 overlay on XFS with project quotas), and is ignored otherwise, the caller warned once.
 
