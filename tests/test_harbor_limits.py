@@ -46,13 +46,16 @@ from .test_harbor_containers import no_container_left as no_container_left  # a 
 _SOLVE = """#!/bin/bash
 python3 - <<'EOF' > /app/probe
 import socket
-s = socket.socket()
-s.settimeout(5)
-try:
-    s.connect(("{host}", {port}))
-    print("reached")
-except OSError as e:
-    print("blocked", type(e).__name__)
+seen = []
+for host in {hosts!r}:
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect((host, {port}))
+        seen.append("reached")
+    except OSError as e:
+        seen.append(type(e).__name__)
+print("reached" if "reached" in seen else "blocked", *seen)
 EOF
 """
 _TEST = """#!/bin/bash
@@ -77,10 +80,10 @@ def engine(request: pytest.FixtureRequest) -> ContainerEngine:
 
 @pytest.fixture
 def listener(engine: ContainerEngine) -> Iterator[tuple[str, int, list[str]]]:
-    """A listener at the address containers reach the host at, on a port no relay serves:
-    (address, port, the peers it accepted)."""
+    """A listener on the host's every address, on a port no relay serves: (the address
+    containers reach the host at, the port, the peers it accepted)."""
     sock = socket.socket()
-    sock.bind((engine.host, 0))
+    sock.bind(("0.0.0.0", 0))
     sock.listen(8)
     accepted: list[str] = []
 
@@ -113,12 +116,14 @@ def _task(into: Path, name: str, toml: str, solve: str, test: str) -> None:
 async def test_a_no_network_task_reaches_nothing_but_writes_its_result(
     engine, listener, emulator, moto, channel, no_container_left, tmp_path
 ):
-    """`sealed` (cpus 1, memory 512 MB and no swap, no-network) is blocked from the listener
-    and bounded;
+    """`sealed` (cpus 1, memory 512 MB and no swap, no-network) is blocked from the listener,
+    at the host's address and at the internal network's gateway (where the relay is), and
+    bounded;
     `open` (no limits, public) reaches it; both end ok with their verifier's reward 1, so the
     sealed one's result still reached moto through the internal network's relay."""
     host, port, accepted = listener
-    solve = _SOLVE.format(host=host, port=port)
+    gateway = internal_network(engine).gateway  # where the host's every address is, too
+    solve = _SOLVE.format(hosts=[host, gateway], port=port)
     sealed = '[ "$mem" = "536870912" ] && [ "$swap" = 0 ] && [ "$cpu" = "100000 100000" ]'
     _task(
         tmp_path,
@@ -127,6 +132,7 @@ async def test_a_no_network_task_reaches_nothing_but_writes_its_result(
         solve,
         _TEST.format(probe="blocked", limits=sealed),
     )
+    solve = _SOLVE.format(hosts=[host], port=port)
     _task(tmp_path, "open", "", solve, _TEST.format(probe="reached", limits="true"))
     tasks = read_tasks(tmp_path)
     built = task_images(tasks, "oracle", engine)
@@ -161,12 +167,13 @@ def test_run_gives_each_environment_its_tasks_limits(engine, listener, tmp_path,
     if engine.name != "podman":
         pytest.skip("run's local stack is tested with Podman")
     host, port, accepted = listener
-    solve = _SOLVE.format(host=host, port=port)
+    solve = _SOLVE.format(hosts=[host, internal_network(engine).gateway], port=port)
     sealed = '[ "$mem" = "268435456" ] && [ "$swap" = 0 ] && [ "$cpu" = "50000 100000" ]'
     toml = "[environment]\ncpus = 0.5\nmemory_mb = 256\nstorage_mb = 512\n"
     toml += 'network_mode = "no-network"\n'
     data = tmp_path / "data"
     _task(data, "sealed", toml, solve, _TEST.format(probe="blocked", limits=sealed))
+    solve = _SOLVE.format(hosts=[host], port=port)
     _task(data, "open", "", solve, _TEST.format(probe="reached", limits="true"))
     out = tmp_path / "out"
     code = main(

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
 import aiohttp
@@ -34,6 +34,7 @@ from .containers import (
     InternalNetwork,
     container_url,
     isolate_ports,
+    seal,
 )
 from .host import load_asgi_app
 
@@ -220,6 +221,7 @@ class ContainerAgent(ProcessAgent):
         self.engine = engine
         self.name = name
         self.bridge = ""  # Podman's internal bridge, whose ports are isolated once it runs
+        self.sealed: tuple[str, tuple[int, ...]] | None = None  # the gateway, the relay's ports
         self._looks, self._next_look = 0, 0.0  # `inspect`s for its address, and the next one
 
     @classmethod
@@ -233,12 +235,14 @@ class ContainerAgent(ProcessAgent):
         limits: ContainerLimits | None = None,
         *,
         internal: InternalNetwork | None = None,
+        relayed: Iterable[int] = (),
         disk: bool = False,
     ) -> ContainerAgent:
         """A container of `image` for one session, labelled `label` (its emulator's), given
         `limits`: cpus and memory; disk where `disk` (the engine's storage bounds it); with
         `network=no-network`, on `internal` (no port published there: the emulator reaches
-        it at its address on that bridge, found once it runs)."""
+        it at its address on that bridge, found once it runs), reaching the relay's ports
+        there (`relayed`) and nothing else."""
         limits = limits or ContainerLimits()
         isolated = limits.network == "no-network"
         if isolated and internal is None:
@@ -271,14 +275,16 @@ class ContainerAgent(ProcessAgent):
         # the values not in argv: credentials stay out of `ps`
         process = await _start(argv, {**engine.env, **given}, config.agent_log_dir, session_id)
         agent = cls(process, url, engine, name)
-        agent.bridge = internal.bridge if internal is not None and isolated else ""
+        if internal is not None and isolated:
+            agent.bridge = internal.bridge
+            agent.sealed = (internal.gateway, tuple(sorted(relayed)))
         return agent
 
     async def _located(self) -> bool:
         """Its URL known: a container on the internal network has one once it runs (its
-        address on the bridge, as the engine reports it), its bridge port then isolated from
-        the other containers' (Podman's; before it is ready, so before its first
-        invocation)."""
+        address on the bridge, as the engine reports it), once its namespace is sealed
+        (`seal`) and its bridge port isolated from the other containers' (Podman's): before
+        it is ready, so before its first invocation."""
         if self.url:
             return True
         if time.monotonic() < self._next_look:
@@ -287,9 +293,12 @@ class ContainerAgent(ProcessAgent):
         # ask four times a second (0.25 s, doubling, at most 2 s apart)
         self._next_look = time.monotonic() + min(2.0, 0.25 * 2**self._looks)
         self._looks += 1
-        template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        template = "{{.State.Pid}} {{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
         shown = await asyncio.to_thread(self.engine.run, "inspect", "--format", template, self.name)
-        if shown.returncode == 0 and (address := shown.stdout.strip()):
+        pid, _, address = shown.stdout.strip().partition(" ")
+        if shown.returncode == 0 and address and pid.isdigit() and int(pid):
+            if self.sealed is not None:
+                await asyncio.to_thread(seal, int(pid), *self.sealed)
             if self.bridge:
                 await asyncio.to_thread(isolate_ports, self.bridge)
             self.url = f"http://{address}:8080"

@@ -29,7 +29,10 @@ other loopback service of the host are out of its reach:
   out), so they reach the bridge's gateway address alone, where a relay of its own serves
   that network's peers. The engine publishes no port on an internal network: the emulator
   reaches such a container at its own address on the bridge (port 8080), which the host
-  routes to (so Podman must run as root: a rootless one's bridge is not the host's). Its
+  routes to (so Podman must run as root: a rootless one's bridge is not the host's). Once it
+  runs, before its first invocation, its namespace lets out only TCP to the relay's ports at
+  the gateway (`seal`: the host's services listening on every address are at the gateway too)
+  and replies to the emulator. Its
   containers are kept apart as microVMs are: Docker's by `enable_icc=false`; Podman's (netavark
   has no such switch) by the kernel's bridge port isolation (`isolate_ports`), set on each
   container's port once it runs and before its first invocation (its agent's commands run
@@ -256,6 +259,29 @@ def internal_network(engine: ContainerEngine) -> InternalNetwork:
         )
     _internal[engine.path] = made = InternalNetwork(INTERNAL_NETWORK, *words[1:])
     return made
+
+
+def seal(pid: int, gateway: str, ports: Iterable[int]) -> None:
+    """The network namespace of process `pid` (a no-network container's) lets out nothing but
+    loopback, replies on connections made to it (the emulator's to its 8080) and TCP to
+    `gateway` on `ports` (the relay's): its host's other services, listening on every address
+    and so at the gateway too, are out of reach, and IPv6 (link-local on the bridge) sends
+    nothing. Set from the host (`nsenter`, iptables); the container has no CAP_NET_ADMIN to
+    undo it. Raises `ContainerRuntimeError` (one line) if it cannot be set."""
+    allowed = "".join(f"-A OUTPUT -d {gateway}/32 -p tcp --dport {p} -j ACCEPT\n" for p in ports)
+    rules = (
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT DROP [0:0]\n"
+        "-A OUTPUT -o lo -j ACCEPT\n"
+        "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n"
+    )
+    for tool, text in (("iptables-restore", rules + allowed), ("ip6tables-restore", rules)):
+        if shutil.which("nsenter") is None or shutil.which(tool) is None:
+            raise ContainerRuntimeError(f"sealing a no-network container needs nsenter and {tool}")
+        argv = ["nsenter", "-t", str(pid), "-n", tool]
+        done = subprocess.run(argv, input=text + "COMMIT\n", capture_output=True, text=True)
+        if done.returncode != 0:
+            why = _last_line(done.stderr or done.stdout)
+            raise ContainerRuntimeError(f"cannot seal a no-network container ({tool}): {why}")
 
 
 def isolate_ports(bridge: str) -> None:

@@ -241,6 +241,7 @@ class Sessions(Mapping[str, Session]):
             *(cfg, self._engine, self._label, session_id, cfg.image_of(runtime_arn)),
             cfg.limits_of(runtime_arn),
             internal=self._internal,
+            relayed=self._isolated.ports if self._isolated is not None else (),
             disk=self._disk,
         )
 
