@@ -30,17 +30,15 @@ other loopback service of the host are out of its reach:
   that network's peers. The engine publishes no port on an internal network: the emulator
   reaches such a container at its own address on the bridge (port 8080), which the host
   routes to (so Podman must run as root: a rootless one's bridge is not the host's). Once it
-  runs, before its first invocation, its namespace lets out only TCP to the relay's ports at
-  the gateway (`seal`: the host's services listening on every address are at the gateway too)
-  and replies to the emulator. Its
-  containers are kept apart as microVMs are: Docker's by `enable_icc=false`; Podman's (netavark
-  has no such switch) by the kernel's bridge port isolation (`isolate_ports`), set on each
-  container's port once it runs and before its first invocation (its agent's commands run
-  only then).
+  runs, before its first invocation (its agent's commands run only then), its namespace lets
+  out only TCP to the relay's ports at the gateway and replies to the emulator (`seal`: the
+  host's services listening on every address are at the gateway too). Its containers are
+  kept apart as microVMs are: Docker's by `enable_icc=false`; Podman's (netavark has no such
+  switch) by the kernel's bridge port isolation (`isolate_ports`), set at the same time.
 
 `--cpus` and `--memory` (swap included) bound every container whose runtime sets them; disk
 (`--storage-opt size=`) only where the engine's storage supports it (`storage_quota`:
-overlay on XFS with project quotas), and is ignored otherwise, the caller warned once.
+overlay on XFS with project quotas), and is ignored otherwise, the emulator warning once.
 
 Every session container is labelled with its emulator's identity (`emulator_label`), so the
 next emulator removes those of one killed before its stop (`remove_orphans`) and no other's.
