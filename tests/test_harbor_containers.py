@@ -83,17 +83,18 @@ def _fixture_tasks(into: Path) -> list[HarborTask]:
 
 
 async def _roll_out(
-    emulator, moto, channel, engine, images, tasks, solution: bool = True
+    emulator, moto, channel, engine, images, tasks, solution: bool = True, **settings: object
 ) -> dict[str, object]:
     """Every task (with its solution: `oracle`'s rows) through one engine and one emulator
     with a runtime per environment, each its image's (as `LocalStack(environments=)` and
-    AgentCore have them): outcome by task name."""
+    AgentCore have them), and the emulator's other `settings`: outcome by task name."""
     arns = {environment: environment_arn(environment) for environment in images}
     emu = await emulator(
         mode="container",
         container_engine=engine.name,
         runtime_arns=tuple(arns.values()),
         runtime_images=tuple(f"{arns[e]}={image}" for e, image in images.items()),
+        **settings,
     )
     runtimes = [{"arn": arn, "environment": e} for e, arn in arns.items()]
     config = engine_config(moto, channel, emu, rollout_timeout=90)

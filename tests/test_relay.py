@@ -82,3 +82,17 @@ async def test_a_port_taken_by_another_program_is_one_clear_error(upstream):
         taken.listen()
         with pytest.raises(RuntimeError, match=r"cannot relay loopback to 127\.0\.0\.2: .*"):
             await LoopbackRelay("127.0.0.2", "127.0.0.0/8", [upstream]).start()
+
+
+async def test_a_freebind_relay_listens_before_its_address_exists(upstream):
+    """The internal network's relay: Podman puts the bridge's gateway on the host only while a
+    container is on it, so the relay binds it beforehand (IP_FREEBIND); a plain one cannot."""
+    absent = "203.0.113.254"  # TEST-NET-3, on no interface here
+    with pytest.raises(RuntimeError, match=r"cannot relay loopback to 203\.0\.113\.254"):
+        await LoopbackRelay(absent, f"{absent}/32", [upstream]).start()
+    relay = LoopbackRelay(absent, "10.0.0.0/8", [upstream], freebind=True)
+    await relay.start()
+    try:
+        assert [s.sockets[0].getsockname() for s in relay._servers] == [(absent, upstream)]
+    finally:
+        await relay.stop()

@@ -34,7 +34,7 @@ from ..harbor.images import (
     wrapper_dockerfile,
     wrapper_image,
 )
-from ..harbor.tasks import HarborTask
+from ..harbor.tasks import HarborTask, Resources
 from ..local.containers import ContainerEngine, ImageBuildError, build_image, debian_base
 
 LAYER_LABEL = "agentcore-rollout.harbor-layer"
@@ -53,6 +53,8 @@ class TaskImages:
 
     images: dict[str, str]
     failed: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, Resources] = field(default_factory=dict)
+    """Each environment's limits and network (built or not), as its tasks ask."""
     layer_seconds: dict[str, float] = field(default_factory=dict)
     """Each layer built now: the seconds its build took (its environment's image apart)."""
     seconds: float = 0.0
@@ -81,6 +83,7 @@ class EnvironmentBuild:
     timeout: float
     agent: HarborAgent
     what: str = "environment"
+    resources: Resources = field(default_factory=Resources)
 
     @property
     def base(self) -> str:
@@ -103,6 +106,7 @@ def environments(tasks: Iterable[HarborTask], agent: HarborAgent) -> list[Enviro
             task.dockerfile.parent,
             task.build_timeout,
             agent,
+            resources=Resources(task.cpus, task.memory_mb, task.storage_mb, task.network_mode),
         )
         found.setdefault(env.id, env)
         if task.verifier_mode == "separate":
@@ -118,6 +122,7 @@ def environments(tasks: Iterable[HarborTask], agent: HarborAgent) -> list[Enviro
                 task.build_timeout,
                 NOP,
                 "verifier's environment",
+                task.verifier_resources or Resources(),
             )
             found.setdefault(verifier.id, verifier)
     return list(found.values())
@@ -183,7 +188,8 @@ def task_images(
                     failed[env.id] = _reason(env, e)
                 status = f"built {len(built)}  cached {len(images) - len(built)}"
                 bar.update(progress, advance=1, status=f"{status}  failed {len(failed)}")
-    result = TaskImages(images, failed, built, time.monotonic() - started)
+    resources = {env.id: env.resources for env in todo}
+    result = TaskImages(images, failed, resources, built, time.monotonic() - started)
     console.print(
         f"images: {len(result.built)} built, {len(result.cached)} cached (up to date), "
         f"{len(failed)} failed, of {len(todo)} environments in {result.seconds:.0f}s",

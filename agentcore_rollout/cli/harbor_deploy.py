@@ -35,7 +35,7 @@ import yaml
 from .._agentcore import MAX_IMAGE_BYTES
 from ..harbor.agents import NOP, agent_named
 from ..harbor.images import layer_dockerfile
-from ..harbor.tasks import HarborTask, TaskError, read_tasks
+from ..harbor.tasks import HarborTask, Resources, TaskError, read_tasks
 from .errors import UsageError
 from .harbor import source_context
 from .infra import (
@@ -113,6 +113,47 @@ def plan(
     for env in envs:
         _check_name(env.runtime)
     return envs
+
+
+def _resources(env: Environment) -> Resources:
+    """What the environment's tasks ask of its containers (one id, one set of limits)."""
+    task = env.tasks[0]
+    if env.verifier:
+        return task.verifier_resources or Resources()
+    return Resources(task.cpus, task.memory_mb, task.storage_mb, task.network_mode)
+
+
+def check_limits(envs: Sequence[Environment], network_mode: str) -> list[str]:
+    """What AgentCore cannot do of the tasks' limits, before anything is built: a no-network
+    environment on a PUBLIC runtime is refused (`InfraError`, one line: its session would
+    reach the internet); on VPC, a warning that the VPC's subnets must have no route out
+    (the service cannot tell); `cpus`, `memory_mb`, `storage_mb` a warning (a session's size
+    is the service's). The warnings, one line each."""
+    sealed = [env for env in envs if _resources(env).network_mode == "no-network"]
+    if sealed and network_mode != "VPC":
+        named = ", ".join(f"{env.id} (task {env.tasks[0].name})" for env in sealed)
+        raise InfraError(
+            f"network_mode no-network cannot be kept on a {network_mode} runtime ({named}): "
+            "deploy with --network VPC and subnets with no route out (VPC endpoints for S3 "
+            "and SQS, and a route to the gateway), or drop those tasks"
+        )
+    warnings = []
+    if sealed:
+        warnings.append(
+            f"{len(sealed)} no-network environment(s) run in the VPC's subnets: they reach "
+            "nothing only if those subnets have no route out (no NAT or internet gateway); "
+            "the other environments share that VPC"
+        )
+    sized = [env for env in envs if any(vars(_resources(env))[k] for k in _SIZES)]
+    if sized:
+        warnings.append(
+            f"cpus, memory_mb and storage_mb of {len(sized)} environment(s) are not applied: "
+            "an AgentCore session's size is the service's, whatever the task asks"
+        )
+    return warnings
+
+
+_SIZES = ("cpus", "memory_mb", "storage_mb")
 
 
 def _check_repository(repository: str) -> None:
@@ -405,6 +446,8 @@ def harbor_command(args: argparse.Namespace) -> int:
     except (TaskError, ValueError) as e:
         raise UsageError(str(e)) from None
     envs = plan(tasks, agent, args.repository, args.name or PREFIX)
+    for warning in check_limits(envs, args.network):
+        console.print(f"warning: {warning}", style="yellow", markup=False)
     region = client.meta.region_name
     iam, ecr = (aws_client(name, region, args.endpoint_url) for name in ("iam", "ecr"))
     if not args.no_build:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import EngineStats, Outcome, RolloutEngine, RolloutHandle, RolloutOutcome
 from ..contract import ENVIRONMENT_KEY, VERIFIER_KEY, new_run_secret
@@ -39,6 +39,9 @@ from .outdir import begin_fresh, check_fresh, check_not_an_output, check_writabl
 from .summary import SUMMARY, RunSummary, Tally
 from .trackers import Trackers
 from .views import console, print_summary, progress_bar, run_async
+
+if TYPE_CHECKING:
+    from ..local.config import ContainerLimits
 
 PROGRESS_EVERY_S = 2.0  # how often the trackers get the figures so far
 
@@ -227,10 +230,10 @@ async def roll_out(
         if config.stack == "local":
             from ..local.stack import LocalStack  # lazily: it loads moto, numpy, the gateway
 
-            environments, unbuilt = await asyncio.to_thread(task_environments, config)
+            environments, unbuilt, limits = await asyncio.to_thread(task_environments, config)
             with console.status("starting the local stack (moto, emulator, policy, gateway)"):
                 local = await stack.enter_async_context(
-                    LocalStack(config.local, environments=environments)
+                    LocalStack(config.local, environments=environments, limits=limits)
                 )
             engine_config = local.engine_config(engine_config)
         engine = await stack.enter_async_context(RolloutEngine(engine_config, step=config.run.step))
@@ -258,14 +261,20 @@ async def roll_out(
     return summary
 
 
-def task_environments(config: Config) -> tuple[dict[str, str], dict[str, str]]:
+def task_environments(
+    config: Config,
+) -> tuple[dict[str, str], dict[str, str], dict[str, ContainerLimits]]:
     """A dataset of Harbor tasks: each environment's image (environment id -> image, with
-    `harbor.agent` in it), built where missing, and why each that did not build failed (its
-    tasks' rows end `submit_failed` saying so, the others run); any other dataset: none.
-    With no environment built there is nothing to run: a UsageError naming every failure."""
+    `harbor.agent` in it), built where missing, why each that did not build failed (its
+    tasks' rows end `submit_failed` saying so, the others run), and what each environment's
+    containers are given (its tasks' cpus, memory_mb, storage_mb, network_mode); any other
+    dataset: none. With no environment built there is nothing to run: a UsageError naming
+    every failure. (Where the engine cannot bound a container's disk and a task asks it to,
+    the emulator says so in one warning line.)"""
     data = Path(config.run.data)
     if not is_task_source(data):
-        return {}, {}
+        return {}, {}, {}
+    from ..local.config import ContainerLimits
     from ..local.containers import container_engine  # lazily: subprocesses only
     from .harbor import task_images
 
@@ -274,7 +283,13 @@ def task_environments(config: Config) -> tuple[dict[str, str], dict[str, str]]:
     if built.failed and not built.images:
         reasons = [why.partition("\n")[0] for why in built.failed.values()]
         raise UsageError("no task environment built:\nerror: " + "\nerror: ".join(reasons))
-    return built.images, built.failed
+    limits = {
+        env: ContainerLimits(
+            cpus=r.cpus, memory_mb=r.memory_mb, storage_mb=r.storage_mb, network=r.network_mode
+        )
+        for env, r in built.resources.items()
+    }
+    return built.images, built.failed, limits
 
 
 def _unbuilt(payload: dict[str, Any], unbuilt: dict[str, str]) -> str | None:

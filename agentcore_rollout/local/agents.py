@@ -20,14 +20,22 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
 import aiohttp
 
 from .agent_env import process_agent_env
-from .config import EmulatorConfig
-from .containers import LABEL, SESSION_LABEL, ContainerEngine, container_url
+from .config import ContainerLimits, EmulatorConfig
+from .containers import (
+    LABEL,
+    SESSION_LABEL,
+    ContainerEngine,
+    InternalNetwork,
+    container_url,
+    isolate_ports,
+    seal,
+)
 from .host import load_asgi_app
 
 PING_TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -139,6 +147,9 @@ class ProcessAgent:
                 lines = self._tail.decode(errors="replace").strip().splitlines()
                 why = f": {lines[-1][:300]}" if lines else ""
                 raise RuntimeError(f"{self._exited()} with code {self.process.returncode}{why}")
+            if not await self._located():
+                await asyncio.sleep(0.1)
+                continue
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with http.get(f"{self.url}/ping", timeout=PING_TIMEOUT) as resp:
                     if resp.status == 200:
@@ -154,6 +165,10 @@ class ProcessAgent:
 
     def _exited(self) -> str:
         return f"{self._what} exited"
+
+    async def _located(self) -> bool:
+        """Its URL is known (a process's is, from its start)."""
+        return True
 
     async def busy(self, http: aiohttp.ClientSession) -> bool:
         return await _ping_busy(http, self.url)
@@ -205,6 +220,9 @@ class ContainerAgent(ProcessAgent):
         super().__init__(process, url)
         self.engine = engine
         self.name = name
+        self.bridge = ""  # Podman's internal bridge, whose ports are isolated once it runs
+        self.sealed: tuple[str, tuple[int, ...]] | None = None  # the gateway, the relay's ports
+        self._looks, self._next_look = 0, 0.0  # `inspect`s for its address, and the next one
 
     @classmethod
     async def spawn_container(
@@ -214,25 +232,77 @@ class ContainerAgent(ProcessAgent):
         label: str,
         session_id: str,
         image: str,
+        limits: ContainerLimits | None = None,
+        *,
+        internal: InternalNetwork | None = None,
+        relayed: Iterable[int] = (),
+        disk: bool = False,
     ) -> ContainerAgent:
-        """A container of `image` for one session, labelled `label` (its emulator's)."""
-        with socket.socket() as sock:  # free now, bound by podman's port forwarder next
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        given = {k: container_url(v, engine.host) for k, v in container_env(config.env).items()}
+        """A container of `image` for one session, labelled `label` (its emulator's), given
+        `limits`: cpus and memory; disk where `disk` (the engine's storage bounds it); with
+        `network=no-network`, on `internal` (no port published there: the emulator reaches
+        it at its address on that bridge, found once it runs), reaching the relay's ports
+        there (`relayed`) and nothing else."""
+        limits = limits or ContainerLimits()
+        isolated = limits.network == "no-network"
+        if isolated and internal is None:
+            raise ValueError("a no-network container needs the internal network")
+        host = internal.gateway if internal is not None and isolated else engine.host
+        given = {k: container_url(v, host) for k, v in container_env(config.env).items()}
         name = f"agentcore-rollout-{uuid.uuid4().hex[:12]}"
+        if internal is not None and isolated:
+            network, url = ("--network", internal.name), ""
+        else:
+            with socket.socket() as sock:  # free now, bound by podman's port forwarder next
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            network = ("--network", engine.network, "-p", f"127.0.0.1:{port}:8080")
+            url = f"http://127.0.0.1:{port}"
+        bounds = [f"--cpus={limits.cpus:g}"] if limits.cpus else []
+        if limits.memory_mb:  # swap included: without it the engines allow as much again
+            bounds += [f"--memory={limits.memory_mb}m", f"--memory-swap={limits.memory_mb}m"]
+        bounds += [f"--storage-opt=size={limits.storage_mb}m"] if limits.storage_mb and disk else []
         argv = engine.argv(
             # --init: an init as PID 1 passes SIGTERM on and reaps (a server as PID 1 may
             # not exit on it: 2 s to a SIGKILL per stop, measured)
             *("run", "--rm", "--init", "--sig-proxy=false", "--name", name),
             *("--label", f"{LABEL}={label}", "--label", f"{SESSION_LABEL}={session_id}"),
-            *("--network", engine.network, "-p", f"127.0.0.1:{port}:8080"),
+            *network,
+            *bounds,
             *(f"--env={k}" for k in sorted(given)),  # values from the client's environment
             image,
         )
         # the values not in argv: credentials stay out of `ps`
         process = await _start(argv, {**engine.env, **given}, config.agent_log_dir, session_id)
-        return cls(process, f"http://127.0.0.1:{port}", engine, name)
+        agent = cls(process, url, engine, name)
+        if internal is not None and isolated:
+            agent.bridge = internal.bridge
+            agent.sealed = (internal.gateway, tuple(sorted(relayed)))
+        return agent
+
+    async def _located(self) -> bool:
+        """Its URL known: a container on the internal network has one once it runs (its
+        address on the bridge, as the engine reports it), once its namespace is sealed
+        (`seal`) and its bridge port isolated from the other containers' (Podman's): before
+        it is ready, so before its first invocation."""
+        if self.url:
+            return True
+        if time.monotonic() < self._next_look:
+            return False
+        # each look is an engine process: 32 containers starting on 2 cores must not each
+        # ask four times a second (0.25 s, doubling, at most 2 s apart)
+        self._next_look = time.monotonic() + min(2.0, 0.25 * 2**self._looks)
+        self._looks += 1
+        template = "{{.State.Pid}} {{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        shown = await asyncio.to_thread(self.engine.run, "inspect", "--format", template, self.name)
+        pid, _, address = shown.stdout.strip().partition(" ")
+        if shown.returncode == 0 and address and pid.isdigit() and int(pid):
+            if self.sealed is not None:
+                await asyncio.to_thread(seal, int(pid), *self.sealed)
+            if self.bridge:
+                await asyncio.to_thread(isolate_ports, self.bridge)
+            self.url = f"http://{address}:8080"
+        return bool(self.url)
 
     def _exited(self) -> str:
         if self.process.returncode in _ENGINE_ERRORS:

@@ -14,7 +14,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from .._agentcore import (
@@ -40,6 +47,31 @@ def _queue_name(name: str) -> str:
 
 
 QueueName = Annotated[str, AfterValidator(_queue_name)]
+
+
+class ContainerLimits(BaseModel):
+    """What one runtime's session containers are given (mode container): cpus and memory
+    (`--cpus`, `--memory`), disk (`--storage-opt size=`, where the engine's storage supports
+    it), and their network: `public`, or `no-network` (an internal network, reaching only
+    what the emulator relays). Written `cpus=1,memory_mb=1024,network=no-network`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpus: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    storage_mb: int | None = Field(default=None, gt=0)
+    network: Literal["public", "no-network"] = "public"
+
+    def text(self) -> str:
+        """`key=value,...` of what is set (`parse` reads it back)."""
+        return ",".join(f"{k}={v}" for k, v in self.model_dump(exclude_defaults=True).items())
+
+    @classmethod
+    def parse(cls, text: str) -> ContainerLimits:
+        pairs = [p.partition("=") for p in text.split(",") if p]
+        if bad := [k for k, eq, _ in pairs if not eq]:
+            raise ValueError(f"{bad[0]!r} is not key=value")
+        return cls(**{k: v for k, _, v in pairs})
 
 
 class EmulatorSettings(Section):
@@ -119,6 +151,13 @@ class EmulatorConfig(EmulatorSettings):
         "`image` (one runtime per environment, each its own image: Harbor tasks)",
         json_schema_extra={"flag": "--runtime-image"},
     )
+    runtime_limits: tuple[str, ...] = Field(
+        default=(),
+        description="mode container: ARN=LIMITS, what a runtime's session containers are "
+        "given (`cpus=1,memory_mb=1024,storage_mb=2048,network=no-network`; any key may be "
+        "left out); a runtime without: unbounded, public",
+        json_schema_extra={"flag": "--runtime-limits"},
+    )
     host_urls: tuple[str, ...] = Field(
         default=(),
         description="loopback services of the host agents are told of in their invocations "
@@ -156,6 +195,11 @@ class EmulatorConfig(EmulatorSettings):
         images = dict(i.split("=", 1) for i in self.runtime_images)
         return images.get(runtime_arn, self.image)
 
+    def limits_of(self, runtime_arn: str) -> ContainerLimits:
+        """What the sessions of `runtime_arn` are given (mode container)."""
+        limits = dict(i.split("=", 1) for i in self.runtime_limits)
+        return ContainerLimits.parse(limits.get(runtime_arn, ""))
+
     @model_validator(mode="after")
     def _runnable(self) -> EmulatorConfig:
         """A config no emulator can run is refused when made."""
@@ -164,6 +208,18 @@ class EmulatorConfig(EmulatorSettings):
                 raise ValueError("mode='container' needs an image and no command")
             if bad := [i for i in self.runtime_images if "=" not in i]:
                 raise ValueError(f"runtime_images: {bad[0]!r} is not ARN=IMAGE")
+            for entry in self.runtime_limits:
+                _, eq, limits = entry.partition("=")
+                try:
+                    if not eq:
+                        raise ValueError("not ARN=LIMITS")
+                    ContainerLimits.parse(limits)
+                except ValidationError as e:
+                    first = e.errors()[0]
+                    where = ".".join(str(p) for p in first["loc"])
+                    raise ValueError(f"runtime_limits {entry!r}: {where}: {first['msg']}") from None
+                except ValueError as e:
+                    raise ValueError(f"runtime_limits {entry!r}: {e}") from None
             return self
         if bool(self.app) == bool(self.command):
             raise ValueError("EmulatorConfig needs exactly one of app and command")

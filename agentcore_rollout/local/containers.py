@@ -23,6 +23,22 @@ other loopback service of the host are out of its reach:
   in hybrid mode not supported`).
 - Docker's containers join `DOCKER_NETWORK`, a bridge without traffic between its containers,
   and reach the host at its gateway address, where the relay serves that network's peers.
+- A runtime whose limits say `network=no-network` (a Harbor task's `network_mode`): its
+  containers join `INTERNAL_NETWORK` (`internal_network()`), a bridge made `--internal`: no
+  route out of its subnet, no NAT, no DNS (a resolver forwarding names out would be a way
+  out), so they reach the bridge's gateway address alone, where a relay of its own serves
+  that network's peers. The engine publishes no port on an internal network: the emulator
+  reaches such a container at its own address on the bridge (port 8080), which the host
+  routes to (so Podman must run as root: a rootless one's bridge is not the host's). Once it
+  runs, before its first invocation (its agent's commands run only then), its namespace lets
+  out only TCP to the relay's ports at the gateway and replies to the emulator (`seal`: the
+  host's services listening on every address are at the gateway too). Its containers are
+  kept apart as microVMs are: Docker's by `enable_icc=false`; Podman's (netavark has no such
+  switch) by the kernel's bridge port isolation (`isolate_ports`), set at the same time.
+
+`--cpus` and `--memory` (swap included) bound every container whose runtime sets them; disk
+(`--storage-opt size=`) only where the engine's storage supports it (`storage_quota`:
+overlay on XFS with project quotas), and is ignored otherwise, the emulator warning once.
 
 Every session container is labelled with its emulator's identity (`emulator_label`), so the
 next emulator removes those of one killed before its stop (`remove_orphans`) and no other's.
@@ -32,6 +48,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
+import json
 import os
 import re
 import shutil
@@ -57,6 +75,8 @@ NETWORK = "slirp4netns"
 """Podman: each container its own network namespace, the host's loopback out of its reach."""
 DOCKER_NETWORK = "agentcore-rollout"
 """Docker: the bridge session containers join (no traffic between them, as between microVMs)."""
+INTERNAL_NETWORK = "agentcore-rollout-internal"
+"""No-network sessions' bridge (`--internal`): no route out, no DNS; the host at its gateway."""
 _DEBIAN_PACKAGES = "python3-minimal,python3-venv,passwd,ca-certificates"
 _CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _CONF = """\
@@ -178,6 +198,134 @@ def _docker(path: str) -> ContainerEngine:
         why = _last_line(shown.stderr or shown.stdout)
         raise ContainerRuntimeError(f"docker network {DOCKER_NETWORK} is unusable: {why}")
     return dataclasses.replace(engine, host=gateway, subnet=subnet)
+
+
+@dataclass(frozen=True)
+class InternalNetwork:
+    """`INTERNAL_NETWORK` as an engine has it: its name, its gateway (the host's address on
+    it, where the relay listens) and its subnet (the relay's peers)."""
+
+    name: str
+    gateway: str
+    subnet: str
+    bridge: str = ""
+    """Podman: the host's bridge device, whose ports `isolate_ports` keeps apart."""
+
+
+_internal: dict[str, InternalNetwork] = {}
+
+
+def internal_network(engine: ContainerEngine) -> InternalNetwork:
+    """`INTERNAL_NETWORK`, made the first time (another process may be making it at once);
+    a network of that name that is not internal is refused, in one line."""
+    if (known := _internal.get(engine.path)) is not None:
+        return known
+    if engine.name == "podman":
+        if os.geteuid() != 0:
+            raise ContainerRuntimeError(
+                "no-network sessions need Podman as root: a rootless Podman's internal "
+                "bridge is in a namespace of its own, out of the emulator's reach"
+            )
+        template = "{{.Internal}} {{range .Subnets}}{{.Gateway}} {{.Subnet}}{{end}}"
+        template += " {{.NetworkInterface}}"
+        create = ("--internal", "--disable-dns")
+    else:
+        template = "{{.Internal}} {{range .IPAM.Config}}{{.Gateway}} {{.Subnet}}{{end}}"
+        create = ("--internal", "--driver", "bridge")
+        create += ("-o", "com.docker.network.bridge.enable_icc=false")
+    shown = engine.run("network", "inspect", INTERNAL_NETWORK, "--format", template)
+    if shown.returncode != 0:
+        engine.run("network", "create", *create, INTERNAL_NETWORK)
+        shown = engine.run("network", "inspect", INTERNAL_NETWORK, "--format", template)
+        words = shown.stdout.split()
+        if len(words) >= 3 and words[1] == "<nil>":
+            # Podman gives an internal network without DNS no gateway (no host address on
+            # its bridge): made again on the subnet it chose, with its first address the host's
+            subnet = ipaddress.ip_network(words[2])
+            engine.run("network", "rm", INTERNAL_NETWORK)
+            gateway = ("--subnet", str(subnet), "--gateway", str(next(subnet.hosts())))
+            engine.run("network", "create", *create, *gateway, INTERNAL_NETWORK)
+            shown = engine.run("network", "inspect", INTERNAL_NETWORK, "--format", template)
+    words = shown.stdout.split()
+    if shown.returncode != 0 or len(words) not in (3, 4) or words[1] == "<nil>":
+        why = _last_line(shown.stderr or shown.stdout)
+        raise ContainerRuntimeError(f"{engine.name} network {INTERNAL_NETWORK} is unusable: {why}")
+    if words[0] != "true":
+        raise ContainerRuntimeError(
+            f"{engine.name} network {INTERNAL_NETWORK} is not internal: remove it "
+            f"({engine.name} network rm {INTERNAL_NETWORK}), it is made again"
+        )
+    _internal[engine.path] = made = InternalNetwork(INTERNAL_NETWORK, *words[1:])
+    return made
+
+
+def seal(pid: int, gateway: str, ports: Iterable[int]) -> None:
+    """The network namespace of process `pid` (a no-network container's) lets out nothing but
+    loopback, replies on connections made to it (the emulator's to its 8080) and TCP to
+    `gateway` on `ports` (the relay's): its host's other services, listening on every address
+    and so at the gateway too, are out of reach, and IPv6 (link-local on the bridge) sends
+    nothing. Set from the host (`nsenter`, iptables); the container has no CAP_NET_ADMIN to
+    undo it. Raises `ContainerRuntimeError` (one line) if it cannot be set."""
+    allowed = "".join(f"-A OUTPUT -d {gateway}/32 -p tcp --dport {p} -j ACCEPT\n" for p in ports)
+    rules = (
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT DROP [0:0]\n"
+        "-A OUTPUT -o lo -j ACCEPT\n"
+        "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n"
+    )
+    for tool, text in (("iptables-restore", rules + allowed), ("ip6tables-restore", rules)):
+        if shutil.which("nsenter") is None or shutil.which(tool) is None:
+            raise ContainerRuntimeError(f"sealing a no-network container needs nsenter and {tool}")
+        argv = ["nsenter", "-t", str(pid), "-n", tool]
+        done = subprocess.run(argv, input=text + "COMMIT\n", capture_output=True, text=True)
+        if done.returncode != 0:
+            why = _last_line(done.stderr or done.stdout)
+            raise ContainerRuntimeError(f"cannot seal a no-network container ({tool}): {why}")
+
+
+def isolate_ports(bridge: str) -> None:
+    """Every port of `bridge` isolated (the kernel's `isolated` flag: no traffic between two
+    isolated ports, each still reaching the bridge, the host): each container on it reaches
+    the host alone. Raises `ContainerRuntimeError` if the flag cannot be set."""
+    for flag in (Path("/sys/class/net") / bridge / "brif").glob("*/isolated"):
+        try:
+            if flag.read_text().strip() != "1":
+                flag.write_text("1")
+        except FileNotFoundError:  # a port gone meanwhile (its container ended)
+            continue
+        except OSError as e:
+            why = f"cannot isolate the ports of bridge {bridge}: {e}"
+            raise ContainerRuntimeError(why) from None
+
+
+_storage: dict[str, str | None] = {}
+
+
+def storage_quota(engine: ContainerEngine) -> str | None:
+    """None if `engine` can bound a container's disk (`--storage-opt size=`), else why not, in
+    one line (asked once per process: `info` takes seconds on a loaded machine)."""
+    if engine.path not in _storage:
+        _storage[engine.path] = _storage_reason(engine)
+    return _storage[engine.path]
+
+
+def _storage_reason(engine: ContainerEngine) -> str | None:
+    shown = engine.run("info", "--format", "json", timeout=120)
+    try:
+        info = json.loads(shown.stdout)
+    except ValueError:
+        return f"{engine.name} info did not answer ({_last_line(shown.stderr)})"
+    if engine.name == "podman":
+        store = info.get("store", {})
+        driver, status = store.get("graphDriverName", ""), store.get("graphStatus", {})
+    else:
+        driver, status = info.get("Driver", ""), dict(info.get("DriverStatus") or [])
+    backing = status.get("Backing Filesystem", "unknown")
+    if driver in ("overlay", "overlay2") and backing == "xfs":
+        return None
+    return (
+        f"{engine.name}'s storage ({driver} on {backing}) cannot bound a container's disk "
+        "(--storage-opt size= needs overlay on XFS with project quotas)"
+    )
 
 
 def container_url(url: str, host: str) -> str:

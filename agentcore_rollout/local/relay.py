@@ -6,23 +6,31 @@ from that address to the same port on loopback, and serves its containers alone:
 from any other address is closed unread. Docker's bridge reaches the host at its gateway
 address, its peers the bridge's subnet; Podman's slirp4netns at the host's own address, from
 which its connections arrive (`containers.py`). Two emulators of one user may relay the same
-port (SO_REUSEPORT): both lead to one service.
+port (SO_REUSEPORT): both lead to one service. A relay for the internal network (no-network
+sessions) binds its gateway address with IP_FREEBIND: Podman's netavark puts that address on
+the host only while a container is on that bridge, and the listener must be there before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import socket
 from collections.abc import Iterable
 
 _CHUNK = 1 << 16
+_IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # Linux's value; Python names it from 3.12
 
 
 class LoopbackRelay:
     """TCP from `address:port` to `127.0.0.1:port`, for each port, for peers in `subnet`."""
 
-    def __init__(self, address: str, subnet: str, ports: Iterable[int]) -> None:
+    def __init__(
+        self, address: str, subnet: str, ports: Iterable[int], *, freebind: bool = False
+    ) -> None:
+        """`freebind`: listen at `address` before the host has it (a bridge made later)."""
         self.address = address
+        self.freebind = freebind
         self.ports = sorted(set(ports))
         self._peers = ipaddress.ip_network(subnet)
         self._servers: list[asyncio.Server] = []
@@ -31,17 +39,34 @@ class LoopbackRelay:
     async def start(self) -> None:
         try:
             for port in self.ports:
-                self._servers.append(
-                    await asyncio.start_server(
-                        lambda r, w, port=port: self._relay(r, w, port),
+                serve = lambda r, w, port=port: self._relay(r, w, port)  # noqa: E731
+                if self.freebind:
+                    server = await asyncio.start_server(serve, sock=self._socket(port))
+                else:
+                    server = await asyncio.start_server(
+                        serve,
                         self.address,
                         port,
                         reuse_port=True,  # another emulator of this user may relay it too
                     )
-                )
+                self._servers.append(server)
         except OSError as e:
             await self.stop()
             raise RuntimeError(f"cannot relay loopback to {self.address}: {e}") from None
+
+    def _socket(self, port: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.setsockopt(socket.SOL_IP, _IP_FREEBIND, 1)
+            sock.bind((self.address, port))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     async def stop(self) -> None:
         for server in self._servers:

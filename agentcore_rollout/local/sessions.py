@@ -2,7 +2,8 @@
 its first invocation, after the simulated cold start, and ends on a stop or as the service
 ends it (`Sessions._watch`). Where agents run is set up once, at the emulator's start: the
 shared app (mode in_process), or the container engine and the relay of the host's loopback
-ports its containers are handed (mode container). Ledgers and gauges let tests check a
+ports its containers are handed (mode container): one for its public containers, one at the
+internal network's gateway for those of a no-network runtime. Ledgers and gauges let tests check a
 client's bounds.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +21,15 @@ import aiohttp
 from .._limits import Gauge
 from .agents import Agent, ContainerAgent, InProcessAgent, ProcessAgent, SharedApp, container_env
 from .config import DEFAULT_RUNTIME_ARN, EmulatorConfig
-from .containers import ContainerEngine, container_engine, emulator_label, loopback_ports
+from .containers import (
+    ContainerEngine,
+    InternalNetwork,
+    container_engine,
+    emulator_label,
+    internal_network,
+    loopback_ports,
+    storage_quota,
+)
 from .quotas import Quotas
 from .relay import LoopbackRelay
 from .wire import ApiError
@@ -69,6 +79,9 @@ class Sessions(Mapping[str, Session]):
         self._shared: SharedApp | None = None
         self._engine: ContainerEngine | None = None
         self._loopback: LoopbackRelay | None = None  # containers' way to the host's services
+        self._internal: InternalNetwork | None = None  # no-network containers' bridge
+        self._isolated: LoopbackRelay | None = None  # their way to the host's services
+        self._disk = False  # the engine bounds a container's disk
         self._label = emulator_label()  # its containers', for the sweeps
 
     def __getitem__(self, session_id: str) -> Session:
@@ -96,8 +109,20 @@ class Sessions(Mapping[str, Session]):
                         f"image {image} not found: build it (agentcore-rollout local build)"
                     )
             urls = [*container_env(cfg.env).values(), *cfg.host_urls]  # their ports alone
-            self._loopback = LoopbackRelay(engine.host, engine.subnet, loopback_ports(urls))
+            ports = loopback_ports(urls)
+            self._loopback = LoopbackRelay(engine.host, engine.subnet, ports)
             await self._loopback.start()
+            limits = [cfg.limits_of(arn) for arn in arns]
+            if any(lim.network == "no-network" for lim in limits):  # their bridge, its relay
+                self._internal = net = await asyncio.to_thread(internal_network, engine)
+                self._isolated = LoopbackRelay(net.gateway, net.subnet, ports, freebind=True)
+                await self._isolated.start()
+            if asked := sum(1 for lim in limits if lim.storage_mb):  # one line if it cannot
+                why = await asyncio.to_thread(storage_quota, engine)
+                self._disk = why is None
+                if why is not None:
+                    said = f"storage_mb of {asked} runtime(s) is not enforced: {why}"
+                    print(f"warning: {said}", file=sys.stderr, flush=True)
         # No total timeout: the service's caps (sync_timeout, stream_timeout) are applied per
         # invocation; a connect that hangs is still bounded. No connection limit either: open
         # streams must not queue other sessions' invocations (only the quotas bound them).
@@ -118,8 +143,9 @@ class Sessions(Mapping[str, Session]):
             await asyncio.to_thread(self._shared.stop)
         if self._engine is not None:  # any container whose start raced the stop
             await asyncio.to_thread(self._engine.remove_containers, self._label)
-        if self._loopback is not None:
-            await self._loopback.stop()
+        for relay in (self._loopback, self._isolated):
+            if relay is not None:
+                await relay.stop()
         if self.http is not None:
             await self.http.close()
 
@@ -210,9 +236,13 @@ class Sessions(Mapping[str, Session]):
         runtime_arn, _, session_id = key
         if self._engine is None:
             return await ProcessAgent.spawn(self.config, session_id)
-        image = self.config.image_of(runtime_arn)
+        cfg = self.config
         return await ContainerAgent.spawn_container(
-            self.config, self._engine, self._label, session_id, image
+            *(cfg, self._engine, self._label, session_id, cfg.image_of(runtime_arn)),
+            cfg.limits_of(runtime_arn),
+            internal=self._internal,
+            relayed=self._isolated.ports if self._isolated is not None else (),
+            disk=self._disk,
         )
 
     async def _end(self, session: Session, why: str, ledger: list[str]) -> None:

@@ -39,7 +39,7 @@ from ..contract import LLMSettings
 from ..serving.flags import to_flags
 from ..serving.process import ServiceProcess
 from .config import DEFAULT_RUNTIME_ARN as LOCAL_RUNTIME_ARN  # the emulator's default
-from .config import EmulatorSettings, LocalConfig
+from .config import ContainerLimits, EmulatorSettings, LocalConfig
 from .containers import container_engine, container_url, ensure_image
 from .models import model_of
 from .moto import LOCAL_CREDENTIALS, MotoServer, ResultsChannel, provision_results_channel
@@ -60,13 +60,17 @@ class LocalStack:
         *,
         prefix: str = "rollouts",
         environments: Mapping[str, str] | None = None,
+        limits: Mapping[str, ContainerLimits] | None = None,
     ) -> None:
         """`environments`: environment id -> image (`local.mode: container`): one runtime per
         environment, its sessions containers of its image, and the engine's `runtimes` each
-        of its environment, so a request starts in its payload's (Harbor tasks)."""
+        of its environment, so a request starts in its payload's (Harbor tasks). `limits`:
+        environment id -> what its containers are given (cpus, memory, disk, network); an
+        environment without: unbounded, public."""
         self.config = config or LocalConfig()
         self.prefix = prefix
         self.environments = dict(environments or {})
+        self.limits = {e: lim for e, lim in (limits or {}).items() if e in self.environments}
         if self.environments and self.config.mode != "container":
             raise ValueError("tasks with environments run in their images: local.mode: container")
         self.moto = MotoServer()
@@ -174,7 +178,10 @@ class LocalStack:
         cfg = self.config
         containers = ["--image", cfg.image]
         for environment, image in self.environments.items():
-            containers += ["--runtime-image", f"{environment_arn(environment)}={image}"]
+            arn = environment_arn(environment)
+            containers += ["--runtime-image", f"{arn}={image}"]
+            if (limits := self.limits.get(environment)) and limits.text():
+                containers += ["--runtime-limits", f"{arn}={limits.text()}"]
         # What agents call for their turns, and nothing else of the host: with a gateway in
         # front, the policy's port is not relayed to containers (moto's comes with its URLs).
         for url in [gateway.url for gateway in self.gateways] or [self.policy_url]:

@@ -29,6 +29,7 @@ from agentcore_rollout.cli.harbor_deploy import (
     _stream,
     build_and_push,
     check_arm64_builder,
+    check_limits,
     deploy_environments,
     image_size,
     plan,
@@ -248,6 +249,27 @@ def test_a_separate_verifiers_environment_is_a_runtime_of_its_own(tasks_dir: Pat
     ]
     assert envs[2].image == f"{REPO}:{envs[2].id}-nop"
     assert envs[2].id == read_tasks(tasks_dir)[2].verifier_environment
+
+
+def test_what_agentcore_cannot_do_of_a_tasks_limits_is_said_or_refused(
+    tasks_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A no-network task on a PUBLIC runtime is refused before anything is built or called;
+    on VPC it is the subnets' to keep, and a task's cpus and memory are not applied: warned."""
+    (tasks_dir / "c" / "task.toml").write_text(
+        '[environment]\ncpus = 2\nmemory_mb = 4096\nnetwork_mode = "no-network"\n'
+    )
+    envs = plan(read_tasks(tasks_dir), "oracle", REPO, "harbor")
+    with pytest.raises(InfraError, match="no-network cannot be kept on a PUBLIC runtime"):
+        check_limits(envs, "PUBLIC")
+    said = check_limits(envs, "VPC")
+    assert len(said) == 2 and "no route out" in said[0] and "not applied" in said[1], said
+    assert check_limits(plan(read_tasks(tasks_dir)[:2], "oracle", REPO, "harbor"), "PUBLIC") == []
+    base = ["--repository", REPO, "--role", f"arn:aws:iam::{ACCOUNT}:role/r", "--no-build"]
+    nowhere = ["--region", REGION, "--endpoint-url", "http://127.0.0.1:9"]  # never called
+    assert main(["deploy", "--tasks", str(tasks_dir), "--agent", "nop", *base, *nowhere]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--network VPC" in err and len(err.splitlines()) == 1, err
 
 
 def test_plan_names_runtimes_and_images_within_the_apis_bounds(tasks_dir: Path) -> None:
