@@ -80,7 +80,7 @@ class Job:
     spans: RolloutSpans = UNTRACED  # its trace, when OpenTelemetry is configured
     verifier: Job | None = None
     """Its verifier, run once its agent's session ended ok: in a session of its own
-    `environment`, or (None) invoked again in the agent's session."""
+    `environment`, or (`in_session`) invoked again in the agent's session."""
     verification: RolloutOutcome | None = None  # that verifier's outcome, once it ran
     in_session: bool = False  # a verifier invoked again in its agent's session
     judges: bool = False  # a verifier: no gateway session, ahead in the line for slots
@@ -275,7 +275,7 @@ class RequestRunner:
             log.exception("request_id=%s failed inside the engine", job.request.request_id)
             ending = self.unresolved(job, e)
         else:
-            ending = self._delivered(job, delivery, job.verification)
+            ending = self._delivered(job, delivery)
         finally:
             if job.verifier is not None and job.verification is None:  # it never ran
                 self._buffer.cancel(job.verifier.request.request_id, "its agent's session failed")
@@ -382,9 +382,7 @@ class RequestRunner:
                 )
             )
 
-    async def _delivered(
-        self, job: Job, delivery: Delivery, verification: RolloutOutcome | None = None
-    ) -> RolloutOutcome:
+    async def _delivered(self, job: Job, delivery: Delivery) -> RolloutOutcome:
         """The outcome of a delivered request: a result's trace is fetched first (a reward
         without its tokens is not a training sample); without a result, its gateway session
         is dropped for its tokens so far."""
@@ -394,6 +392,7 @@ class RequestRunner:
             usage = await self._dropped_usage(job)
         else:
             trace = await self._trace(job)
+        verification = job.verification
         outcome, result, error = _decide(
             delivery, trace=trace, verification=verification, verified=job.verifier is not None
         )

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from agentcore_rollout._batch import RolloutOutcome, RolloutRequest
 from agentcore_rollout._buffer import Delivery
 from agentcore_rollout._dispatcher import SubmitFailed
 from agentcore_rollout._request import Trace, _decide
@@ -69,3 +70,43 @@ def test_each_fact_has_its_outcome(delivery, facts, expected) -> None:
     outcome, result, error = _decide(delivery, **facts)
     assert (outcome, error) == expected
     assert (result is not None) == (outcome in (Outcome.OK, Outcome.AGENT_ERROR))
+
+
+def _verification(outcome: Outcome, result=None, error: str | None = None) -> RolloutOutcome:
+    return RolloutOutcome(RolloutRequest({}, "t"), 0, outcome, "s", result=result, error=error)
+
+
+JUDGED = make_result(rewards=1.0, trajectory={"verifier_output": "1"})
+UNJUDGED = make_result(
+    status="verifier_error", rewards=None, error=ErrorInfo(type="VerifierError", message="none")
+)
+
+
+@pytest.mark.parametrize(
+    ("verification", "expected"),
+    [
+        (_verification(Outcome.OK, JUDGED), (Outcome.OK, None, 1.0)),
+        (
+            _verification(Outcome.VERIFIER_ERROR, UNJUDGED, "VerifierError: none"),
+            (Outcome.VERIFIER_ERROR, "verifier: VerifierError: none", None),
+        ),
+        (
+            _verification(Outcome.SUBMIT_FAILED, None, "throttled"),
+            (Outcome.VERIFIER_ERROR, "verifier: submit_failed: throttled", None),
+        ),
+        (
+            _verification(Outcome.CANCELLED, None, "cancelled"),
+            (Outcome.CANCELLED, "cancelled", None),
+        ),
+        (None, (Outcome.VERIFIER_ERROR, "verifier: never ran", None)),
+    ],
+)
+def test_a_verified_rollout_takes_its_verifiers_verdict(verification, expected) -> None:
+    """The agent's result has no reward of its own: its verifier's is the rollout's, and any
+    way the verifier did not judge is `verifier_error` (a cancel stays a cancel)."""
+    unverified = make_result(rewards=None, trajectory={"agent_output": "done"})
+    outcome, result, error = _decide(Delivery(unverified), verification=verification, verified=True)
+    assert (outcome, error, result.scalar_reward() if result else None) == expected
+    if outcome is Outcome.OK:
+        assert result.trajectory == {"agent_output": "done", "verifier_output": "1"}
+    assert _decide(Delivery(FAILED), verification=None, verified=True)[0] is Outcome.AGENT_ERROR
