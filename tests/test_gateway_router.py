@@ -112,6 +112,7 @@ async def test_stop_kills_a_router_that_ignores_sigterm(tmp_path: Path) -> None:
     assert (tmp_path / "router.log").exists()  # a caller's log file is kept
 
 
+@pytest.mark.e2e  # waits out real bounds: make test, not make check
 async def test_a_chosen_port_taken_before_the_router_binds_it_is_replaced(monkeypatch) -> None:
     """The router cannot bind port 0, so its ports are picked first; another process can take
     one in between (seen in CI: 'Address already in use'). The router starts on others."""

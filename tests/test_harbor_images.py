@@ -19,7 +19,7 @@ from agentcore_rollout.harbor.images import agent_image, environment_image
 from agentcore_rollout.harbor.tasks import read_tasks
 from agentcore_rollout.local.containers import ContainerRuntimeError, container_engine
 
-pytestmark = [pytest.mark.containers, pytest.mark.component]
+pytestmark = [pytest.mark.containers, pytest.mark.e2e]  # builds images: make test, not check
 
 
 def _task(root: Path, name: str, dockerfile: str, verifier: str | None = None) -> None:

@@ -54,6 +54,7 @@ def children(tmp_path: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(tmp_path)}
 
 
+@pytest.mark.e2e  # waits out real bounds: make test, not make check
 def test_a_child_that_keeps_working_is_waited_for_past_the_stall_bound(
     children: dict[str, str],
 ) -> None:
@@ -111,6 +112,7 @@ main(sys.argv[1:])
 """
 
 
+@pytest.mark.e2e  # waits out real bounds: make test, not make check
 async def test_the_stack_comes_up_with_a_policy_worker_slower_than_its_stall_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
