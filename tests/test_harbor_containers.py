@@ -11,7 +11,6 @@ not work, they skip, saying why. The images are built once per machine (cached b
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ from agentcore_rollout.contract import LLMSettings
 from agentcore_rollout.harbor.tasks import HarborTask, read_tasks, task_payload
 from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.containers import (
-    ContainerEngine,
     ContainerRuntimeError,
     container_engine,
 )
@@ -31,6 +29,8 @@ from agentcore_rollout.local.stack import LocalStack, environment_arn
 from .conftest import ROOT, engine_config
 from .factories import flat_config, recorded_samples
 from .test_containers import _ours
+from .test_containers import engine as engine  # a fixture: Podman, then Docker
+from .test_containers import no_container_left as no_container_left  # a fixture
 from .test_traces import _runs
 
 pytestmark = [pytest.mark.containers, pytest.mark.e2e]
@@ -52,20 +52,6 @@ FIXTURES = {
         120,
     ),
 }
-
-
-@pytest.fixture(scope="session", params=["podman", "docker"])
-def engine(request: pytest.FixtureRequest) -> ContainerEngine:
-    try:
-        return container_engine(request.param)
-    except ContainerRuntimeError as e:
-        pytest.skip(f"no {request.param} here: {e}")
-
-
-@pytest.fixture
-def no_container_left(engine: ContainerEngine) -> Iterator[None]:
-    yield
-    assert _ours(engine) == []
 
 
 def _fixture_tasks(into: Path) -> list[HarborTask]:

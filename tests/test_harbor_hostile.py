@@ -32,7 +32,6 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,7 +47,7 @@ from agentcore_rollout.local.containers import (
 from agentcore_rollout.local.stack import environment_arn
 
 from .conftest import ROOT, agent_env, engine_config
-from .test_containers import _ours
+from .test_containers import no_container_left as no_container_left  # a fixture
 
 pytestmark = [pytest.mark.containers, pytest.mark.e2e]
 
@@ -184,12 +183,6 @@ def engine() -> ContainerEngine:
         return container_engine("podman")
     except ContainerRuntimeError as e:
         pytest.skip(f"no podman here: {e}")
-
-
-@pytest.fixture
-def no_container_left(engine: ContainerEngine) -> Iterator[None]:
-    yield
-    assert _ours(engine) == []
 
 
 def _hostile_tasks(into: Path) -> list[HarborTask]:

@@ -30,18 +30,17 @@ from agentcore_rollout.local.containers import (
     BASE_IMAGE,
     LABEL,
     ContainerEngine,
-    ContainerRuntimeError,
     debian_base,
     internal_network,
     isolate_ports,
     storage_quota,
 )
-from agentcore_rollout.local.containers import container_engine as find_engine
 from agentcore_rollout.local.stack import environment_arn
 
 from .conftest import ROOT
+from .test_containers import engine as engine  # a fixture: Podman, then Docker
+from .test_containers import no_container_left as no_container_left  # a fixture
 from .test_harbor_containers import SHARED, _roll_out
-from .test_harbor_containers import no_container_left as no_container_left  # a fixture
 
 _SOLVE = """#!/bin/bash
 python3 - <<'EOF' > /app/probe
@@ -68,14 +67,6 @@ probe=$(cut -d' ' -f1 /app/probe)
 echo "memory $mem swap $swap cpu $cpu probe $(cat /app/probe)"
 if [ "$probe" = "{probe}" ] && {limits}; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
 """
-
-
-@pytest.fixture(scope="session", params=["podman", "docker"])
-def engine(request: pytest.FixtureRequest) -> ContainerEngine:
-    try:
-        return find_engine(request.param)
-    except ContainerRuntimeError as e:
-        pytest.skip(f"no {request.param} here: {e}")
 
 
 @pytest.fixture
