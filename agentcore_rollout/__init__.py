@@ -17,11 +17,11 @@ from ._batch import (
     StaleResult,
 )
 from ._cost import RolloutCost
-from ._engine import RolloutEngine, RolloutHandle
-from ._sandbox import SandboxRuntime, SessionCallError
+from ._engine.engine import RolloutEngine, RolloutHandle
 from ._stats import EngineStats
 from .config import ConfigError, EngineConfig, load_config
 from .contract import ContractError, Outcome
+from .runtimes.base import SandboxRuntime, SessionCallError
 
 __version__ = "0.1.0"
 

@@ -31,7 +31,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ._agentcore import (
+from .contract import DEFAULT_MAX_RESULT_BYTES, ID_MAX, ID_PATTERN, LLMSettings, first_error
+from .runtimes.agentcore import (
     DATA_PLANE_TPS,
     GB_HOUR_USD,
     NEW_SESSIONS_PER_SECOND,
@@ -39,7 +40,6 @@ from ._agentcore import (
     SESSION_VCPUS,
     VCPU_HOUR_USD,
 )
-from .contract import DEFAULT_MAX_RESULT_BYTES, ID_MAX, ID_PATTERN, LLMSettings, first_error
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
 DEFAULT_STOP_RATE = 25.0  # StopRuntimeSession calls per second (see EngineConfig.stop_rate)

@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 from dataclasses import asdict  # noqa: E402
 
 from agentcore_rollout import RolloutBatch, RolloutEngine, RolloutRequest  # noqa: E402
-from agentcore_rollout._agentcore import NEW_SESSIONS_PER_SECOND, active_sessions  # noqa: E402
 from agentcore_rollout.local.config import LocalConfig  # noqa: E402
 from agentcore_rollout.local.stack import LOCAL_RUNTIME_ARN, LocalStack  # noqa: E402
+from agentcore_rollout.runtimes.agentcore import NEW_SESSIONS_PER_SECOND, active_sessions  # noqa: E402
 from agentcore_rollout.serving.process import ServiceProcess  # noqa: E402
 
 APP = "tests.agents.basic:app"

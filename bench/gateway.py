@@ -75,7 +75,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentcore_rollout._gateway_replicas import GatewayReplicas  # noqa: E402
+from agentcore_rollout._engine.gateway_replicas import GatewayReplicas  # noqa: E402
 from agentcore_rollout.config import GatewayReplica  # noqa: E402
 from agentcore_rollout.gateway import GatewayAdmin, HFRenderer  # noqa: E402
 from agentcore_rollout.gateway.__main__ import TOKEN_ENV  # noqa: E402

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from agentcore_rollout._agentcore import active_sessions
 from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.local.moto import (
     LOCAL_CREDENTIALS,
@@ -20,6 +19,7 @@ from agentcore_rollout.local.moto import (
     provision_results_channel,
 )
 from agentcore_rollout.local.runtime import EmulatorConfig, RuntimeEmulator
+from agentcore_rollout.runtimes.agentcore import active_sessions
 
 from .factories import flat_config
 

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
-from agentcore_rollout._sandbox import SessionCallError
 from agentcore_rollout.local.wire import SESSION_HEADER
+from agentcore_rollout.runtimes.agentcore import AgentCoreRuntime
+from agentcore_rollout.runtimes.base import SessionCallError
 
 from .conftest import REGION, RUNTIME_ARN
 from .wire_support import Received, Reply, engine_at, recording_server

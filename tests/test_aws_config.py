@@ -29,12 +29,12 @@ import yaml
 from botocore.exceptions import ClientError
 
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
-from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
-from agentcore_rollout._sandbox import SessionCallError
 from agentcore_rollout.config import ConfigError, ServiceUrls
 from agentcore_rollout.local.moto import LOCAL_CREDENTIALS
 from agentcore_rollout.local.relay import _pipe
+from agentcore_rollout.runtimes.agentcore import AgentCoreRuntime
+from agentcore_rollout.runtimes.base import SessionCallError
 
 from .conftest import REGION, RUNTIME_ARN, engine_config
 from .wire_support import engine_at, recording_server

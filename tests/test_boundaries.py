@@ -42,9 +42,17 @@ pytestmark = pytest.mark.component
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentcore_rollout"
-# The core: every module at the package root.
-CORE = sorted(path.stem for path in PACKAGE.glob("*.py"))
-ADMIN_CLIENT = "agentcore_rollout._gateway_admin"  # the engine's client of the gateway
+# The core: the modules at the package root, and the core's folders, each importing the root's
+# modules and the core folders named for it (one way: the request life on top, the runtimes
+# at the bottom).
+CORE_FOLDERS = {
+    "runtimes": set(),  # the sandbox seam: a base, AgentCore, other runtimes
+    "_dispatch": {"runtimes"},  # starting and stopping sessions
+    "_results": set(),  # the results channel: SQS, S3, checks
+    "_engine": {"_dispatch", "_results", "runtimes"},  # the trainer's face, each request's life
+}
+CORE = sorted(path.stem for path in PACKAGE.glob("*.py")) + sorted(CORE_FOLDERS)
+ADMIN_CLIENT = "agentcore_rollout._engine.gateway_admin"  # the engine's client of the gateway
 HEAVY = (
     "aiohttp.web",
     "starlette",
@@ -170,15 +178,36 @@ def where(path: Path, line: int, name: str) -> str:
 
 def test_every_folder_of_the_package_is_a_layer() -> None:
     folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    assert folders == set(LAYERS), "add the new folder to LAYERS and to docs/architecture.md"
+    assert folders == set(LAYERS) | set(CORE_FOLDERS), (
+        "add the new folder to LAYERS and to docs/architecture.md"
+    )
+
+
+def core_modules() -> list[Path]:
+    return sorted(PACKAGE.glob("*.py")) + [
+        path for core in CORE_FOLDERS for path in sorted((PACKAGE / core).rglob("*.py"))
+    ]
 
 
 def test_the_core_imports_no_folder_and_only_light_libraries() -> None:
     bad = [
         where(path, line, name)
-        for path in [PACKAGE / f"{module}.py" for module in CORE]
+        for path in core_modules()
         for line, name in imports(path)
         if not core_may_import(name)
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize("core", sorted(CORE_FOLDERS))
+def test_each_core_folder_imports_the_root_and_its_core_folders_only(core: str) -> None:
+    bad = [
+        where(path, line, name)
+        for path in sorted((PACKAGE / core).rglob("*.py"))
+        for line, name in imports(path)
+        if name.startswith("agentcore_rollout.")
+        and (PACKAGE / name.split(".")[1]).is_dir()
+        and name.split(".")[1] not in {core, *CORE_FOLDERS[core]}
     ]
     assert bad == []
 

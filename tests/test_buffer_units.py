@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from agentcore_rollout import _inbox, _objects
-from agentcore_rollout._buffer import RolloutBuffer
-from agentcore_rollout._inbox import _Batched
+from agentcore_rollout._results import inbox as _inbox
+from agentcore_rollout._results import objects as _objects
+from agentcore_rollout._results.buffer import RolloutBuffer
+from agentcore_rollout._results.inbox import _Batched
 from agentcore_rollout.contract import result_key
 
 from .factories import SIG_KEY as KEY

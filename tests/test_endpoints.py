@@ -14,15 +14,15 @@ from collections import Counter
 import pytest
 
 from agentcore_rollout import ConfigError, Outcome, RolloutEngine, RolloutRequest, RolloutStart
-from agentcore_rollout._dispatcher import (
+from agentcore_rollout._dispatch.dispatcher import (
     LiveSession,
     RequestDispatcher,
     RuntimeEndpoint,
     SubmitFailed,
 )
-from agentcore_rollout._runtime_endpoints import retry_budget
-from agentcore_rollout._sandbox import SessionCallError
+from agentcore_rollout._dispatch.endpoints import retry_budget
 from agentcore_rollout.config import load_config
+from agentcore_rollout.runtimes.base import SessionCallError
 
 from .conftest import RUNTIME_ARN, engine_config
 from .factories import flat_config

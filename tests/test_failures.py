@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest, _inbox
+from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
+from agentcore_rollout._results import inbox as _inbox
 from agentcore_rollout.contract import (
     result_key,
 )

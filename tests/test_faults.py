@@ -24,15 +24,15 @@ from agentcore_rollout import (
     RolloutRequest,
     SandboxRuntime,
     SessionCallError,
-    _inbox,
 )
-from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
-from agentcore_rollout._dispatcher import PROBE_SESSION_PREFIX
-from agentcore_rollout._runtime_endpoints import retry_budget
+from agentcore_rollout._dispatch.dispatcher import PROBE_SESSION_PREFIX
+from agentcore_rollout._dispatch.endpoints import retry_budget
+from agentcore_rollout._results import inbox as _inbox
 from agentcore_rollout.local.config import LocalConfig
 from agentcore_rollout.local.moto import MotoServer, provision_results_channel
 from agentcore_rollout.local.stack import LocalStack
+from agentcore_rollout.runtimes.agentcore import AgentCoreRuntime
 from agentcore_rollout.serving.process import ServiceProcess
 
 from .agents.basic import expected_reward

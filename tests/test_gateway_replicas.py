@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 
 from agentcore_rollout import RolloutEngine, RolloutRequest, RolloutStart
-from agentcore_rollout._gateway_replicas import GatewayReplicas
+from agentcore_rollout._engine.gateway_replicas import GatewayReplicas
 from agentcore_rollout.cli.config import load_config
 from agentcore_rollout.cli.errors import UsageError
 from agentcore_rollout.cli.journal import JOURNAL, Journal, Lines, left_open

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
-from agentcore_rollout._agentcore import AgentCoreRuntime
 from agentcore_rollout._aws import AwsClients
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, SGLangBackend
 from agentcore_rollout.local.policy import CharRenderer
+from agentcore_rollout.runtimes.agentcore import AgentCoreRuntime
 
 from .agents.basic import expected_reward
 from .conftest import RUNTIME_ARN, engine_config

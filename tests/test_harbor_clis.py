@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agentcore_rollout._gateway_admin import GatewayAdmin
+from agentcore_rollout._engine.gateway_admin import GatewayAdmin
 from agentcore_rollout.contract import LLMSettings
 from agentcore_rollout.harbor import clis
 from agentcore_rollout.harbor.agents import AgentRun, agent_named

@@ -11,15 +11,15 @@ import time
 import pytest
 
 from agentcore_rollout import SessionCallError
-from agentcore_rollout._dispatcher import (
+from agentcore_rollout._dispatch.dispatcher import (
     PROBE_SESSION_PREFIX,
     LiveSession,
     RequestDispatcher,
     Started,
     SubmitFailed,
 )
-from agentcore_rollout._limits import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
-from agentcore_rollout._runtime_endpoints import retry_budget
+from agentcore_rollout._dispatch.endpoints import retry_budget
+from agentcore_rollout._flow import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
 from agentcore_rollout.config import EngineConfig
 
 from .factories import flat_config

@@ -10,8 +10,14 @@ import logging
 import pytest
 
 from agentcore_rollout import RolloutEngine, RolloutRequest
-from agentcore_rollout._quotas import AccountQuotas, Quota, _by_account, describe, published
 from agentcore_rollout.config import DispatchConfig
+from agentcore_rollout.runtimes.agentcore_quotas import (
+    AccountQuotas,
+    Quota,
+    _by_account,
+    describe,
+    published,
+)
 
 from .conftest import RUNTIME_ARN, engine_config
 

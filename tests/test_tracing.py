@@ -21,8 +21,8 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
-from agentcore_rollout._buffer import Delivery
-from agentcore_rollout._tracing import RolloutSpans, configured
+from agentcore_rollout._engine.tracing import RolloutSpans, configured
+from agentcore_rollout._results.buffer import Delivery
 from agentcore_rollout.contract import ContractError, RolloutControl, split_payload
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, GatewayError, SGLangBackend
 from agentcore_rollout.local.policy import CharRenderer, PolicyServer

@@ -20,7 +20,7 @@ from bedrock_agentcore.runtime import BedrockAgentCoreApp
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from .._tracing import TRACEPARENT, child_span, current_headers, tracer
+from .._engine.tracing import TRACEPARENT, child_span, current_headers, tracer
 from ..contract import (
     ContractError,
     ErrorInfo,

@@ -21,7 +21,7 @@ generations continued), `sampling` (which sampling fields pass, and how), `traje
 `_fastjson` (orjson when installed, for the per-turn JSON), `_limits` (bounded bodies, read
 deadlines, nesting, requests in flight per session, the thread pool renders run in). The admin
 client the engine opens sessions with (`GatewayAdmin`, and the trace's JSON shape) is the core's own
-(`agentcore_rollout._gateway_admin`), re-exported here.
+(`agentcore_rollout._engine.gateway_admin`), re-exported here.
 
 The other names are imported on first use, so importing this package loads neither the server,
 the router nor a tokenizer. The gateway depends on no particular model: the local toy
@@ -37,7 +37,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .._gateway_admin import GatewayAdmin, GatewayError, GatewaySession
+from .._engine.gateway_admin import GatewayAdmin, GatewayError, GatewaySession
 
 if TYPE_CHECKING:
     from .backends import Backend, BackendError, Completion, OpenAIBackend, SGLangBackend

@@ -49,7 +49,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from .._tracing import TRACEPARENT, child_span, flush, tracer
+from .._engine.tracing import TRACEPARENT, child_span, flush, tracer
 from ..serving.http import Handler, sent, sse_events
 from ..serving.server import Server, tls_context
 from . import _fastjson, responses

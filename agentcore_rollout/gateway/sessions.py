@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._tracing import checked_traceparent
+from .._engine.tracing import checked_traceparent
 from .render import Rendered, RenderState
 from .sampling import check_sampling
 from .trajectory import RENDER_KINDS, Trajectory, Turn

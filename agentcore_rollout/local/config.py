@@ -24,14 +24,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .._agentcore import (
+from ..config import BucketName, Section
+from ..runtimes.agentcore import (
     DATA_PLANE_TPS,
     IDLE_TIMEOUT_S,
     MAX_LIFETIME_S,
     NEW_SESSIONS_PER_SECOND,
     SYNC_TIMEOUT_S,
 )
-from ..config import BucketName, Section
 
 DEFAULT_RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/local_agent-0000"
 STREAM_TIMEOUT = 60 * 60.0  # the service's cap on a streaming invocation

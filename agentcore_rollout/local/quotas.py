@@ -27,8 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .._agentcore import SERVICE_QUOTAS_CODE
-from .._limits import TokenBucket
+from .._flow import TokenBucket
+from ..runtimes.agentcore import SERVICE_QUOTAS_CODE
 from .wire import REQUEST_ID_HEADER, ApiError, check_signed
 
 # Service Quotas' wire (botocore/data/service-quotas/*/service-2.json): JSON 1.1, `POST /`, the

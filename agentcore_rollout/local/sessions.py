@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from .._limits import Gauge
+from .._flow import Gauge
 from .agents import Agent, ContainerAgent, InProcessAgent, ProcessAgent, SharedApp, container_env
 from .config import DEFAULT_RUNTIME_ARN, EmulatorConfig
 from .containers import (

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from .._agentcore import MAX_PAYLOAD_BYTES
+from ..runtimes.agentcore import MAX_PAYLOAD_BYTES
 
 # Request and response headers (the model's `locationName`s).
 SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"

@@ -1,4 +1,4 @@
-"""AgentCore's published defaults have one definition, `agentcore_rollout._agentcore`; the
+"""AgentCore's published defaults have one definition, `agentcore_rollout.runtimes.agentcore`; the
 checked-in template and the Terraform variables cannot import it, so they are checked here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcore_rollout._agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+from agentcore_rollout.runtimes.agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 
 from .tf import load_module, snake
 

@@ -22,7 +22,6 @@ import yaml
 from moto import mock_aws
 from moto.bedrockagentcorecontrol.models import AgentRuntime
 
-from agentcore_rollout._agentcore import MAX_IMAGE_BYTES
 from agentcore_rollout.cli import main
 from agentcore_rollout.cli.harbor_deploy import (
     _login,
@@ -38,6 +37,7 @@ from agentcore_rollout.cli.infra import RUNTIME_NAME_RE, InfraError, RuntimeSpec
 from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.harbor.tasks import read_tasks
 from agentcore_rollout.local.containers import ContainerEngine
+from agentcore_rollout.runtimes.agentcore import MAX_IMAGE_BYTES
 
 pytestmark = pytest.mark.component
 

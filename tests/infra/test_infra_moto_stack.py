@@ -29,7 +29,7 @@ from botocore.exceptions import ClientError
 from moto.server import ThreadedMotoServer
 
 from agentcore_rollout._aws import AwsClients
-from agentcore_rollout._buffer import RolloutBuffer
+from agentcore_rollout._results.buffer import RolloutBuffer
 from agentcore_rollout.contract import result_key
 from infra.cdk import app
 from tests.factories import SIG_KEY, flat_config, make_result, signed_body

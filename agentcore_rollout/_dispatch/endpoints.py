@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._limits import AdaptiveRate, Gauge, TokenBucket
-from ._quotas import Limits
-from ._redact import get_logger
-from ._sandbox import SandboxRuntime, SessionCallError
-from .config import DispatchConfig
+from .._flow import AdaptiveRate, Gauge, TokenBucket
+from .._redact import get_logger
+from ..config import DispatchConfig
+from ..runtimes.agentcore_quotas import Limits
+from ..runtimes.base import SandboxRuntime, SessionCallError
 
 log = get_logger("agentcore_rollout.dispatcher")
 

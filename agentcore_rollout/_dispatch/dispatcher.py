@@ -23,13 +23,13 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ._limits import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
-from ._quotas import Limits, published
-from ._redact import get_logger
-from ._runtime_endpoints import Account, EndpointState, RuntimeEndpoint, SubmitFailed
-from ._sandbox import SandboxRuntime, SessionCallError
-from ._start_queue import LiveSession, StartQueue
-from .config import DEFAULT_STOP_RATE, EngineConfig
+from .._flow import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
+from .._redact import get_logger
+from ..config import DEFAULT_STOP_RATE, EngineConfig
+from ..runtimes.agentcore_quotas import Limits, published
+from ..runtimes.base import SandboxRuntime, SessionCallError
+from .endpoints import Account, EndpointState, RuntimeEndpoint, SubmitFailed
+from .start_queue import LiveSession, StartQueue
 
 log = get_logger("agentcore_rollout.dispatcher")
 

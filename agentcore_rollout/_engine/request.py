@@ -21,16 +21,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from ._batch import RolloutOutcome, RolloutRequest, RolloutStart
-from ._buffer import Delivery, RolloutBuffer
-from ._cost import rollout_cost
-from ._dispatcher import LiveSession, RequestDispatcher, SubmitFailed
-from ._gateway_admin import GatewayError, GatewaySession
-from ._gateway_replicas import GatewayReplicas
-from ._redact import get_logger, redact
-from ._tracing import UNTRACED, RolloutSpans, tracer
-from .config import CostConfig, EngineConfig
-from .contract import (
+from .._batch import RolloutOutcome, RolloutRequest, RolloutStart
+from .._cost import rollout_cost
+from .._dispatch.dispatcher import LiveSession, RequestDispatcher, SubmitFailed
+from .._redact import get_logger, redact
+from .._results.buffer import Delivery, RolloutBuffer
+from ..config import CostConfig, EngineConfig
+from ..contract import (
     AGENT_ARTIFACTS_KEY,
     ARTIFACTS_KEY,
     CONTROL_KEY,
@@ -42,6 +39,9 @@ from .contract import (
     RolloutControl,
     RolloutResult,
 )
+from .gateway_admin import GatewayError, GatewaySession
+from .gateway_replicas import GatewayReplicas
+from .tracing import UNTRACED, RolloutSpans, tracer
 
 log = get_logger("agentcore_rollout.engine")
 

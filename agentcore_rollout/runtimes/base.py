@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ._redact import redact
+from .._redact import redact
 
 
 class SessionCallError(Exception):

@@ -26,11 +26,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .contract import TRACEPARENT_PATTERN
+from ..contract import TRACEPARENT_PATTERN
 
 if TYPE_CHECKING:
-    from ._batch import RolloutOutcome
-    from ._buffer import Delivery
+    from .._batch import RolloutOutcome
+    from .._results.buffer import Delivery
 
 TRACEPARENT = "traceparent"
 _TRACEPARENT = re.compile(TRACEPARENT_PATTERN)

@@ -20,10 +20,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from ._limits import backoff_delay
-from ._redact import get_logger
-from .config import EngineConfig
-from .contract import (
+from .._flow import backoff_delay
+from .._redact import get_logger
+from ..config import EngineConfig
+from ..contract import (
     ContractError,
     ObjectRef,
     ResultKey,

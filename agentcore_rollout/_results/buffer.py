@@ -20,14 +20,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._batch import StaleResult
-from ._inbox import Handled, Inbox, Transient
-from ._limits import backoff_delay
-from ._objects import ResultObjects
-from ._redact import get_logger
-from ._verify import checked_inline
-from .config import EngineConfig
-from .contract import (
+from .._batch import StaleResult
+from .._flow import backoff_delay
+from .._redact import get_logger
+from ..config import EngineConfig
+from ..contract import (
     INLINE_RESULT_MAX_BYTES,
     ContractError,
     ObjectRef,
@@ -37,6 +34,9 @@ from .contract import (
     parse_result_key,
     result_key,
 )
+from .inbox import Handled, Inbox, Transient
+from .objects import ResultObjects
+from .verify import checked_inline
 
 log = get_logger("agentcore_rollout.buffer")
 

@@ -21,7 +21,7 @@ from botocore.exceptions import (
     SSLError,
 )
 
-from ._sandbox import SessionCallError
+from .base import SessionCallError
 
 # AgentCore Runtime's published defaults and quotas: the one definition, for the config, the
 # emulator, the CLI's deploy and the infra parameters. Check your account's own.

@@ -8,7 +8,7 @@ Each failure is a `ContractError` whose `reason` the buffer counts.
 
 from __future__ import annotations
 
-from .contract import ContractError, ResultKey, RolloutResult, decode_result, verify_result
+from ..contract import ContractError, ResultKey, RolloutResult, decode_result, verify_result
 
 
 def checked_object(

@@ -25,11 +25,11 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ._limits import Gauge
-from ._runtime_endpoints import EARLY, Account, EndpointState, RuntimeEndpoint, SubmitFailed
-from ._sandbox import SessionCallError
-from .config import DispatchConfig
-from .contract import ENVIRONMENT_KEY
+from .._flow import Gauge
+from ..config import DispatchConfig
+from ..contract import ENVIRONMENT_KEY
+from ..runtimes.base import SessionCallError
+from .endpoints import EARLY, Account, EndpointState, RuntimeEndpoint, SubmitFailed
 
 _T = TypeVar("_T")
 

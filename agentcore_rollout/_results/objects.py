@@ -10,11 +10,11 @@ from typing import Any
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ._inbox import Transient
-from ._redact import get_logger
-from ._verify import checked_object
-from .config import EngineConfig
-from .contract import ContractError, RolloutResult
+from .._redact import get_logger
+from ..config import EngineConfig
+from ..contract import ContractError, RolloutResult
+from .inbox import Transient
+from .verify import checked_object
 
 log = get_logger("agentcore_rollout.buffer")
 

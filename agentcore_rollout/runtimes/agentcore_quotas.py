@@ -31,13 +31,13 @@ from urllib.parse import urlsplit
 
 from botocore.exceptions import ClientError
 
-from ._agentcore import (
+from ..config import DispatchConfig, EngineConfig, RuntimeTarget
+from .agentcore import (
     DATA_PLANE_TPS,
     NEW_SESSIONS_PER_SECOND,
     SERVICE_QUOTAS_CODE,
     active_sessions,
 )
-from .config import DispatchConfig, EngineConfig, RuntimeTarget
 
 SERVICE_QUOTAS = "Service Quotas"
 PUBLISHED = "published default"

@@ -18,9 +18,9 @@ import asyncio
 import time
 from typing import Any
 
-from ._gateway_admin import GatewayAdmin, GatewayError, GatewaySession, HeldSession
-from ._redact import get_logger
-from .config import GatewayReplica
+from .._redact import get_logger
+from ..config import GatewayReplica
+from .gateway_admin import GatewayAdmin, GatewayError, GatewaySession, HeldSession
 
 log = get_logger("agentcore_rollout.gateway")
 

@@ -14,19 +14,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from typing import Any
 
-from ._aws import AwsClients
-from ._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
-from ._buffer import RolloutBuffer
-from ._dispatcher import RequestDispatcher
-from ._gateway_replicas import GatewayReplicas
-from ._redact import get_logger
-from ._request import Job, RequestRunner
-from ._sandbox import SandboxRuntime
-from ._startup import account_limits, preflight, runtime_endpoints
-from ._stats import EngineStats
-from ._tracing import flush as flush_spans
-from .config import EngineConfig
-from .contract import (
+from .._aws import AwsClients
+from .._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
+from .._dispatch.dispatcher import RequestDispatcher
+from .._redact import get_logger
+from .._results.buffer import RolloutBuffer
+from .._stats import EngineStats
+from ..config import EngineConfig
+from ..contract import (
     ENVIRONMENT_KEY,
     VERIFIER_KEY,
     check_request,
@@ -35,6 +30,11 @@ from .contract import (
     signing_key,
     verifier_request_id,
 )
+from ..runtimes.base import SandboxRuntime
+from .gateway_replicas import GatewayReplicas
+from .request import Job, RequestRunner
+from .startup import account_limits, preflight, runtime_endpoints
+from .tracing import flush as flush_spans
 
 log = get_logger("agentcore_rollout.engine")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ._agentcore import AgentCoreRuntime
-from ._aws import AwsClients
-from ._dispatcher import RuntimeEndpoint
-from ._quotas import Limits, account_quotas, describe, published
-from ._redact import redact
-from ._sandbox import SandboxRuntime
-from .config import ConfigError, EngineConfig
-from .contract import listing_prefix
+from .._aws import AwsClients
+from .._dispatch.dispatcher import RuntimeEndpoint
+from .._redact import redact
+from ..config import ConfigError, EngineConfig
+from ..contract import listing_prefix
+from ..runtimes.agentcore import AgentCoreRuntime
+from ..runtimes.agentcore_quotas import Limits, account_quotas, describe, published
+from ..runtimes.base import SandboxRuntime
 
 
 async def preflight(clients: AwsClients, cfg: EngineConfig) -> None:
