@@ -1,15 +1,9 @@
-"""The two calls the dispatcher needs from a sandbox platform: start an invocation in a new
-session, and stop a session.
-
-AgentCore Runtime implements them with its data-plane API (`_agentcore`). Another platform (Modal,
-OpenYuanrong, a Kubernetes job runner) implements the same `SandboxRuntime` protocol and
-classifies its failures into `SessionCallError`s, and the dispatcher works unchanged:
-`RolloutEngine(config, runtime=MyRuntime())`.
-"""
+"""What the engine needs of a sandbox platform: start a rollout in a new session, stop a
+session, and say how fast and how many. docs/runtimes.md shows how to add one."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
 
 from .._redact import redact
 
@@ -43,9 +37,48 @@ class SessionCallError(Exception):
         self.maybe_started = maybe_started
 
 
-class SandboxRuntime(Protocol):
+@dataclass(frozen=True)
+class RuntimeLimits:
+    """What a runtime's sessions are held to. Runtimes that report the same `pool` share one
+    budget (AgentCore: an account in a region), so a second runtime there adds no rate."""
+
+    start_rate: float
+    """New sessions per second."""
+    call_rate: float
+    """Calls per second to sessions that exist: invocations and stops."""
+    max_live_sessions: int
+    """Sessions alive at once, in the whole pool."""
+    pool: str
+    """Who shares these limits; the start-up line and `EngineStats` name them by it."""
+    source: str = ""
+    """Where the figures come from, said in the start-up line."""
+
+
+class SandboxRuntime:
+    """One place sessions start. Subclass it and implement `limits`, `invoke` and `stop`; a
+    call that fails raises `SessionCallError`, whose flags say what the dispatcher does next.
+
+    `RolloutEngine(config, runtimes=[MyRuntime()])` then runs on it unchanged, and the
+    conformance suite (`tests/runtimes/conformance.py`) says whether it behaves as one.
+    """
+
+    name: str = "runtime"
+    """Unique among the engine's runtimes: stats and the run journal name sessions' places by it."""
+    environment: str | None = None
+    """The environment its image is (a Harbor task's): once any runtime names one, a request
+    starts only on runtimes of its payload's `environment`."""
+    max_live_sessions: int | None = None
+    """This runtime's own bound, within its pool's; None: only the pool's."""
+
+    async def limits(self) -> RuntimeLimits:
+        """Read once at the engine's start-up."""
+        raise NotImplementedError(f"{type(self).__name__}.limits")
+
     async def invoke(self, session_id: str, payload: bytes) -> None:
-        """Start the rollout in session `session_id`; return once the agent accepted it."""
+        """Send `payload` to session `session_id`, creating the session on its first call;
+        return once the agent accepted it (its result comes back through S3 and SQS)."""
+        raise NotImplementedError(f"{type(self).__name__}.invoke")
 
     async def stop(self, session_id: str) -> None:
-        """End the session and release what it holds. Unknown sessions are not an error."""
+        """End the session and release what it holds. An unknown session is not an error."""
+        raise NotImplementedError(f"{type(self).__name__}.stop")
