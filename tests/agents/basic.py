@@ -8,6 +8,7 @@ import hmac
 import json
 import math
 import secrets
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,8 @@ class _DiggingApp(RolloutApp):
 
 
 app = _DiggingApp()
+INSTANCE = uuid.uuid4().hex
+"""This process's: a rollout of mode `instance` returns it, so a test tells which agent ran it."""
 
 
 def expected_reward(payload: dict[str, Any]) -> float:
@@ -194,6 +197,8 @@ async def rollout(payload: dict[str, Any], ctx: RolloutContext) -> Any:
         return RolloutOutput(rewards=0.0, trajectory={"blob": "x" * payload["size"]})
     if mode == "big_by_hand":  # past the SDK, which would refuse it
         await _put(ctx, b" " * payload["size"])
+    if mode == "instance":
+        return RolloutOutput(rewards=0.0, trajectory={"instance": INSTANCE})
     if mode == "leak":
         echo = {"payload": payload, **LEAKS[payload["how"]](ctx)}
         return RolloutOutput(rewards=0.5, trajectory=echo)
