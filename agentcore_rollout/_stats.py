@@ -21,7 +21,7 @@ _GAUGES = frozenset(
         "peak_starts_in_flight",
         "max_live_sessions",
         "start_rate",
-        "account_limits",
+        "pool_limits",
         "runtime_down",
         "endpoints_down",
         "tracked_requests",
@@ -48,7 +48,7 @@ class EngineStats:
     start_rate: float = 0.0
     """The adaptive start rate now (sessions/s, all accounts); below the accounts' start rates
     after throttling."""
-    account_limits: dict[str, float] = field(default_factory=dict)
+    pool_limits: dict[str, float] = field(default_factory=dict)
     """What each account and region is held to, by `<account id>:<region>/<name>`:
     `start_rate`, `data_plane_tps`, `max_live_sessions` (`engine.dispatch`'s values, else the
     account's quotas; the start-up log line says where each came from)."""

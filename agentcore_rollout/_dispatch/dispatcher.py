@@ -1,10 +1,10 @@
 """RequestDispatcher: a rollout's sandbox session from its live-session slot to its stop.
 
-A request first takes a slot of the overall live bound (what the accounts hold together:
+A request first takes a slot of the overall live bound (what the pools hold together:
 `live_session`), then each attempt to start asks the start queue for an endpoint
-(`_start_queue`), within its account's budgets (`_runtime_endpoints`). Stops run behind the
+(`start_queue`), within its pool's budgets (`endpoints`). Stops run behind the
 outcome's hand-off at their own rate (`stop_rate`, a second of burst, each also taking its
-account's data-plane token), so a burst of results is stopped at once and a stop never holds
+pool's call token), so a burst of results is stopped at once and a stop never holds
 up an outcome; a slot frees only once its session is stopped. An endpoint in doubt with
 sessions living there is probed (a stop of a session that never existed), so it is declared
 down even when nothing else calls it, and the requests of its sessions learn it (`lost`).
@@ -20,15 +20,14 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from .._flow import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
 from .._redact import get_logger
 from ..config import DEFAULT_STOP_RATE, EngineConfig
-from ..runtimes.agentcore_quotas import Limits, published
-from ..runtimes.base import SandboxRuntime, SessionCallError
-from .endpoints import Account, EndpointState, RuntimeEndpoint, SubmitFailed
+from ..runtimes.base import RuntimeLimits, SandboxRuntime, SessionCallError
+from .endpoints import EndpointState, Pool, RuntimeEndpoint, SubmitFailed
 from .start_queue import LiveSession, StartQueue
 
 log = get_logger("agentcore_rollout.dispatcher")
@@ -50,15 +49,14 @@ class Started:
 
 class RequestDispatcher:
     """Starts and stops the sandbox sessions of rollouts within `engine.dispatch`'s bounds and
-    each account's `accounts` limits (an account not given: `engine.dispatch`, else the
-    published quotas), on `endpoints` (one bare runtime: the one endpoint)."""
+    each pool's limits (`pools`), on `endpoints` (one bare runtime: the one endpoint)."""
 
     def __init__(
         self,
         endpoints: SandboxRuntime | Sequence[RuntimeEndpoint],
         config: EngineConfig,
         *,
-        accounts: Mapping[str, Limits] | None = None,
+        pools: Mapping[str, RuntimeLimits] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._cfg = cfg = config.dispatch
@@ -67,16 +65,16 @@ class RequestDispatcher:
         if not endpoints:
             raise ValueError("RequestDispatcher needs at least one endpoint")
         self._rng = rng or random.Random()
-        self._accounts = {
-            a: Account((accounts or {}).get(a) or _published(a, config))
-            for a in dict.fromkeys(spec.account for spec in endpoints)
+        self._pools = {
+            a: Pool((pools or {}).get(a) or _assumed(a, config))
+            for a in dict.fromkeys(spec.pool for spec in endpoints)
         }
-        self._queue = StartQueue(endpoints, self._accounts, cfg)
+        self._queue = StartQueue(endpoints, self._pools, cfg)
         self._endpoints = self._queue.endpoints
         self.environment_of = self._queue.environment_of
         self.max_live = self._held_at_once()
         self._live_slots = OrderedSlots(self.max_live)
-        rates = sum(a.limits.start_rate for a in self._accounts.values())
+        rates = sum(a.limits.start_rate for a in self._pools.values())
         stops = cfg.stop_rate or max(rates, DEFAULT_STOP_RATE)
         self._stops = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
         self._stopping: set[asyncio.Task[None]] = set()
@@ -88,28 +86,28 @@ class RequestDispatcher:
         self.stop_errors: Counter[str] = Counter()
 
     def _held_at_once(self) -> int:
-        """What every account can hold at once: the slots a request takes before its gateway
+        """What every pool can hold at once: the slots a request takes before its gateway
         session is opened and its start waits for an endpoint."""
         return sum(
-            min(a.bound, sum(e.max_live for e in self._endpoints.values() if e.account is a))
-            for a in self._accounts.values()
+            min(a.bound, sum(e.max_live for e in self._endpoints.values() if e.pool is a))
+            for a in self._pools.values()
         )
 
     def stats(self) -> dict[str, Any]:
         """This dispatcher's share of `EngineStats`."""
-        endpoints, accounts = self._endpoints.values(), self._accounts.values()
+        endpoints, pools = self._endpoints.values(), self._pools.values()
         return {
             "live_sessions": self.live.value,
             "starts_in_flight": self.starting.value,
             "peak_live_sessions": self.live.peak,
             "peak_starts_in_flight": self.starting.peak,
             "max_live_sessions": self.max_live,
-            "start_rate": sum(a.starts.rate for a in accounts),
-            "rate_cuts": sum(a.starts.cuts for a in accounts),
-            "account_limits": {
-                f"{name or 'runtime'}/{key}": value
-                for name, a in self._accounts.items()
-                for key, value in asdict(a.limits).items()
+            "start_rate": sum(a.starts.rate for a in pools),
+            "rate_cuts": sum(a.starts.cuts for a in pools),
+            "pool_limits": {
+                f"{name or 'runtime'}/{key}": getattr(a.limits, key)
+                for name, a in self._pools.items()
+                for key in ("start_rate", "call_rate", "max_live_sessions")
             },
             "invokes": self.invokes,
             "stops": self.stops,
@@ -281,19 +279,19 @@ class RequestDispatcher:
         finally:
             self._queue.attempted(endpoint)
         endpoint.outage.answered()
-        endpoint.account.starts.on_success()
+        endpoint.pool.starts.on_success()
         endpoint.started += 1
         return Started(sent, payload_deadline, endpoint.name)
 
     async def invoke_again(self, session: LiveSession, payload: bytes) -> None:
         """A further invocation of the slot's session, where it started (on AgentCore the
-        same microVM): it takes the account's data-plane rate, never a new session's start.
+        same microVM): it takes the pool's call rate, never a new session's start.
         Retried like a start; giving up raises SubmitFailed."""
         endpoint = self._endpoints.get(session.endpoint or "")
         if endpoint is None or not session.maybe_started:
             raise SubmitFailed(f"session {session.session_id} is not running here")
         for attempt in range(self._cfg.max_retries + 1):
-            await endpoint.account.calls.acquire()
+            await endpoint.pool.calls.acquire()
             self.invokes += 1
             try:
                 return await endpoint.runtime.invoke(session.session_id, payload)
@@ -312,7 +310,7 @@ class RequestDispatcher:
             endpoint.outage.answered()
         if error.throttled:
             self.throttles += 1
-            endpoint.account.starts.on_throttle()
+            endpoint.pool.starts.on_throttle()
 
     async def _stop(self, session_id: str, endpoint: EndpointState) -> None:
         """Best effort, where the session started: a failed stop is counted and logged, never
@@ -320,7 +318,7 @@ class RequestDispatcher:
         attempt, not retries."""
         for attempt in range(self._cfg.max_retries + 1):
             await self._stops.acquire()
-            await endpoint.account.calls.acquire()
+            await endpoint.pool.calls.acquire()
             self.stops += 1
             try:
                 await endpoint.runtime.stop(session_id)
@@ -363,7 +361,7 @@ class RequestDispatcher:
             )
             if not endpoint.outage.in_doubt() or not endpoint.live.value:
                 return  # decided, or no session there waits to learn it
-            await endpoint.account.calls.acquire()
+            await endpoint.pool.calls.acquire()
             try:
                 await endpoint.runtime.stop(f"{PROBE_SESSION_PREFIX}{uuid.uuid4().hex}")
             except SessionCallError as e:
@@ -373,8 +371,8 @@ class RequestDispatcher:
             return
 
 
-def _published(account: str, config: EngineConfig) -> Limits:
-    """An account no quotas were read for (`<account id>:<region>`, or a bare runtime's):
-    `engine.dispatch`'s values, else the published quotas of its region (else the engine's)."""
-    region = account.partition(":")[2] or config.region
-    return Limits.of(published(region), config.dispatch)
+def _assumed(pool: str, config: EngineConfig) -> RuntimeLimits:
+    """A pool whose runtimes were not asked (a dispatcher built without limits, as in tests):
+    `engine.dispatch`'s values, else AgentCore's published rates and a bound of 1,000."""
+    d = config.dispatch
+    return RuntimeLimits(d.start_rate or 25.0, 1_000.0, d.max_live_sessions or 1_000, pool)
