@@ -259,6 +259,19 @@ class DispatchConfig(Section):
         "(AgentCore: its data-plane quota) with invokes. Below the start rate, stopped "
         "sessions would pile up in live slots",
     )
+    warm: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        default=None,
+        description="sessions started ahead of their requests (RolloutEngine.warm) at most at "
+        "once: a number, `auto` (up to the live bound) or None (off). Each idles until its "
+        "request comes, billed for its memory (docs/limits.md#warm-sessions)",
+    )
+    warm_max_idle: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds a warm session may wait for its request before it is stopped: "
+        "below the runtime's idle timeout, which would end it (AgentCore's: 15 minutes unless "
+        "set)",
+    )
     max_retries: int = Field(default=8, ge=0, description="retries of 429, 402, 409 and 5xx")
     backoff_base: float = Field(
         default=0.2, gt=0, description="seconds; full-jitter exponential back-off"

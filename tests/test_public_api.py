@@ -83,6 +83,7 @@ def test_engine_exposes_no_internals():
         "stream",
         "submit",
         "take_stale",
+        "warm",
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 import time
 import uuid
@@ -26,9 +27,11 @@ from typing import Any
 from .._flow import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
 from .._redact import get_logger
 from ..config import DEFAULT_STOP_RATE, EngineConfig
+from ..contract import WARM_UP_PAYLOAD, warm_session_id
 from ..runtimes.base import RuntimeLimits, SandboxRuntime, SessionCallError
 from .endpoints import EndpointState, Pool, RuntimeEndpoint, SubmitFailed
 from .start_queue import LiveSession, StartQueue
+from .warm import WarmPool
 
 log = get_logger("agentcore_rollout.dispatcher")
 
@@ -81,6 +84,10 @@ class RequestDispatcher:
         self.starting = self._queue.starting
         self.live = Gauge()
         self.invokes = self.stops = self.throttles = 0
+        self._warm = WarmPool()
+        self._warming: set[asyncio.Task[None]] = set()
+        self.warm_started = self.warm_used = self.warm_missed = self.warm_stopped = 0
+        self.warm_idle_seconds = 0.0
         self.retries: Counter[str] = Counter()
         self.invoke_errors: Counter[str] = Counter()
         self.stop_errors: Counter[str] = Counter()
@@ -116,6 +123,12 @@ class RequestDispatcher:
             "invoke_errors": self.invoke_errors,
             "stop_errors": self.stop_errors,
             "runtime_down": self._queue.all_down.is_set(),
+            "warm_started": self.warm_started,
+            "warm_used": self.warm_used,
+            "warm_missed": self.warm_missed,
+            "warm_stopped": self.warm_stopped,
+            "warm_parked": self._warm.parked(),
+            "warm_idle_seconds": self.warm_idle_seconds,
             "endpoints_down": sum(e.outage.declared.is_set() for e in endpoints),
             "starts_by_endpoint": {e.name: e.started for e in endpoints},
         }
@@ -135,26 +148,36 @@ class RequestDispatcher:
         once if no session may have started, else once the session is stopped where it started,
         which runs behind, at `stop_rate`, so the caller's outcome never waits for it and the live
         bounds bound every session alive, stopping ones included. It starts only on endpoints
-        of `environment` (`StartQueue.serving`)."""
-        await self._take_live_slot(start_deadline, priority, environment)
-        session = LiveSession(session_id, start_deadline, priority, environment=environment)
+        of `environment` (`StartQueue.serving`). A warm session of `environment`, when there is
+        one (`warm`), is the slot's instead, its id the session's."""
+        session = await self._warm.take(environment, start_deadline)
+        if session is None:
+            await self._take_live_slot(start_deadline, priority, environment)
+            session = LiveSession(session_id, start_deadline, priority, environment=environment)
         try:
             yield session
         finally:
-            endpoint = self._endpoints.get(session.endpoint or "")
-            if session.maybe_started and endpoint is not None:
-                # a task held until it ends, never collected mid-stop
-                stopping = asyncio.create_task(self._stop_and_release(session_id, endpoint))
-                self._stopping.add(stopping)
-                stopping.add_done_callback(self._stopping.discard)
-            else:
-                if session.maybe_started:
-                    log.warning(
-                        "session_id=%s not stopped: no endpoint %s", session_id, session.endpoint
-                    )
-                if endpoint is not None:
-                    self._queue.release_live(endpoint)
-                self._release_live_slot()
+            self._leave(session)
+
+    def _leave(self, session: LiveSession) -> None:
+        """Free the session's slot: at once if no session may have started, else once the
+        session is stopped where it started (behind, at `stop_rate`)."""
+        endpoint = self._endpoints.get(session.endpoint or "")
+        if session.maybe_started and endpoint is not None:
+            # a task held until it ends, never collected mid-stop
+            stopping = asyncio.create_task(self._stop_and_release(session.session_id, endpoint))
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
+        else:
+            if session.maybe_started:
+                log.warning(
+                    "session_id=%s not stopped: no endpoint %s",
+                    session.session_id,
+                    session.endpoint,
+                )
+            if endpoint is not None:
+                self._queue.release_live(endpoint)
+            self._release_live_slot()
 
     def adopt(self, session: LiveSession, endpoint: str) -> None:
         """The slot's session is an earlier engine's, started on `endpoint` and still running:
@@ -176,7 +199,12 @@ class RequestDispatcher:
         return endpoint.outage.declared if endpoint is not None else None
 
     async def aclose(self) -> None:
-        """Wait for the stops under way (never cancelled: each frees a session's quota)."""
+        """Stop the warm sessions nobody took, then wait for the stops under way (never
+        cancelled: each frees a session's quota)."""
+        for warming in list(self._warming):
+            warming.cancel()
+        await asyncio.gather(*self._warming, return_exceptions=True)
+        self.cool()
         await asyncio.gather(*self._stopping, return_exceptions=True)
         for endpoint in self._endpoints.values():
             if endpoint.probe is not None:
@@ -226,7 +254,9 @@ class RequestDispatcher:
         attempt's payload carries its own deadline, `min(now + timeout, deadline)`, taken once
         the start-rate token is ours: time queued to start never eats into the rollout's
         timeout. Giving up (retries spent, every endpoint it may go to down, the session's
-        `start_deadline` passed) raises SubmitFailed."""
+        `start_deadline` passed) raises SubmitFailed. A warm session's is one further call."""
+        if session.warm_since is not None:
+            return await self._start_warm(session, payload_for, timeout, deadline)
         error: SessionCallError | None = None
         for attempt in range(self._cfg.max_retries + 1):
             try:
@@ -287,20 +317,110 @@ class RequestDispatcher:
         """A further invocation of the slot's session, where it started (on AgentCore the
         same microVM): it takes the pool's call rate, never a new session's start.
         Retried like a start; giving up raises SubmitFailed."""
+        await self._call(session, lambda _: payload)
+
+    async def _call(
+        self, session: LiveSession, payload_for: Callable[[float], bytes]
+    ) -> tuple[float, Mapping[str, Any] | None]:
+        """Invoke the session where it runs, at the call rate; (when sent, the agent's reply)."""
         endpoint = self._endpoints.get(session.endpoint or "")
         if endpoint is None or not session.maybe_started:
             raise SubmitFailed(f"session {session.session_id} is not running here")
         for attempt in range(self._cfg.max_retries + 1):
             await endpoint.pool.calls.acquire()
             self.invokes += 1
+            sent = time.time()
             try:
-                return await endpoint.runtime.invoke(session.session_id, payload)
+                reply = await endpoint.runtime.invoke(session.session_id, payload_for(sent))
+                return sent, reply
             except SessionCallError as e:
                 self.invoke_errors[e.code] += 1
                 if not e.retryable or attempt == self._cfg.max_retries:
                     raise SubmitFailed(f"invoking its session again: {e}") from None
             delay = backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
             await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _start_warm(
+        self,
+        session: LiveSession,
+        payload_for: Callable[[float], bytes],
+        timeout: float,
+        deadline: float,
+    ) -> Started:
+        """The rollout's invocation on its warm session. A reply that does not say the session
+        was warm came from a session created anew (its warm one had ended): a cold start."""
+        assert session.warm_since is not None
+        sent, reply = await self._call(
+            session, lambda now: payload_for(min(now + timeout, deadline))
+        )
+        self.warm_used += 1
+        self.warm_idle_seconds += max(0.0, sent - session.warm_since)
+        if reply is not None and not reply.get("warm"):
+            self.warm_missed += 1
+        return Started(sent, min(sent + timeout, deadline), session.endpoint or "")
+
+    def warm(
+        self,
+        n: int,
+        exp_id: str,
+        *,
+        start_deadline: float,
+        environment: str | None = None,
+        priority: int = 0,
+    ) -> int:
+        """Start `n` sessions of `exp_id` for `environment` ahead of their requests, each with
+        the contract's warm-up invocation, behind every start of a lower `priority` and by
+        `start_deadline`; returns how many were scheduled: at most the live slots nobody holds
+        or warms."""
+        room = self.max_live - self.live.value - sum(self._warm.pending.values())
+        n = max(0, min(n, room))
+        for _ in range(n):
+            self._warm.pending[environment] += 1
+            task = asyncio.create_task(
+                self._warm_one(exp_id, start_deadline, environment, priority)
+            )
+            self._warming.add(task)
+            task.add_done_callback(self._warming.discard)
+        return n
+
+    async def _warm_one(
+        self, exp_id: str, start_deadline: float, environment: str | None, priority: int
+    ) -> None:
+        session: LiveSession | None = None
+        try:
+            await self._take_live_slot(start_deadline, priority, environment)
+            session = LiveSession(
+                warm_session_id(exp_id), start_deadline, priority, environment=environment
+            )
+            await self.start(
+                session, lambda _: WARM_UP_PAYLOAD, timeout=math.inf, deadline=math.inf
+            )
+        except BaseException as e:
+            self._warm.pending[environment] -= 1
+            self._warm.failed(environment)
+            if session is not None:
+                self._leave(session)
+            if not isinstance(e, SubmitFailed):
+                raise
+            log.warning("warming a session for %s failed: %s", environment or "any request", e)
+            return
+        self.warm_started += 1
+        self._warm.pending[environment] -= 1
+        self._warm.ready(session)
+
+    def warm_held(self) -> int:
+        """Warm sessions parked or under way."""
+        return self._warm.parked() + sum(self._warm.pending.values())
+
+    def cool(self, older_than: float | None = None) -> int:
+        """Stop parked warm sessions (warm since before `older_than`, unix seconds; None:
+        all): those their idle timeout is about to end, or that no request will take."""
+        sessions = self._warm.drain() if older_than is None else self._warm.expired(older_than)
+        for session in sessions:
+            self.warm_stopped += 1
+            self._leave(session)
+        return len(sessions)
 
     def _count_failed_start(self, endpoint: EndpointState, error: SessionCallError) -> None:
         self.invoke_errors[error.code] += 1

@@ -55,6 +55,9 @@ class LiveSession:
     environment: str | None = None
     """The environment its request needs: it starts only on endpoints of it, once any endpoint
     names one (`StartQueue.serving`)."""
+    warm_since: float | None = None
+    """A session started ahead of its request (`RequestDispatcher.warm`): when its warm-up was
+    answered (unix seconds); its rollout's invocation takes the call rate, not a start."""
 
 
 @dataclass(order=True)

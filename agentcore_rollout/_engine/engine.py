@@ -179,6 +179,28 @@ class RolloutEngine:
                 )
                 task.cancel()
 
+    def warm(self, n: int, *, environment: str | None = None) -> int:
+        """Start `n` sessions ahead of the requests the next step will submit (of
+        `environment`: a Harbor task's), so that those start at the call rate, not at the
+        new-session quota's pace: call it when the trainer begins its update. Each warm session
+        serves one rollout; one nobody takes is stopped after `engine.dispatch.warm_max_idle`
+        seconds, or at `aclose`. Returns how many were started, within `engine.dispatch.warm`
+        (off: none) and the live slots free."""
+        cap = self.config.dispatch.warm
+        if not cap or n <= 0:
+            return 0
+        if cap != "auto":
+            n = min(n, cap - self._dispatcher.warm_held())
+        self._dispatcher.cool(older_than=time.time() - self.config.dispatch.warm_max_idle)
+        queued = self.config.limits.queue_timeout
+        return self._dispatcher.warm(
+            n,
+            self.config.exp_id,
+            start_deadline=time.time() + (queued if queued is not None else math.inf),
+            environment=self._dispatcher.environment_of({ENVIRONMENT_KEY: environment}),
+            priority=self._step + 1,
+        )
+
     def stats(self) -> EngineStats:
         """A snapshot: sessions alive, starts in flight, retries, throttles, duplicates, ..."""
         return EngineStats(

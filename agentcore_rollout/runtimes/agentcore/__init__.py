@@ -125,7 +125,7 @@ class AgentCoreRuntime(SandboxRuntime):
             return limits_of(self.account, published(region, "no Service Quotas reader given"))
         return await self._quotas.limits(self.account, at_aws(self._client.meta.endpoint_url))
 
-    async def invoke(self, session_id: str, payload: bytes) -> None:
+    async def invoke(self, session_id: str, payload: bytes) -> dict[str, Any]:
         async with _as_session_call_error():
             reply = await self._client.invoke_agent_runtime(
                 agentRuntimeArn=self._arn,
@@ -137,7 +137,7 @@ class AgentCoreRuntime(SandboxRuntime):
             )
             async with reply["response"] as stream:
                 body = await stream.read()
-        _check_accepted(body)
+        return _accepted(body)
 
     async def stop(self, session_id: str) -> None:
         try:
@@ -164,8 +164,8 @@ async def _as_session_call_error() -> AsyncIterator[None]:
         raise SessionCallError(type(e).__name__, str(e), retryable=True, outage=True) from None
 
 
-def _check_accepted(body: bytes) -> None:
-    """RolloutApp answers `{"status": "accepted"}`; anything else means it did not start."""
+def _accepted(body: bytes) -> dict[str, Any]:
+    """RolloutApp answers `{"status": "accepted", ...}`; anything else means it did not start."""
     try:
         reply = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -173,6 +173,7 @@ def _check_accepted(body: bytes) -> None:
     if not isinstance(reply, dict) or reply.get("status") != "accepted":
         shown = body[:200].decode(errors="replace")
         raise SessionCallError("NotAccepted", f"agent did not accept: {shown}", retryable=False)
+    return reply
 
 
 async def agentcore_runtimes(clients: Any, config: EngineConfig) -> list[AgentCoreRuntime]:
