@@ -21,10 +21,11 @@ _GAUGES = frozenset(
         "peak_starts_in_flight",
         "max_live_sessions",
         "start_rate",
-        "account_limits",
+        "pool_limits",
         "runtime_down",
         "endpoints_down",
         "tracked_requests",
+        "warm_parked",
     }
 )
 
@@ -48,10 +49,10 @@ class EngineStats:
     start_rate: float = 0.0
     """The adaptive start rate now (sessions/s, all accounts); below the accounts' start rates
     after throttling."""
-    account_limits: dict[str, float] = field(default_factory=dict)
-    """What each account and region is held to, by `<account id>:<region>/<name>`:
-    `start_rate`, `data_plane_tps`, `max_live_sessions` (`engine.dispatch`'s values, else the
-    account's quotas; the start-up log line says where each came from)."""
+    pool_limits: dict[str, float] = field(default_factory=dict)
+    """What each pool of runtimes is held to, by `<pool>/<name>` (AgentCore's pools:
+    `<account id>:<region>`): `start_rate`, `call_rate`, `max_live_sessions` (`engine.dispatch`'s
+    values, else what its runtimes report; the start-up log line says where each came from)."""
     rate_cuts: int = 0
     runtime_down: bool = False
     """Every endpoint failed with outage errors for longer than the retry budget: starts fail
@@ -67,6 +68,17 @@ class EngineStats:
     """Invocations retried, by the error kind that caused the retry."""
     invoke_errors: dict[str, int] = field(default_factory=dict)
     stop_errors: dict[str, int] = field(default_factory=dict)
+    # warm sessions: started ahead of their requests (`RolloutEngine.warm`)
+    warm_started: int = 0
+    warm_used: int = 0
+    """Rollouts started on a warm session: one call, no new session."""
+    warm_missed: int = 0
+    """Of those, on a session its runtime created anew (the warm one had ended): cold."""
+    warm_stopped: int = 0
+    """Warm sessions no request took, stopped (idle past `warm_max_idle`, or at close)."""
+    warm_parked: int = 0
+    warm_idle_seconds: float = 0.0
+    """Seconds warm sessions waited for their rollouts, summed: billed (their memory)."""
     # buffer: notifications and result objects
     messages: int = 0
     downloads: int = 0

@@ -32,14 +32,6 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .contract import DEFAULT_MAX_RESULT_BYTES, ID_MAX, ID_PATTERN, LLMSettings, first_error
-from .runtimes.agentcore import (
-    DATA_PLANE_TPS,
-    GB_HOUR_USD,
-    NEW_SESSIONS_PER_SECOND,
-    SESSION_GB,
-    SESSION_VCPUS,
-    VCPU_HOUR_USD,
-)
 
 ENV_PREFIX = "AGENTCORE_ROLLOUT_"
 DEFAULT_STOP_RATE = 25.0  # StopRuntimeSession calls per second (see EngineConfig.stop_rate)
@@ -247,24 +239,38 @@ class DispatchConfig(Section):
     start_rate: float | None = Field(
         default=None,
         gt=0,
-        description="new sessions per second in each account and region, over all its "
-        f"endpoints; None: the account's quota (published: {NEW_SESSIONS_PER_SECOND}/s)",
+        description="new sessions per second in each pool of runtimes (AgentCore: an account "
+        "and region, over all its endpoints); None: what the runtimes report (AgentCore: the "
+        "account's quota)",
     )
     session_start_time: float = Field(default=2.0, gt=0, description="seconds a start may take")
     max_live_sessions: int | None = Field(
         default=None,
         ge=1,
-        description="sessions alive at once in each account and region: with one runtime, its "
-        "bound; None: the account's active-session quota (published: 5,000 in us-east-1 and "
-        "us-west-2, 2,500 elsewhere). Mind your inference capacity",
+        description="sessions alive at once in each pool of runtimes: with one runtime, its "
+        "bound; None: what the runtimes report (AgentCore: the account's active-session "
+        "quota). Mind your inference capacity",
     )
     stop_rate: float | None = Field(
         default=None,
         gt=0,
         description="StopRuntimeSession calls per second, with a second of burst; None: the "
-        "larger of the accounts' start rates summed and 25. Stops share each account's "
-        f"data-plane quota (published: {DATA_PLANE_TPS:,}/s) with invokes. Below the start "
-        "rate, stopped sessions would pile up in live slots",
+        "larger of the pools' start rates summed and 25. Stops share each pool's call rate "
+        "(AgentCore: its data-plane quota) with invokes. Below the start rate, stopped "
+        "sessions would pile up in live slots",
+    )
+    warm: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        default=None,
+        description="sessions started ahead of their requests (RolloutEngine.warm) at most at "
+        "once: a number, `auto` (up to the live bound) or None (off). Each idles until its "
+        "request comes, billed for its memory (docs/limits.md#warm-sessions)",
+    )
+    warm_max_idle: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds a warm session may wait for its request before it is stopped: "
+        "below the runtime's idle timeout, which would end it (AgentCore's: 15 minutes unless "
+        "set)",
     )
     max_retries: int = Field(default=8, ge=0, description="retries of 429, 402, 409 and 5xx")
     backoff_base: float = Field(
@@ -327,13 +333,16 @@ class CostConfig(Section):
     an upper bound: set what your agent uses. Token prices default to 0 (a self-hosted policy,
     paid for by its GPUs, not per token); set them for a policy billed per token."""
 
-    vcpu_hour_usd: float = Field(default=VCPU_HOUR_USD, ge=0, description="AgentCore's, us-east-1")
-    gb_hour_usd: float = Field(default=GB_HOUR_USD, ge=0, description="AgentCore's, us-east-1")
+    # AgentCore Runtime's published prices (us-east-1; check your region's): per second (1 s
+    # minimum), the vCPUs a session actively uses and the peak GB it holds; a session's
+    # microVM (2 vCPU, 8 GB) is at most what it is billed for.
+    vcpu_hour_usd: float = Field(default=0.0895, ge=0, description="AgentCore's, us-east-1")
+    gb_hour_usd: float = Field(default=0.00945, ge=0, description="AgentCore's, us-east-1")
     session_vcpus: float = Field(
-        default=SESSION_VCPUS, ge=0, description="vCPUs a session is billed for, on average"
+        default=2.0, ge=0, description="vCPUs a session is billed for, on average"
     )
     session_gb: float = Field(
-        default=SESSION_GB, ge=0, description="GB of memory a session is billed for (its peak)"
+        default=8.0, ge=0, description="GB of memory a session is billed for (its peak)"
     )
     prompt_usd_per_mtok: float = Field(default=0.0, ge=0, description="per million prompt tokens")
     completion_usd_per_mtok: float = Field(
@@ -415,9 +424,10 @@ class EngineConfig(Section):
             return list(self.runtimes)
         return [RuntimeTarget(arn=self.runtime_arn, qualifier=self.qualifier)]
 
-    def require_targets(self) -> None:
-        """Raise ConfigError naming the first of bucket/queue_url/runtime_arn left unset."""
-        for name in ("bucket", "queue_url", "runtime_arn"):
+    def require_targets(self, *, runtime_arn: bool = True) -> None:
+        """Raise ConfigError naming the first of bucket/queue_url/runtime_arn left unset (the
+        runtime only where the engine was given none)."""
+        for name in ("bucket", "queue_url", "runtime_arn")[: 3 if runtime_arn else 2]:
             unset = not self.all_runtimes if name == "runtime_arn" else not getattr(self, name)
             if unset:
                 env = f"{ENV_PREFIX}{name.upper()}"

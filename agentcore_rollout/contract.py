@@ -39,6 +39,11 @@ ARTIFACTS_KEY = "artifacts"
 `{"key", "sha256", "bytes"}`, at `artifacts_key` of its result key."""
 DEFAULT_MAX_RESULT_BYTES = 8 * 1024 * 1024
 SESSION_ID_MIN, SESSION_ID_MAX = 33, 256  # AgentCore's runtimeSessionId rule
+WARM_KEY = "_warm"
+"""A payload of only this key starts a session and nothing else: the agent answers at once
+(`{"status": "accepted", "warm": true}`), and a later invocation of the same session runs the
+rollout, its reply saying `"warm": true` too while the session is the one warmed."""
+WARM_UP_PAYLOAD = json.dumps({WARM_KEY: {"v": SCHEMA_VERSION}}).encode()
 _ID_CHARS = r"[A-Za-z0-9._-]+"
 ID_PATTERN, ID_MAX = rf"^{_ID_CHARS}$", 128  # exp_id and request_id: safe in a key and a URL
 MAX_DEPTH = 64
@@ -202,6 +207,16 @@ def session_id(exp_id: str, step: int, request_id: str) -> str:
     minimum length."""
     sid = f"{exp_id}-{step}-{request_id}"[-SESSION_ID_MAX:]
     return sid if len(sid) >= SESSION_ID_MIN else f"{sid}-".ljust(SESSION_ID_MIN, "0")
+
+
+def warm_session_id(exp_id: str) -> str:
+    """A session started ahead of its request (`WARM_KEY`): unique, readable as warm."""
+    return f"{exp_id}-warm-{secrets.token_hex(16)}"[-SESSION_ID_MAX:]
+
+
+def is_warm_up(payload: Any) -> bool:
+    """The payload only warms its session up (`WARM_KEY`)."""
+    return isinstance(payload, dict) and WARM_KEY in payload and CONTROL_KEY not in payload
 
 
 def new_run_secret() -> str:

@@ -43,7 +43,10 @@ from dataclasses import asdict  # noqa: E402
 from agentcore_rollout import RolloutBatch, RolloutEngine, RolloutRequest  # noqa: E402
 from agentcore_rollout.local.config import LocalConfig  # noqa: E402
 from agentcore_rollout.local.stack import LOCAL_RUNTIME_ARN, LocalStack  # noqa: E402
-from agentcore_rollout.runtimes.agentcore import NEW_SESSIONS_PER_SECOND, active_sessions  # noqa: E402
+from agentcore_rollout.runtimes.agentcore.published import (  # noqa: E402
+    NEW_SESSIONS_PER_SECOND,
+    active_sessions,
+)
 from agentcore_rollout.serving.process import ServiceProcess  # noqa: E402
 
 APP = "tests.agents.basic:app"
@@ -115,7 +118,7 @@ def _achieved(batch: RolloutBatch) -> tuple[float, list[float]]:
 async def run(n: int, rate: float | None, mode: str) -> dict:
     batch, wall = await _batch(mode, n, rate)
     achieved, starts = _achieved(batch)
-    in_force = rate or batch.stats.account_limits["000000000000:us-east-1/start_rate"]
+    in_force = rate or batch.stats.pool_limits["000000000000:us-east-1/start_rate"]
     ok = batch.ok
     handoff = [o.delivered_at - o.result.timings.finished for o in ok]
     to_caller = [o.finished_at - o.result.timings.finished for o in ok]
@@ -162,7 +165,7 @@ async def run_spread(spread: str, n: int, mode: str) -> dict:
             name.split(":")[4] + "#" + name.rsplit("#", 1)[-1]: count
             for name, count in batch.stats.starts_by_endpoint.items()
         },
-        "account_limits": batch.stats.account_limits,
+        "pool_limits": batch.stats.pool_limits,
         "mode": mode,
         "_series": {"starts": starts},
     }

@@ -31,15 +31,19 @@ from agentcore_rollout.local.moto import (  # noqa: E402
     MotoServer,
     provision_results_channel,
 )
+from agentcore_rollout.runtimes.base import RuntimeLimits, SandboxRuntime  # noqa: E402
 
 CHECKPOINTS = (10_000, 50_000, 100_000)
 
 
-class FastRuntime:
+class FastRuntime(SandboxRuntime):
     """A `SandboxRuntime` whose agent answers at once: one signed result per invocation."""
 
     def __init__(self) -> None:
         self.writer = ResultWriter()
+
+    async def limits(self) -> RuntimeLimits:
+        return RuntimeLimits(2000.0, 4000.0, 256, pool="fast", source="bench/memory.py")
 
     async def invoke(self, session_id: str, payload: bytes) -> None:
         user, control = split_payload(json.loads(payload))
@@ -80,7 +84,6 @@ async def run(total: int, per_step: int) -> dict:
             bucket=channel.bucket,
             prefix=channel.prefix,
             queue_url=channel.queue_url,
-            runtime_arn="arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/fast-0000",
             service_urls={"s3": moto.url, "sqs": moto.url},
             dispatch={"start_rate": 2000.0, "max_live_sessions": 256},
             results={"wait_time": 1},
@@ -88,7 +91,7 @@ async def run(total: int, per_step: int) -> dict:
         runtime = FastRuntime()
         series: list[tuple[int, float]] = [(0, rss_mb())]
         done, began, counts = 0, time.monotonic(), {"ok": 0}
-        async with RolloutEngine(cfg, runtime=runtime) as engine:
+        async with RolloutEngine(cfg, runtimes=[runtime]) as engine:
             for step in range(-(-total // per_step)):
                 engine.set_step(step)
                 n = min(per_step, total - done)

@@ -19,7 +19,7 @@ from agentcore_rollout.local.moto import (
     provision_results_channel,
 )
 from agentcore_rollout.local.runtime import EmulatorConfig, RuntimeEmulator
-from agentcore_rollout.runtimes.agentcore import active_sessions
+from agentcore_rollout.runtimes.agentcore.published import active_sessions
 
 from .factories import flat_config
 

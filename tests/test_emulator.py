@@ -55,14 +55,14 @@ async def test_invoke_reply_headers_and_errors(client, channel):
     resp = await c.invoke_agent_runtime(
         agentRuntimeArn=RUNTIME_ARN,
         runtimeSessionId=sid,
-        payload=_payload(channel, "r1", sid, time.time() + 30),
+        payload=_payload(channel, "r1", sid, time.time() + 30, mode="hang"),  # alive until stopped
     )
     assert resp["runtimeSessionId"] == sid
     assert json.loads(await resp["response"].read()) == {"status": "accepted", "request_id": "r1"}
     again = await c.invoke_agent_runtime(
         agentRuntimeArn=RUNTIME_ARN,
         runtimeSessionId=sid,
-        payload=_payload(channel, "r1", sid, time.time() + 30),
+        payload=_payload(channel, "r1", sid, time.time() + 30, mode="hang"),
     )
     assert json.loads(await again["response"].read())["duplicate"] is True  # a retried invoke
     with pytest.raises(ClientError) as bad:

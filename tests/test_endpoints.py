@@ -96,9 +96,9 @@ async def test_an_accounts_endpoints_share_its_start_rate_another_account_double
     most, one_rate = _per_second([t for t, _, _ in emu.sessions.created])
     assert most <= 5 + 1  # the account's second, and the engine's one token of burst
     assert one_rate <= 5 * 1.05, one_rate
-    assert one.stats.account_limits == {
+    assert one.stats.pool_limits == {
         "123456789012:us-east-1/start_rate": 5.0,
-        "123456789012:us-east-1/data_plane_tps": 1000.0,
+        "123456789012:us-east-1/call_rate": 1000.0,
         "123456789012:us-east-1/max_live_sessions": 64.0,
     }
     assert sum(one.stats.starts_by_endpoint.values()) == 30
@@ -120,7 +120,7 @@ async def test_stops_share_the_data_plane_rate_with_invokes(moto, channel, emula
         runtime_arns=(ARNS[0],), qualifiers=("DEFAULT", "endpoint_2"), data_plane_tps=10
     )
     batch = await _spread(moto, channel, emu, [ARNS[0]], 30)
-    assert batch.stats.account_limits["123456789012:us-east-1/data_plane_tps"] == 10.0
+    assert batch.stats.pool_limits["123456789012:us-east-1/call_rate"] == 10.0
     assert emu.counts["invoke"] == emu.counts["stop"] == 30
 
 
@@ -232,7 +232,7 @@ def _dispatcher(*runtimes: FakeRuntime, accounts: tuple[str, ...] = (), **cfg) -
     base = {"bucket": "bkt", "queue_url": "q", "runtime_arn": RUNTIME_ARN, "start_rate": 1000.0}
     config = flat_config(**(base | {"backoff_base": 0.01, "backoff_max": 0.05} | cfg))
     endpoints = [
-        RuntimeEndpoint(f"e{i}", r, account=accounts[i] if accounts else "")
+        RuntimeEndpoint(f"e{i}", r, pool=accounts[i] if accounts else "")
         for i, r in enumerate(runtimes)
     ]
     return RequestDispatcher(endpoints, config)

@@ -122,7 +122,7 @@ async def test_runtime_killed_fails_the_rest_fast_with_the_cause(moto, channel):
                     await clients.agentcore_in(cfg.region, cfg.service_urls.agentcore), RUNTIME_ARN
                 )
             )
-            async with RolloutEngine(cfg, runtime=runtime) as engine:
+            async with RolloutEngine(cfg, runtimes=[runtime]) as engine:
                 outcomes, killed_at = await _collect(engine.stream(requests), 4, kill)
                 ended_at = time.monotonic()
                 stats = engine.stats()
@@ -145,11 +145,13 @@ async def test_runtime_killed_fails_the_rest_fast_with_the_cause(moto, channel):
     assert set(runtime.stopped) <= set(runtime.invoked) and len(runtime.invoked) < len(requests)
 
 
-class _Recording:
+class _Recording(SandboxRuntime):
     """A `SandboxRuntime` that notes, per session, how its calls ended."""
 
     def __init__(self, runtime: SandboxRuntime) -> None:
         self._runtime = runtime
+        self.name = runtime.name
+        self.limits = runtime.limits
         self.invoked: dict[str, set[str]] = {}  # session -> error codes ("" for accepted)
         self.stopped: list[str] = []  # sessions, not the dispatcher's probes of an endpoint
 

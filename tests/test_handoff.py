@@ -14,6 +14,7 @@ from agentcore_rollout._aws import AwsClients
 from agentcore_rollout.gateway import Gateway, GatewayAdmin, SGLangBackend
 from agentcore_rollout.local.policy import CharRenderer
 from agentcore_rollout.runtimes.agentcore import AgentCoreRuntime
+from agentcore_rollout.runtimes.base import SandboxRuntime
 
 from .agents.basic import expected_reward
 from .conftest import RUNTIME_ARN, engine_config
@@ -21,11 +22,13 @@ from .conftest import RUNTIME_ARN, engine_config
 pytestmark = pytest.mark.component
 
 
-class _HeldStops:
+class _HeldStops(SandboxRuntime):
     """The real AgentCore client, with every stop held until the test lets stops through."""
 
     def __init__(self, runtime: AgentCoreRuntime) -> None:
         self._runtime = runtime
+        self.name = runtime.name
+        self.limits = runtime.limits
         self.release = asyncio.Event()
         self.stops_asked: list[str] = []
 
@@ -50,7 +53,7 @@ async def test_outcome_is_handed_over_before_the_stop_and_the_slot_waits_for_it(
                 await clients.agentcore_in(cfg.region, cfg.service_urls.agentcore), RUNTIME_ARN
             )
         )
-        async with RolloutEngine(cfg, runtime=runtime) as engine:
+        async with RolloutEngine(cfg, runtimes=[runtime]) as engine:
             handles = [engine.submit(r) for r in requests]
             async with asyncio.timeout(20):  # an engine that stops first would wait forever
                 first = [await h for h in handles[:2]]

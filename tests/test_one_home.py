@@ -39,7 +39,7 @@ def _hits(pattern: str, *, allowed: set[str], paths: list[Path] = SOURCES) -> li
         (
             "AgentCore's session defaults",
             r"(?i)(idle|lifetime).*\b(900|28_?800|8 \* 3600)\b",
-            "agentcore_rollout/runtimes/agentcore.py",
+            "agentcore_rollout/runtimes/agentcore/published.py",
         ),
         ("the signing-key derivation", r"hmac\.new\(", "agentcore_rollout/contract.py"),
         ("the random run secret", r"token_hex\(", "agentcore_rollout/contract.py"),

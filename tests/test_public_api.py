@@ -83,6 +83,7 @@ def test_engine_exposes_no_internals():
         "stream",
         "submit",
         "take_stale",
+        "warm",
     }
 
 
@@ -118,7 +119,9 @@ def test_cli_imports_only_the_public_api():
     allowed |= {".config", ".local.config"}
     allowed |= {".local.containers"}  # `local build`: the agent's image
     allowed |= {".integrations.verl.switch"}  # `verl`: veRL's main_ppo, the switch translated
-    allowed |= {".runtimes.agentcore"}  # `deploy`'s defaults: AgentCore's published ones, once
+    allowed |= {
+        ".runtimes.agentcore.published"
+    }  # `deploy`'s defaults: AgentCore's published ones, once
     allowed |= {".harbor.tasks", ".harbor.agents", ".harbor.images"}  # Harbor tasks, their images
     assert imported <= allowed, imported
     assert not any(re.search(r"\._(dispatcher|buffer|stats|batch)\b", text) for text in texts)

@@ -10,12 +10,13 @@ import logging
 import pytest
 
 from agentcore_rollout import RolloutEngine, RolloutRequest
+from agentcore_rollout._engine.startup import describe
 from agentcore_rollout.config import DispatchConfig
-from agentcore_rollout.runtimes.agentcore_quotas import (
+from agentcore_rollout.runtimes.agentcore.quotas import (
     AccountQuotas,
     Quota,
     _by_account,
-    describe,
+    limits_of,
     published,
 )
 
@@ -23,7 +24,7 @@ from .conftest import RUNTIME_ARN, engine_config
 
 pytestmark = pytest.mark.component
 
-WHERE = "us-east-1/123456789012"
+WHERE = "123456789012:us-east-1"
 OTHER_ACCOUNT = RUNTIME_ARN.replace("123456789012", "210987654321")
 
 
@@ -36,7 +37,7 @@ async def _started(moto, channel, emu, caplog, **overrides) -> tuple[str, dict[s
     with caplog.at_level(logging.INFO, logger="agentcore_rollout.engine"):
         async with RolloutEngine(cfg) as engine:
             batch = await engine.rollout([RolloutRequest({"a": 1, "b": 2}, input_id="q")])
-            limits = engine.stats().account_limits
+            limits = engine.stats().pool_limits
     assert batch.counts["ok"] == 1
     (line,) = [r.getMessage() for r in caplog.records if "quotas in force" in r.getMessage()]
     return line, limits
@@ -48,12 +49,12 @@ async def test_the_accounts_quotas_from_service_quotas_are_in_force_and_named(
     emu = await emulator(new_sessions_per_second=40, data_plane_tps=300, max_sessions=30)
     line, limits = await _started(moto, channel, emu, caplog)
     assert line == (
-        f"quotas in force: {WHERE}: 40 new sessions/s, 300 data-plane calls/s, 30 live sessions "
+        f"quotas in force: {WHERE}: 40 new sessions/s, 300 calls/s, 30 live sessions "
         "(Service Quotas)"
     )
     assert limits == {
         "123456789012:us-east-1/start_rate": 40.0,
-        "123456789012:us-east-1/data_plane_tps": 300.0,
+        "123456789012:us-east-1/call_rate": 300.0,
         "123456789012:us-east-1/max_live_sessions": 30.0,
     }
     assert emu.counts["ListServiceQuotas"] == 1
@@ -65,9 +66,9 @@ async def test_a_configured_value_is_used_and_the_quota_named_beside_it(
     emu = await emulator(new_sessions_per_second=None, max_sessions=30)  # a rate not listed
     line, limits = await _started(moto, channel, emu, caplog, max_live_sessions=8)
     assert line == (
-        f"quotas in force: {WHERE}: 25 new sessions/s (published default (not listed by Service "
-        "Quotas)), 1000 data-plane calls/s (Service Quotas), 8 live sessions "
-        "(engine.dispatch.max_live_sessions; the quota: 30, Service Quotas)"
+        f"quotas in force: {WHERE}: 25 new sessions/s, 1000 calls/s, 8 live sessions "
+        "(engine.dispatch.max_live_sessions; reported: 30) (new sessions/s: published default "
+        "(not listed by Service Quotas); calls/s: Service Quotas; live sessions: Service Quotas)"
     )
     assert limits["123456789012:us-east-1/max_live_sessions"] == 8.0
 
@@ -83,7 +84,7 @@ async def test_no_permission_or_no_answer_leaves_the_published_defaults_named_as
     unreachable = {"service_urls": urls} if why == "EndpointConnectionError" else {}
     line, limits = await _started(moto, channel, emu, caplog, **unreachable)
     assert line == (
-        f"quotas in force: {WHERE}: 25 new sessions/s, 1000 data-plane calls/s, 5000 live "
+        f"quotas in force: {WHERE}: 25 new sessions/s, 1000 calls/s, 5000 live "
         f"sessions (published default (Service Quotas: {why}))"
     )
     assert limits["123456789012:us-east-1/start_rate"] == 25.0
@@ -95,11 +96,9 @@ async def test_other_accounts_and_agentcore_at_its_own_url_get_the_published_def
     emu = await emulator(runtime_arns=(RUNTIME_ARN, OTHER_ACCOUNT), new_sessions_per_second=40)
     runtimes = [{"arn": RUNTIME_ARN}, {"arn": OTHER_ACCOUNT}]
     line, limits = await _started(moto, channel, emu, caplog, runtime_arn=None, runtimes=runtimes)
-    assert (
-        f"{WHERE}: 40 new sessions/s, 1000 data-plane calls/s, 5000 live sessions (Service " in line
-    )
+    assert f"{WHERE}: 40 new sessions/s, 1000 calls/s, 5000 live sessions (Service " in line
     assert line.endswith(
-        "us-east-1/210987654321: 25 new sessions/s, 1000 data-plane calls/s, 5000 live sessions "
+        "210987654321:us-east-1: 25 new sessions/s, 1000 calls/s, 5000 live sessions "
         "(published default (Service Quotas answers for account 123456789012))"
     )
     assert limits["210987654321:us-east-1/start_rate"] == 25.0
@@ -138,14 +137,13 @@ def test_quotas_are_matched_by_name_leniently_and_rates_read_per_second():
 
 def test_the_start_up_line_says_each_value_and_its_source():
     assert published("eu-west-1").active_sessions.value == 2500  # 5,000 only in two regions
-    quotas = {
-        "123456789012:us-west-2": AccountQuotas(
-            Quota(50, "Service Quotas"), Quota(1000, "published default"), Quota(5000, "x")
-        )
-    }
-    said = describe(quotas, DispatchConfig(start_rate=5))
+    account = "123456789012:us-west-2"
+    quotas = AccountQuotas(
+        Quota(50, "Service Quotas"), Quota(1000, "published default"), Quota(5000, "x")
+    )
+    said = describe({account: limits_of(account, quotas)}, DispatchConfig(start_rate=5))
     assert said == (
-        "quotas in force: us-west-2/123456789012: 5 new sessions/s (engine.dispatch.start_rate; "
-        "the quota: 50, Service Quotas), 1000 data-plane calls/s (published default), "
-        "5000 live sessions (x)"
+        "quotas in force: 123456789012:us-west-2: 5 new sessions/s (engine.dispatch.start_rate; "
+        "reported: 50), 1000 calls/s, 5000 live sessions (new sessions/s: Service Quotas; "
+        "calls/s: published default; live sessions: x)"
     )

@@ -1,10 +1,10 @@
 """RequestDispatcher: a rollout's sandbox session from its live-session slot to its stop.
 
-A request first takes a slot of the overall live bound (what the accounts hold together:
+A request first takes a slot of the overall live bound (what the pools hold together:
 `live_session`), then each attempt to start asks the start queue for an endpoint
-(`_start_queue`), within its account's budgets (`_runtime_endpoints`). Stops run behind the
+(`start_queue`), within its pool's budgets (`endpoints`). Stops run behind the
 outcome's hand-off at their own rate (`stop_rate`, a second of burst, each also taking its
-account's data-plane token), so a burst of results is stopped at once and a stop never holds
+pool's call token), so a burst of results is stopped at once and a stop never holds
 up an outcome; a slot frees only once its session is stopped. An endpoint in doubt with
 sessions living there is probed (a stop of a session that never existed), so it is declared
 down even when nothing else calls it, and the requests of its sessions learn it (`lost`).
@@ -14,22 +14,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from .._flow import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
 from .._redact import get_logger
 from ..config import DEFAULT_STOP_RATE, EngineConfig
-from ..runtimes.agentcore_quotas import Limits, published
-from ..runtimes.base import SandboxRuntime, SessionCallError
-from .endpoints import Account, EndpointState, RuntimeEndpoint, SubmitFailed
+from ..contract import WARM_UP_PAYLOAD, warm_session_id
+from ..runtimes.base import RuntimeLimits, SandboxRuntime, SessionCallError
+from .endpoints import EndpointState, Pool, RuntimeEndpoint, SubmitFailed
 from .start_queue import LiveSession, StartQueue
+from .warm import WarmPool
 
 log = get_logger("agentcore_rollout.dispatcher")
 
@@ -50,15 +52,14 @@ class Started:
 
 class RequestDispatcher:
     """Starts and stops the sandbox sessions of rollouts within `engine.dispatch`'s bounds and
-    each account's `accounts` limits (an account not given: `engine.dispatch`, else the
-    published quotas), on `endpoints` (one bare runtime: the one endpoint)."""
+    each pool's limits (`pools`), on `endpoints` (one bare runtime: the one endpoint)."""
 
     def __init__(
         self,
         endpoints: SandboxRuntime | Sequence[RuntimeEndpoint],
         config: EngineConfig,
         *,
-        accounts: Mapping[str, Limits] | None = None,
+        pools: Mapping[str, RuntimeLimits] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._cfg = cfg = config.dispatch
@@ -67,49 +68,53 @@ class RequestDispatcher:
         if not endpoints:
             raise ValueError("RequestDispatcher needs at least one endpoint")
         self._rng = rng or random.Random()
-        self._accounts = {
-            a: Account((accounts or {}).get(a) or _published(a, config))
-            for a in dict.fromkeys(spec.account for spec in endpoints)
+        self._pools = {
+            a: Pool((pools or {}).get(a) or _assumed(a, config))
+            for a in dict.fromkeys(spec.pool for spec in endpoints)
         }
-        self._queue = StartQueue(endpoints, self._accounts, cfg)
+        self._queue = StartQueue(endpoints, self._pools, cfg)
         self._endpoints = self._queue.endpoints
         self.environment_of = self._queue.environment_of
         self.max_live = self._held_at_once()
         self._live_slots = OrderedSlots(self.max_live)
-        rates = sum(a.limits.start_rate for a in self._accounts.values())
+        rates = sum(a.limits.start_rate for a in self._pools.values())
         stops = cfg.stop_rate or max(rates, DEFAULT_STOP_RATE)
         self._stops = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
         self._stopping: set[asyncio.Task[None]] = set()
         self.starting = self._queue.starting
         self.live = Gauge()
         self.invokes = self.stops = self.throttles = 0
+        self._warm = WarmPool()
+        self._warming: set[asyncio.Task[None]] = set()
+        self.warm_started = self.warm_used = self.warm_missed = self.warm_stopped = 0
+        self.warm_idle_seconds = 0.0
         self.retries: Counter[str] = Counter()
         self.invoke_errors: Counter[str] = Counter()
         self.stop_errors: Counter[str] = Counter()
 
     def _held_at_once(self) -> int:
-        """What every account can hold at once: the slots a request takes before its gateway
+        """What every pool can hold at once: the slots a request takes before its gateway
         session is opened and its start waits for an endpoint."""
         return sum(
-            min(a.bound, sum(e.max_live for e in self._endpoints.values() if e.account is a))
-            for a in self._accounts.values()
+            min(a.bound, sum(e.max_live for e in self._endpoints.values() if e.pool is a))
+            for a in self._pools.values()
         )
 
     def stats(self) -> dict[str, Any]:
         """This dispatcher's share of `EngineStats`."""
-        endpoints, accounts = self._endpoints.values(), self._accounts.values()
+        endpoints, pools = self._endpoints.values(), self._pools.values()
         return {
             "live_sessions": self.live.value,
             "starts_in_flight": self.starting.value,
             "peak_live_sessions": self.live.peak,
             "peak_starts_in_flight": self.starting.peak,
             "max_live_sessions": self.max_live,
-            "start_rate": sum(a.starts.rate for a in accounts),
-            "rate_cuts": sum(a.starts.cuts for a in accounts),
-            "account_limits": {
-                f"{name or 'runtime'}/{key}": value
-                for name, a in self._accounts.items()
-                for key, value in asdict(a.limits).items()
+            "start_rate": sum(a.starts.rate for a in pools),
+            "rate_cuts": sum(a.starts.cuts for a in pools),
+            "pool_limits": {
+                f"{name or 'runtime'}/{key}": getattr(a.limits, key)
+                for name, a in self._pools.items()
+                for key in ("start_rate", "call_rate", "max_live_sessions")
             },
             "invokes": self.invokes,
             "stops": self.stops,
@@ -118,6 +123,12 @@ class RequestDispatcher:
             "invoke_errors": self.invoke_errors,
             "stop_errors": self.stop_errors,
             "runtime_down": self._queue.all_down.is_set(),
+            "warm_started": self.warm_started,
+            "warm_used": self.warm_used,
+            "warm_missed": self.warm_missed,
+            "warm_stopped": self.warm_stopped,
+            "warm_parked": self._warm.parked(),
+            "warm_idle_seconds": self.warm_idle_seconds,
             "endpoints_down": sum(e.outage.declared.is_set() for e in endpoints),
             "starts_by_endpoint": {e.name: e.started for e in endpoints},
         }
@@ -137,26 +148,36 @@ class RequestDispatcher:
         once if no session may have started, else once the session is stopped where it started,
         which runs behind, at `stop_rate`, so the caller's outcome never waits for it and the live
         bounds bound every session alive, stopping ones included. It starts only on endpoints
-        of `environment` (`StartQueue.serving`)."""
-        await self._take_live_slot(start_deadline, priority, environment)
-        session = LiveSession(session_id, start_deadline, priority, environment=environment)
+        of `environment` (`StartQueue.serving`). A warm session of `environment`, when there is
+        one (`warm`), is the slot's instead, its id the session's."""
+        session = await self._warm.take(environment, start_deadline)
+        if session is None:
+            await self._take_live_slot(start_deadline, priority, environment)
+            session = LiveSession(session_id, start_deadline, priority, environment=environment)
         try:
             yield session
         finally:
-            endpoint = self._endpoints.get(session.endpoint or "")
-            if session.maybe_started and endpoint is not None:
-                # a task held until it ends, never collected mid-stop
-                stopping = asyncio.create_task(self._stop_and_release(session_id, endpoint))
-                self._stopping.add(stopping)
-                stopping.add_done_callback(self._stopping.discard)
-            else:
-                if session.maybe_started:
-                    log.warning(
-                        "session_id=%s not stopped: no endpoint %s", session_id, session.endpoint
-                    )
-                if endpoint is not None:
-                    self._queue.release_live(endpoint)
-                self._release_live_slot()
+            self._leave(session)
+
+    def _leave(self, session: LiveSession) -> None:
+        """Free the session's slot: at once if no session may have started, else once the
+        session is stopped where it started (behind, at `stop_rate`)."""
+        endpoint = self._endpoints.get(session.endpoint or "")
+        if session.maybe_started and endpoint is not None:
+            # a task held until it ends, never collected mid-stop
+            stopping = asyncio.create_task(self._stop_and_release(session.session_id, endpoint))
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
+        else:
+            if session.maybe_started:
+                log.warning(
+                    "session_id=%s not stopped: no endpoint %s",
+                    session.session_id,
+                    session.endpoint,
+                )
+            if endpoint is not None:
+                self._queue.release_live(endpoint)
+            self._release_live_slot()
 
     def adopt(self, session: LiveSession, endpoint: str) -> None:
         """The slot's session is an earlier engine's, started on `endpoint` and still running:
@@ -178,7 +199,12 @@ class RequestDispatcher:
         return endpoint.outage.declared if endpoint is not None else None
 
     async def aclose(self) -> None:
-        """Wait for the stops under way (never cancelled: each frees a session's quota)."""
+        """Stop the warm sessions nobody took, then wait for the stops under way (never
+        cancelled: each frees a session's quota)."""
+        for warming in list(self._warming):
+            warming.cancel()
+        await asyncio.gather(*self._warming, return_exceptions=True)
+        self.cool()
         await asyncio.gather(*self._stopping, return_exceptions=True)
         for endpoint in self._endpoints.values():
             if endpoint.probe is not None:
@@ -228,7 +254,9 @@ class RequestDispatcher:
         attempt's payload carries its own deadline, `min(now + timeout, deadline)`, taken once
         the start-rate token is ours: time queued to start never eats into the rollout's
         timeout. Giving up (retries spent, every endpoint it may go to down, the session's
-        `start_deadline` passed) raises SubmitFailed."""
+        `start_deadline` passed) raises SubmitFailed. A warm session's is one further call."""
+        if session.warm_since is not None:
+            return await self._start_warm(session, payload_for, timeout, deadline)
         error: SessionCallError | None = None
         for attempt in range(self._cfg.max_retries + 1):
             try:
@@ -281,28 +309,118 @@ class RequestDispatcher:
         finally:
             self._queue.attempted(endpoint)
         endpoint.outage.answered()
-        endpoint.account.starts.on_success()
+        endpoint.pool.starts.on_success()
         endpoint.started += 1
         return Started(sent, payload_deadline, endpoint.name)
 
     async def invoke_again(self, session: LiveSession, payload: bytes) -> None:
         """A further invocation of the slot's session, where it started (on AgentCore the
-        same microVM): it takes the account's data-plane rate, never a new session's start.
+        same microVM): it takes the pool's call rate, never a new session's start.
         Retried like a start; giving up raises SubmitFailed."""
+        await self._call(session, lambda _: payload)
+
+    async def _call(
+        self, session: LiveSession, payload_for: Callable[[float], bytes]
+    ) -> tuple[float, Mapping[str, Any] | None]:
+        """Invoke the session where it runs, at the call rate; (when sent, the agent's reply)."""
         endpoint = self._endpoints.get(session.endpoint or "")
         if endpoint is None or not session.maybe_started:
             raise SubmitFailed(f"session {session.session_id} is not running here")
         for attempt in range(self._cfg.max_retries + 1):
-            await endpoint.account.calls.acquire()
+            await endpoint.pool.calls.acquire()
             self.invokes += 1
+            sent = time.time()
             try:
-                return await endpoint.runtime.invoke(session.session_id, payload)
+                reply = await endpoint.runtime.invoke(session.session_id, payload_for(sent))
+                return sent, reply
             except SessionCallError as e:
                 self.invoke_errors[e.code] += 1
                 if not e.retryable or attempt == self._cfg.max_retries:
                     raise SubmitFailed(f"invoking its session again: {e}") from None
             delay = backoff_delay(attempt, self._cfg.backoff_base, self._cfg.backoff_max, self._rng)
             await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _start_warm(
+        self,
+        session: LiveSession,
+        payload_for: Callable[[float], bytes],
+        timeout: float,
+        deadline: float,
+    ) -> Started:
+        """The rollout's invocation on its warm session. A reply that does not say the session
+        was warm came from a session created anew (its warm one had ended): a cold start."""
+        assert session.warm_since is not None
+        sent, reply = await self._call(
+            session, lambda now: payload_for(min(now + timeout, deadline))
+        )
+        self.warm_used += 1
+        self.warm_idle_seconds += max(0.0, sent - session.warm_since)
+        if reply is not None and not reply.get("warm"):
+            self.warm_missed += 1
+        return Started(sent, min(sent + timeout, deadline), session.endpoint or "")
+
+    def warm(
+        self,
+        n: int,
+        exp_id: str,
+        *,
+        start_deadline: float,
+        environment: str | None = None,
+        priority: int = 0,
+    ) -> int:
+        """Start `n` sessions of `exp_id` for `environment` ahead of their requests, each with
+        the contract's warm-up invocation, behind every start of a lower `priority` and by
+        `start_deadline`; returns how many were scheduled: at most the live slots nobody holds
+        or warms."""
+        room = self.max_live - self.live.value - sum(self._warm.pending.values())
+        n = max(0, min(n, room))
+        for _ in range(n):
+            self._warm.pending[environment] += 1
+            task = asyncio.create_task(
+                self._warm_one(exp_id, start_deadline, environment, priority)
+            )
+            self._warming.add(task)
+            task.add_done_callback(self._warming.discard)
+        return n
+
+    async def _warm_one(
+        self, exp_id: str, start_deadline: float, environment: str | None, priority: int
+    ) -> None:
+        session: LiveSession | None = None
+        try:
+            await self._take_live_slot(start_deadline, priority, environment)
+            session = LiveSession(
+                warm_session_id(exp_id), start_deadline, priority, environment=environment
+            )
+            await self.start(
+                session, lambda _: WARM_UP_PAYLOAD, timeout=math.inf, deadline=math.inf
+            )
+        except BaseException as e:
+            self._warm.pending[environment] -= 1
+            self._warm.failed(environment)
+            if session is not None:
+                self._leave(session)
+            if not isinstance(e, SubmitFailed):
+                raise
+            log.warning("warming a session for %s failed: %s", environment or "any request", e)
+            return
+        self.warm_started += 1
+        self._warm.pending[environment] -= 1
+        self._warm.ready(session)
+
+    def warm_held(self) -> int:
+        """Warm sessions parked or under way."""
+        return self._warm.parked() + sum(self._warm.pending.values())
+
+    def cool(self, older_than: float | None = None) -> int:
+        """Stop parked warm sessions (warm since before `older_than`, unix seconds; None:
+        all): those their idle timeout is about to end, or that no request will take."""
+        sessions = self._warm.drain() if older_than is None else self._warm.expired(older_than)
+        for session in sessions:
+            self.warm_stopped += 1
+            self._leave(session)
+        return len(sessions)
 
     def _count_failed_start(self, endpoint: EndpointState, error: SessionCallError) -> None:
         self.invoke_errors[error.code] += 1
@@ -312,7 +430,7 @@ class RequestDispatcher:
             endpoint.outage.answered()
         if error.throttled:
             self.throttles += 1
-            endpoint.account.starts.on_throttle()
+            endpoint.pool.starts.on_throttle()
 
     async def _stop(self, session_id: str, endpoint: EndpointState) -> None:
         """Best effort, where the session started: a failed stop is counted and logged, never
@@ -320,7 +438,7 @@ class RequestDispatcher:
         attempt, not retries."""
         for attempt in range(self._cfg.max_retries + 1):
             await self._stops.acquire()
-            await endpoint.account.calls.acquire()
+            await endpoint.pool.calls.acquire()
             self.stops += 1
             try:
                 await endpoint.runtime.stop(session_id)
@@ -363,7 +481,7 @@ class RequestDispatcher:
             )
             if not endpoint.outage.in_doubt() or not endpoint.live.value:
                 return  # decided, or no session there waits to learn it
-            await endpoint.account.calls.acquire()
+            await endpoint.pool.calls.acquire()
             try:
                 await endpoint.runtime.stop(f"{PROBE_SESSION_PREFIX}{uuid.uuid4().hex}")
             except SessionCallError as e:
@@ -373,8 +491,8 @@ class RequestDispatcher:
             return
 
 
-def _published(account: str, config: EngineConfig) -> Limits:
-    """An account no quotas were read for (`<account id>:<region>`, or a bare runtime's):
-    `engine.dispatch`'s values, else the published quotas of its region (else the engine's)."""
-    region = account.partition(":")[2] or config.region
-    return Limits.of(published(region), config.dispatch)
+def _assumed(pool: str, config: EngineConfig) -> RuntimeLimits:
+    """A pool whose runtimes were not asked (a dispatcher built without limits, as in tests):
+    `engine.dispatch`'s values, else AgentCore's published rates and a bound of 1,000."""
+    d = config.dispatch
+    return RuntimeLimits(d.start_rate or 25.0, 1_000.0, d.max_live_sessions or 1_000, pool)

@@ -1,13 +1,11 @@
-"""The places sessions start (`RuntimeEndpoint`) and what the dispatcher keeps of each: the
-facts both its halves read (the start queue and the session's life).
+"""The places sessions start (`RuntimeEndpoint`) and what the dispatcher keeps of each.
 
-AgentCore's quotas are per account and region (`RuntimeEndpoint.account`), shared by every
-endpoint there, so each account (`Account`, from `_quotas.Limits`) has a start rate (cut on
-throttling, raised on success), a data-plane rate every invoke and stop takes from, and a live
-bound; more endpoints in one account add no start rate, more accounts do. Each endpoint
-(`EndpointState`) has its own outage state (`Outage`), optional live bound, and at most
-`ceil(start_rate * session_start_time)` starts in flight (Little's law), so a cold-start wave
-cannot pile up connections on it.
+Runtimes that report one pool share its budgets (`Pool`: AgentCore's quotas are an account's
+in a region): a start rate cut on throttling, a call rate every invoke and stop takes from,
+and a live bound; a second endpoint in a pool adds no rate. Each endpoint (`EndpointState`)
+has its own outage state, optional live bound, and at most `ceil(start_rate *
+session_start_time)` starts in flight (Little's law), so a cold-start wave cannot pile up
+connections on it.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from dataclasses import dataclass
 from .._flow import AdaptiveRate, Gauge, TokenBucket
 from .._redact import get_logger
 from ..config import DispatchConfig
-from ..runtimes.agentcore_quotas import Limits
-from ..runtimes.base import SandboxRuntime, SessionCallError
+from ..runtimes.base import RuntimeLimits, SandboxRuntime, SessionCallError
 
 log = get_logger("agentcore_rollout.dispatcher")
 
@@ -36,16 +33,15 @@ class SubmitFailed(Exception):
 
 @dataclass(frozen=True)
 class RuntimeEndpoint:
-    """One place sessions start: a runtime, its own live bound, its account."""
+    """One place sessions start: a runtime, its own live bound, its pool."""
 
     name: str
     """Where a session started, as journaled (AgentCore: `RuntimeTarget.name`)."""
     runtime: SandboxRuntime
     max_live_sessions: int | None = None
-    """None: only its account's bound."""
-    account: str = ""
-    """`<account id>:<region>` (`RuntimeTarget.account`): endpoints of one account share its
-    start rate, data-plane rate and live bound."""
+    """None: only its pool's bound."""
+    pool: str = ""
+    """Who it shares start rate, call rate and live bound with (`RuntimeLimits.pool`)."""
     environment: str | None = None
     """The environment its image is (`RuntimeTarget.environment`): a request naming one starts
     only where it is."""
@@ -107,15 +103,15 @@ class Outage:
         return SubmitFailed(f"{self._name} down for {self.down_for():.1f}s: {self.cause}")
 
 
-class Account:
-    """One account and region's budgets, shared by its endpoints: new sessions (adapted down on
+class Pool:
+    """One pool's budgets, shared by its endpoints: new sessions (adapted down on
     throttling), data-plane calls (invokes and stops), live sessions."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: RuntimeLimits) -> None:
         self.limits = limits
         self.bound = limits.max_live_sessions
         self.starts = AdaptiveRate(_bucket(limits.start_rate))
-        self.calls = _bucket(limits.data_plane_tps)
+        self.calls = _bucket(limits.call_rate)
         self.live = Gauge()
 
     def ready_in(self) -> float:
@@ -124,22 +120,22 @@ class Account:
 
 
 class EndpointState:
-    """One endpoint's state: starts in flight, live sessions and outage; its account's budgets."""
+    """One endpoint's state: starts in flight, live sessions and outage; its pool's budgets."""
 
     def __init__(
         self,
         spec: RuntimeEndpoint,
-        account: Account,
+        pool: Pool,
         cfg: DispatchConfig,
         on_change: Callable[[], None],
     ) -> None:
         self.name = spec.name
         self.runtime = spec.runtime
         self.environment = spec.environment
-        self.account = account
-        rate = account.limits.start_rate
+        self.pool = pool
+        rate = pool.limits.start_rate
         self.max_starting = max(1, math.ceil(rate * cfg.session_start_time))
-        self.max_live = min(spec.max_live_sessions or account.bound, account.bound)
+        self.max_live = min(spec.max_live_sessions or pool.bound, pool.bound)
         self.starting = Gauge()
         self.live = Gauge()
         self.started = 0
@@ -147,12 +143,12 @@ class EndpointState:
         self.probe: asyncio.Task[None] | None = None
 
     def can_start(self, holding: bool) -> bool:
-        """A start slot and the account's tokens are free, and a live slot here and in the
-        account (unless the session holds one here already)."""
-        if self.starting.value >= self.max_starting or self.account.ready_in() > EARLY:
+        """A start slot and the pool's tokens are free, and a live slot here and in the
+        pool (unless the session holds one here already)."""
+        if self.starting.value >= self.max_starting or self.pool.ready_in() > EARLY:
             return False
         return holding or (
-            self.live.value < self.max_live and self.account.live.value < self.account.bound
+            self.live.value < self.max_live and self.pool.live.value < self.pool.bound
         )
 
     def load(self) -> float:
@@ -160,11 +156,11 @@ class EndpointState:
 
     def take_live(self) -> None:
         self.live.add()
-        self.account.live.add()
+        self.pool.live.add()
 
     def release_live(self) -> None:
         self.live.remove()
-        self.account.live.remove()
+        self.pool.live.remove()
 
 
 def retry_budget(config: DispatchConfig) -> float:

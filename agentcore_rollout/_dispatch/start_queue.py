@@ -2,7 +2,7 @@
 
 Which attempt goes next and where is one decision, made each time a slot or a token frees,
 apart from a session's life (`_dispatcher`), which only asks for an endpoint (`claim`). Each
-attempt takes the least loaded endpoint whose start slot, live slot and account's tokens are
+attempt takes the least loaded endpoint whose start slot, live slot and pool's tokens are
 free (`_pick`), waiters lowest step first, woken when the first token they wait for is due. A
 retry after a clear refusal may go elsewhere; once an attempt may have created the session,
 every retry goes where it was sent. An endpoint declared down sends its waiters to the others;
@@ -29,7 +29,7 @@ from .._flow import Gauge
 from ..config import DispatchConfig
 from ..contract import ENVIRONMENT_KEY
 from ..runtimes.base import SessionCallError
-from .endpoints import EARLY, Account, EndpointState, RuntimeEndpoint, SubmitFailed
+from .endpoints import EARLY, EndpointState, Pool, RuntimeEndpoint, SubmitFailed
 
 _T = TypeVar("_T")
 
@@ -55,6 +55,9 @@ class LiveSession:
     environment: str | None = None
     """The environment its request needs: it starts only on endpoints of it, once any endpoint
     names one (`StartQueue.serving`)."""
+    warm_since: float | None = None
+    """A session started ahead of its request (`RequestDispatcher.warm`): when its warm-up was
+    answered (unix seconds); its rollout's invocation takes the call rate, not a start."""
 
 
 @dataclass(order=True)
@@ -68,16 +71,16 @@ class _Waiter:
 
 class StartQueue:
     """Hands each start attempt an endpoint with its start slot, live slot and tokens taken,
-    lowest step first, over `endpoints` grouped into `accounts`."""
+    lowest step first, over `endpoints` grouped into `pools`."""
 
     def __init__(
         self,
         endpoints: Sequence[RuntimeEndpoint],
-        accounts: Mapping[str, Account],
+        pools: Mapping[str, Pool],
         cfg: DispatchConfig,
     ) -> None:
         self.endpoints = {
-            spec.name: EndpointState(spec, accounts[spec.account], cfg, self._outage_changed)
+            spec.name: EndpointState(spec, pools[spec.pool], cfg, self._outage_changed)
             for spec in endpoints
         }
         self._routed = any(e.environment is not None for e in self.endpoints.values())
@@ -212,8 +215,8 @@ class StartQueue:
         return next((e for e in serving if e.can_start(holding=False) and e.outage.may_try()), None)
 
     def _take(self, endpoint: EndpointState, session: LiveSession) -> None:
-        endpoint.account.starts.bucket.take()
-        endpoint.account.calls.take()
+        endpoint.pool.starts.bucket.take()
+        endpoint.pool.calls.take()
         endpoint.starting.add()
         self.starting.add()
         if session.endpoint != endpoint.name:
@@ -268,10 +271,10 @@ class StartQueue:
         self._wake()
 
     def _wake_at_next_token(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Endpoints with room wait only for their account's tokens: wake when the first are
+        """Endpoints with room wait only for their pool's tokens: wake when the first are
         due (a slot's release wakes the others)."""
         waits = [
-            e.account.ready_in()
+            e.pool.ready_in()
             for e in self.endpoints.values()
             if e.starting.value < e.max_starting and e.outage.due()
         ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Sequence
 from typing import Any
 
 from .._aws import AwsClients
@@ -33,7 +33,7 @@ from ..contract import (
 from ..runtimes.base import SandboxRuntime
 from .gateway_replicas import GatewayReplicas
 from .request import Job, RequestRunner
-from .startup import account_limits, preflight, runtime_endpoints
+from .startup import endpoints_and_limits, preflight, runtimes_of
 from .tracing import flush as flush_spans
 
 log = get_logger("agentcore_rollout.engine")
@@ -81,12 +81,12 @@ class RolloutEngine:
         self,
         config: EngineConfig,
         *,
-        runtime: SandboxRuntime | None = None,
+        runtimes: Sequence[SandboxRuntime] = (),
         step: int = 0,
     ) -> None:
         self.config = config
         self._step = step
-        self._runtime = runtime
+        self._runtimes = list(runtimes)
         self._clients = AwsClients(config)
         # Without a configured secret results are verifiable by this engine alone (no resume).
         self._run_secret = config.run_secret or new_run_secret()
@@ -110,17 +110,19 @@ class RolloutEngine:
     async def start(self) -> None:
         """Check the bucket, queue and endpoints, then start polling for results. Pair it with
         `aclose()`, or use the engine as an async context manager."""
-        self.config.require_targets()
+        self.config.require_targets(runtime_arn=not self._runtimes)
         await self._clients.__aenter__()
         try:
             await preflight(self._clients, self.config)
-            endpoints = await runtime_endpoints(self._clients, self.config, self._runtime)
-            accounts, self.quotas = await account_limits(self._clients, self.config, self._runtime)
+            runtimes = await runtimes_of(self._clients, self.config, self._runtimes)
+            endpoints, pools, self.quotas = await endpoints_and_limits(
+                runtimes, self.config.dispatch
+            )
             log.info("%s", self.quotas)
         except BaseException:
             await self._clients.__aexit__(None, None, None)
             raise
-        self._dispatcher = RequestDispatcher(endpoints, self.config, accounts=accounts)
+        self._dispatcher = RequestDispatcher(endpoints, self.config, pools=pools)
         self._first = endpoints[0].name  # where a reclaimed session runs, as far as we know
         self._buffer = RolloutBuffer(self._clients.s3, self._clients.sqs, self.config)
         self._buffer.advance(self._step)
@@ -176,6 +178,28 @@ class RolloutEngine:
                     f"{step} (engine.limits.max_staleness={self.config.limits.max_staleness})"
                 )
                 task.cancel()
+
+    def warm(self, n: int, *, environment: str | None = None) -> int:
+        """Start `n` sessions ahead of the requests the next step will submit (of
+        `environment`: a Harbor task's), so that those start at the call rate, not at the
+        new-session quota's pace: call it when the trainer begins its update. Each warm session
+        serves one rollout; one nobody takes is stopped after `engine.dispatch.warm_max_idle`
+        seconds, or at `aclose`. Returns how many were started, within `engine.dispatch.warm`
+        (off: none) and the live slots free."""
+        cap = self.config.dispatch.warm
+        if not cap or n <= 0:
+            return 0
+        if cap != "auto":
+            n = min(n, cap - self._dispatcher.warm_held())
+        self._dispatcher.cool(older_than=time.time() - self.config.dispatch.warm_max_idle)
+        queued = self.config.limits.queue_timeout
+        return self._dispatcher.warm(
+            n,
+            self.config.exp_id,
+            start_deadline=time.time() + (queued if queued is not None else math.inf),
+            environment=self._dispatcher.environment_of({ENVIRONMENT_KEY: environment}),
+            priority=self._step + 1,
+        )
 
     def stats(self) -> EngineStats:
         """A snapshot: sessions alive, starts in flight, retries, throttles, duplicates, ..."""

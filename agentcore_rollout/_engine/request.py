@@ -308,7 +308,8 @@ class RequestRunner:
         assert verifier is not None
         if result is None or result.status != "ok":
             return None
-        verifier.session, verifier.deadline = session, job.deadline
+        verifier.session, verifier.session_id = session, session.session_id
+        verifier.deadline = job.deadline
         verifier.started_at, verifier.running = time.time(), True
         try:
             await self._dispatcher.invoke_again(
@@ -330,7 +331,7 @@ class RequestRunner:
         async with self._dispatcher.live_session(
             job.session_id, job.start_deadline, priority=job.admission, environment=job.environment
         ) as session:
-            job.session = session
+            job.session, job.session_id = session, session.session_id  # a warm one's own id
             if earlier is not None and earlier.deadline > time.time():
                 self._dispatcher.adopt(session, earlier.endpoint)  # still running: wait
                 job.started_at = earlier.started_at

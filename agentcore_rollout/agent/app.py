@@ -31,6 +31,7 @@ from ..contract import (
     Timings,
     check_json,
     first_error,
+    is_warm_up,
     split_payload,
 )
 from .writer import ResultWriter
@@ -120,6 +121,7 @@ class RolloutApp(BedrockAgentCoreApp):
         self._tasks: dict[str, asyncio.Task[None]] = {}  # running; strong refs against GC
         self._seen: set[str] = set()  # every request_id accepted, to recognise retried invokes
         self._sessions: dict[str, set[str]] = {}  # session_id -> its running request_ids
+        self._warmed: set[str] = set()  # sessions a warm-up invocation started
         self.entrypoint(self._accept)
 
     def rollout_entrypoint(self, fn: RolloutFn) -> RolloutFn:
@@ -138,19 +140,24 @@ class RolloutApp(BedrockAgentCoreApp):
             self._worker_loop.call_soon_threadsafe(self._cancel_session, session_id)
 
     def _cancel_session(self, session_id: str) -> None:
+        self._warmed.discard(session_id)
         for request_id in self._sessions.pop(session_id, ()):
             self._tasks[request_id].cancel()  # its done callback runs later, not in this loop
 
     async def _accept(self, payload: dict[str, Any], context: Any = None) -> dict[str, Any]:
         if self._fn is None:
             raise HTTPException(500, "no @rollout_entrypoint registered")
+        if is_warm_up(payload):  # a session started ahead of its rollout: nothing to run yet
+            self._warmed.add(str(getattr(context, "session_id", None)))
+            return {"status": "accepted", "warm": True}
         try:
             user, control = split_payload(payload)
         except ContractError as e:
             raise HTTPException(400, str(e)) from None
         rid = control.request_id
+        said = {"warm": True} if control.session_id in self._warmed else {}
         if rid in self._seen:  # a retried invoke whose first attempt did arrive
-            return {"status": "accepted", "request_id": rid, "duplicate": True}
+            return {"status": "accepted", "request_id": rid, "duplicate": True, **said}
         self._seen.add(rid)
         received = time.time()
         task_id = self.add_async_task("rollout", {"request_id": rid})
@@ -167,7 +174,7 @@ class RolloutApp(BedrockAgentCoreApp):
                 del self._sessions[control.session_id]
 
         task.add_done_callback(finished)
-        return {"status": "accepted", "request_id": rid}
+        return {"status": "accepted", "request_id": rid, **said}
 
     async def _run(self, user: dict[str, Any], control: RolloutControl, received: float) -> None:
         ctx = RolloutContext.of(control)

@@ -16,7 +16,7 @@ from dotenv import dotenv_values
 from rich.table import Table
 
 from .. import ConfigError
-from ..runtimes.agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+from ..runtimes.agentcore.published import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 from .config import Config, load_config
 from .dataset import read_task_source
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, Interrupted, UsageError

@@ -35,7 +35,7 @@ import yaml
 from ..harbor.agents import NOP, agent_named
 from ..harbor.images import layer_dockerfile
 from ..harbor.tasks import HarborTask, Resources, TaskError, read_tasks
-from ..runtimes.agentcore import MAX_IMAGE_BYTES
+from ..runtimes.agentcore.published import MAX_IMAGE_BYTES
 from .errors import UsageError
 from .harbor import source_context
 from .infra import (

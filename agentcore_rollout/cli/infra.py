@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import ConfigError
-from ..runtimes.agentcore import IDLE_TIMEOUT_S, LIFECYCLE_MAX_S, LIFECYCLE_MIN_S, MAX_LIFETIME_S
+from ..runtimes.agentcore.published import (
+    IDLE_TIMEOUT_S,
+    LIFECYCLE_MAX_S,
+    LIFECYCLE_MIN_S,
+    MAX_LIFETIME_S,
+)
 from .views import console
 
 log = logging.getLogger(__name__)

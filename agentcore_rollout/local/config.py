@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ..config import BucketName, Section
-from ..runtimes.agentcore import (
+from ..runtimes.agentcore.published import (
     DATA_PLANE_TPS,
     IDLE_TIMEOUT_S,
     MAX_LIFETIME_S,

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from .._flow import TokenBucket
-from ..runtimes.agentcore import SERVICE_QUOTAS_CODE
+from ..runtimes.agentcore.published import SERVICE_QUOTAS_CODE
 from .wire import REQUEST_ID_HEADER, ApiError, check_signed
 
 # Service Quotas' wire (botocore/data/service-quotas/*/service-2.json): JSON 1.1, `POST /`, the

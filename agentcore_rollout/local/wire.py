@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from ..runtimes.agentcore import MAX_PAYLOAD_BYTES
+from ..runtimes.agentcore.published import MAX_PAYLOAD_BYTES
 
 # Request and response headers (the model's `locationName`s).
 SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"

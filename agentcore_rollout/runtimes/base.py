@@ -3,7 +3,9 @@ session, and say how fast and how many. docs/runtimes.md shows how to add one.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .._redact import redact
 
@@ -74,9 +76,10 @@ class SandboxRuntime:
         """Read once at the engine's start-up."""
         raise NotImplementedError(f"{type(self).__name__}.limits")
 
-    async def invoke(self, session_id: str, payload: bytes) -> None:
+    async def invoke(self, session_id: str, payload: bytes) -> Mapping[str, Any] | None:
         """Send `payload` to session `session_id`, creating the session on its first call;
-        return once the agent accepted it (its result comes back through S3 and SQS)."""
+        return once the agent accepted it (its result comes back through S3 and SQS), with
+        the agent's reply where the runtime reads it (`"warm"`: the session was warmed up)."""
         raise NotImplementedError(f"{type(self).__name__}.invoke")
 
     async def stop(self, session_id: str) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import aws_cdk as cdk
 
-from agentcore_rollout.runtimes.agentcore import (
+from agentcore_rollout.runtimes.agentcore.published import (
     IDLE_TIMEOUT_S,
     LIFECYCLE_MAX_S,
     LIFECYCLE_MIN_S,

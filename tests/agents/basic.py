@@ -25,6 +25,7 @@ from agentcore_rollout.contract import (
     RolloutResult,
     Timings,
     encode_result,
+    is_warm_up,
     sign_result,
     split_payload,
 )
@@ -38,8 +39,9 @@ class _DiggingApp(RolloutApp):
 
     async def _accept(self, payload: dict[str, Any], context: Any = None) -> dict[str, Any]:
         accepted = await super()._accept(payload, context)
-        control = split_payload(payload)[1]
-        controls[control.request_id] = control
+        if not is_warm_up(payload):
+            control = split_payload(payload)[1]
+            controls[control.request_id] = control
         return accepted
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcore_rollout.runtimes.agentcore import IDLE_TIMEOUT_S, MAX_LIFETIME_S
+from agentcore_rollout.runtimes.agentcore.published import IDLE_TIMEOUT_S, MAX_LIFETIME_S
 
 from .tf import load_module, snake
 

@@ -37,7 +37,7 @@ from agentcore_rollout.cli.infra import RUNTIME_NAME_RE, InfraError, RuntimeSpec
 from agentcore_rollout.config import EngineConfig
 from agentcore_rollout.harbor.tasks import read_tasks
 from agentcore_rollout.local.containers import ContainerEngine
-from agentcore_rollout.runtimes.agentcore import MAX_IMAGE_BYTES
+from agentcore_rollout.runtimes.agentcore.published import MAX_IMAGE_BYTES
 
 pytestmark = pytest.mark.component
 

@@ -1,6 +1,6 @@
-"""`SandboxRuntime` over the AgentCore Runtime data plane: InvokeAgentRuntime in a new session
-and StopRuntimeSession through aiobotocore's client, and the mapping of AgentCore's answers and
-failures onto retry decisions."""
+"""`SandboxRuntime` over the AgentCore Runtime data plane (InvokeAgentRuntime in a new session,
+StopRuntimeSession) through aiobotocore's client, AgentCore's answers and failures mapped onto
+the dispatcher's decisions, and its limits read from the account's quotas."""
 
 from __future__ import annotations
 
@@ -21,47 +21,9 @@ from botocore.exceptions import (
     SSLError,
 )
 
-from .base import SessionCallError
-
-# AgentCore Runtime's published defaults and quotas: the one definition, for the config, the
-# emulator, the CLI's deploy and the infra parameters. Check your account's own.
-IDLE_TIMEOUT_S = 900  # idleRuntimeSessionTimeout: an idle session ends after it (60-28,800)
-MAX_LIFETIME_S = 28_800  # maxLifetime: any session ends after it, 8 h
-SYNC_TIMEOUT_S = 900  # a synchronous invocation's reply, 15 min
-MAX_PAYLOAD_BYTES = 100_000_000  # an invocation's payload, 100 MB
-# Quotas, each per account and region ("Unless otherwise noted, each quota is Region-specific"),
-# all adjustable: AgentCore Developer Guide, "Quotas for Amazon Bedrock AgentCore"
-# (https://docs.aws.amazon.com/bedrock-agentcore/latest/devguide/bedrock-agentcore-limits.html)
-# and Release notes, August 2026, "Amazon Bedrock AgentCore Runtime: Simplified and increased
-# API rate quotas" (https://docs.aws.amazon.com/bedrock-agentcore/latest/devguide/release-notes.html).
-# An account's applied values are in Service Quotas (service code `bedrock-agentcore`), which
-# the engine reads at start-up (`_quotas`).
-NEW_SESSIONS_PER_SECOND = 25  # one quota shared by every endpoint (was 400/min per endpoint)
-DATA_PLANE_TPS = 1_000  # every data-plane call together: invokes, stops (was 200/s per agent)
-ACTIVE_SESSIONS = {"us-east-1": 5_000, "us-west-2": 5_000}  # active session workloads
-ACTIVE_SESSIONS_ELSEWHERE = 2_500  # in every other region
-SERVICE_QUOTAS_CODE = "bedrock-agentcore"
-# Not adjustable, same guide, "AgentCore Runtime Service Quotas": "Maximum size for a Docker
-# image in an AgentCore Runtime: 2 GB" (it was 1 GB in the 2025 preview). Read as 2 x 10^9
-# bytes, the stricter reading, and checked against the image as ECR stores it (compressed
-# layers), the size AWS holds; `deploy --tasks` refuses an image over it. (Beside it, not
-# checked here: 1,000 agent runtimes per account, 10 endpoints per runtime, both adjustable.)
-MAX_IMAGE_BYTES = 2_000_000_000
-LIFECYCLE_MIN_S, LIFECYCLE_MAX_S = 60, 1_209_600  # what the API and CloudFormation accept
-# AgentCore Runtime's published prices (us-east-1; check your region's): it bills per second
-# (1 s minimum) the vCPUs a session actively uses and the peak GB of memory it holds.
-VCPU_HOUR_USD = 0.0895
-GB_HOUR_USD = 0.00945
-# A Runtime session's microVM, as reported for AgentCore Runtime (not a setting of the runtime):
-# billed at most this much, so an estimate from them is an upper bound.
-SESSION_VCPUS = 2.0
-SESSION_GB = 8.0
-
-
-def active_sessions(region: str) -> int:
-    """The published active-session quota of an account in `region`."""
-    return ACTIVE_SESSIONS.get(region, ACTIVE_SESSIONS_ELSEWHERE)
-
+from ...config import EngineConfig
+from ..base import RuntimeLimits, SandboxRuntime, SessionCallError
+from .quotas import QuotaReader, at_aws, limits_of, published
 
 # AgentCore error types (x-amzn-ErrorType) -> (retryable, throttled)
 _AGENTCORE_ERRORS: dict[str, tuple[bool, bool]] = {
@@ -131,16 +93,39 @@ def _failure(e: BotoCoreError) -> SessionCallError:
     return SessionCallError(name, str(e), retryable=True, maybe_started=False)  # credentials
 
 
-class AgentCoreRuntime:
-    """`SandboxRuntime` over the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession),
-    through an aiobotocore client (`AwsClients.agentcore_in`)."""
+class AgentCoreRuntime(SandboxRuntime):
+    """One AgentCore runtime endpoint: its ARN and qualifier, through an aiobotocore client of
+    its region's data plane (`AwsClients.agentcore_in`)."""
 
-    def __init__(self, client: Any, runtime_arn: str, qualifier: str = "DEFAULT") -> None:
+    def __init__(
+        self,
+        client: Any,
+        runtime_arn: str,
+        qualifier: str = "DEFAULT",
+        *,
+        environment: str | None = None,
+        max_live_sessions: int | None = None,
+        quotas: QuotaReader | None = None,
+    ) -> None:
         self._client = client
         self._arn = runtime_arn
         self._qualifier = qualifier
+        self._quotas = quotas
+        self.name = f"{runtime_arn}#{qualifier}"
+        self.environment = environment
+        self.max_live_sessions = max_live_sessions
+        _, _, _, region, account_id, *_ = runtime_arn.split(":")
+        self.account = f"{account_id}:{region}"
+        """Its quotas' pool: AgentCore's are per account and region."""
 
-    async def invoke(self, session_id: str, payload: bytes) -> None:
+    async def limits(self) -> RuntimeLimits:
+        """The account's quotas, from Service Quotas where it answers, else published."""
+        if self._quotas is None:
+            region = self.account.partition(":")[2]
+            return limits_of(self.account, published(region, "no Service Quotas reader given"))
+        return await self._quotas.limits(self.account, at_aws(self._client.meta.endpoint_url))
+
+    async def invoke(self, session_id: str, payload: bytes) -> dict[str, Any]:
         async with _as_session_call_error():
             reply = await self._client.invoke_agent_runtime(
                 agentRuntimeArn=self._arn,
@@ -152,7 +137,7 @@ class AgentCoreRuntime:
             )
             async with reply["response"] as stream:
                 body = await stream.read()
-        _check_accepted(body)
+        return _accepted(body)
 
     async def stop(self, session_id: str) -> None:
         try:
@@ -179,8 +164,8 @@ async def _as_session_call_error() -> AsyncIterator[None]:
         raise SessionCallError(type(e).__name__, str(e), retryable=True, outage=True) from None
 
 
-def _check_accepted(body: bytes) -> None:
-    """RolloutApp answers `{"status": "accepted"}`; anything else means it did not start."""
+def _accepted(body: bytes) -> dict[str, Any]:
+    """RolloutApp answers `{"status": "accepted", ...}`; anything else means it did not start."""
     try:
         reply = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -188,3 +173,25 @@ def _check_accepted(body: bytes) -> None:
     if not isinstance(reply, dict) or reply.get("status") != "accepted":
         shown = body[:200].decode(errors="replace")
         raise SessionCallError("NotAccepted", f"agent did not accept: {shown}", retryable=False)
+    return reply
+
+
+async def agentcore_runtimes(clients: Any, config: EngineConfig) -> list[AgentCoreRuntime]:
+    """The engine's runtimes when none are given: one per `engine.runtimes` endpoint (or
+    `runtime_arn` + `qualifier`), sharing one reader of the accounts' quotas."""
+    reader = QuotaReader(clients, config.service_urls.service_quotas)
+    runtimes = []
+    for t in config.all_runtimes:
+        url = t.data_plane_url or config.service_urls.agentcore
+        client = await clients.agentcore_in(t.region, url)
+        runtimes.append(
+            AgentCoreRuntime(
+                client,
+                t.arn,
+                t.qualifier,
+                environment=t.environment,
+                max_live_sessions=t.max_live_sessions,
+                quotas=reader,
+            )
+        )
+    return runtimes

@@ -1,0 +1,101 @@
+"""Warm sessions (`RolloutEngine.warm`): started ahead of their requests on the AgentCore
+emulator through the real aiobotocore client; each serves one rollout in the session it warmed,
+an unused one is stopped, one that ended meanwhile is a cold start, never a failed rollout, and
+the emulator's new-session quota holds for warm-ups and cold starts together."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from agentcore_rollout import RolloutEngine, RolloutRequest
+
+from .conftest import engine_config
+
+pytestmark = pytest.mark.component
+
+
+def _requests(n: int, **user: object) -> list[RolloutRequest]:
+    return [RolloutRequest({"a": i, "b": 1, **user}, input_id=f"q{i}") for i in range(n)]
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    async with asyncio.timeout(30):
+        while not predicate():  # noqa: ASYNC110 (gauges and ledgers, not events)
+            await asyncio.sleep(0.02)
+
+
+async def _parked(engine: RolloutEngine, n: int) -> None:
+    await _until(lambda: engine.stats().warm_parked >= n)
+
+
+async def test_warm_sessions_serve_one_rollout_each_in_the_session_they_warmed(
+    moto, channel, emulator
+):
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, warm=8)
+    async with RolloutEngine(cfg) as engine:
+        assert engine.warm(4) == 4
+        await _parked(engine, 4)
+        warmed = list(emu.sessions.started)
+        assert len(warmed) == 4 and all("-warm-" in sid for sid in warmed)
+        batch = await engine.rollout(_requests(6))
+        stats = engine.stats()
+    assert batch.counts["ok"] == 6
+    on_warm = [o for o in batch.outcomes if "-warm-" in o.session_id]
+    assert sorted(o.session_id for o in on_warm) == sorted(warmed)  # one rollout each
+    assert all(o.reward is not None for o in on_warm)
+    assert len(emu.sessions.started) == 6  # 4 warmed + 2 cold: no session started twice
+    assert (stats.warm_started, stats.warm_used, stats.warm_missed) == (4, 4, 0)
+    assert stats.warm_idle_seconds > 0
+
+
+async def test_unused_warm_sessions_are_stopped_at_close_and_when_idle_too_long(
+    moto, channel, emulator
+):
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, warm="auto", warm_max_idle=0.2)
+    async with RolloutEngine(cfg) as engine:
+        engine.warm(3)
+        await _parked(engine, 3)
+        await asyncio.sleep(0.3)
+        engine.warm(2)  # the three idle past warm_max_idle are stopped first
+        await _parked(engine, 2)
+        assert engine.stats().warm_stopped == 3
+    assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started)  # none left
+    assert len(emu.sessions.started) == 5
+
+
+async def test_a_warm_session_that_ended_is_a_cold_start_never_a_failed_rollout(
+    moto, channel, emulator
+):
+    emu = await emulator(idle_timeout=0.3)  # the runtime ends idle sessions quickly
+    cfg = engine_config(moto, channel, emu, warm=2)
+    async with RolloutEngine(cfg) as engine:
+        engine.warm(2)
+        await _parked(engine, 2)
+        await _until(lambda: len(emu.sessions.expired) >= 2)
+        batch = await engine.rollout(_requests(2))
+        stats = engine.stats()
+    assert batch.counts["ok"] == 2
+    assert (stats.warm_used, stats.warm_missed) == (2, 2)
+
+
+async def test_warm_ups_and_cold_starts_keep_to_the_new_session_quota_together(
+    moto, channel, emulator
+):
+    emu = await emulator(new_sessions_per_second=10.0)  # refuses beyond 10 new sessions/s
+    cfg = engine_config(moto, channel, emu, warm="auto", start_rate=10.0)
+    async with RolloutEngine(cfg) as engine:
+        began = time.monotonic()
+        engine.warm(12)
+        batch = await engine.rollout(_requests(24))
+        took = time.monotonic() - began
+        stats = engine.stats()
+    assert batch.counts["ok"] == 24
+    assert stats.throttles == 0  # the emulator never refused a new session
+    assert len(emu.sessions.started) == 24 and stats.warm_used == 12
+    assert took >= (24 - 2) / 10  # 24 new sessions at 10/s, a tenth of a second of burst
