@@ -1,10 +1,11 @@
 """An invocation as the agent's server sees it, for runtimes that call the agent themselves (not
 through AgentCore, which adds these itself): the path, the session header, the reply that
-means the rollout started."""
+means the rollout started (or the session warmed up)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from .base import SessionCallError
 
@@ -27,9 +28,10 @@ def headers(session_id: str) -> dict[str, str]:
     }
 
 
-def check_accepted(status: int, body: bytes) -> None:
-    """A RolloutApp answers 200 `{"status": "accepted"}`; anything else means it started no
-    rollout. The session exists all the same (its agent answered), so it must be stopped."""
+def accepted(status: int, body: bytes) -> dict[str, Any]:
+    """The agent's reply: a RolloutApp answers 200 `{"status": "accepted", ...}`; anything
+    else means it started no rollout. The session exists all the same (its agent answered),
+    so it must be stopped."""
     try:
         reply = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -39,3 +41,4 @@ def check_accepted(status: int, body: bytes) -> None:
         raise SessionCallError(
             "NotAccepted", f"agent did not accept (HTTP {status}): {shown}", retryable=False
         )
+    return reply

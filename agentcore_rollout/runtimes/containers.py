@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -112,7 +113,7 @@ class ContainerRuntime(SandboxRuntime):
     async def limits(self) -> RuntimeLimits:
         return self._limits
 
-    async def invoke(self, session_id: str, payload: bytes) -> None:
+    async def invoke(self, session_id: str, payload: bytes) -> dict[str, Any]:
         container = self._containers.get(session_id)
         if container is None or container.exited:  # ended since (crashed, killed): a new one
             ended, container = container, _Container(session_id)
@@ -125,7 +126,7 @@ class ContainerRuntime(SandboxRuntime):
             if self._containers.get(session_id) is container:
                 del self._containers[session_id]  # it removed its container
             raise
-        await self._post(container, payload)
+        return await self._post(container, payload)
 
     async def stop(self, session_id: str) -> None:
         container = self._containers.pop(session_id, None)
@@ -285,7 +286,7 @@ class ContainerRuntime(SandboxRuntime):
             maybe_started=False,
         )
 
-    async def _post(self, c: _Container, payload: bytes) -> None:
+    async def _post(self, c: _Container, payload: bytes) -> dict[str, Any]:
         """The invocation: failing to reach an agent that was healthy may have started the
         rollout, and is worth a retry (a new container if this one ended)."""
         timeout = aiohttp.ClientTimeout(sock_connect=30, sock_read=self._ready_timeout)
@@ -301,7 +302,7 @@ class ContainerRuntime(SandboxRuntime):
             raise SessionCallError(
                 type(e).__name__, f"invoking the container: {e}", retryable=True
             ) from None
-        _invocation.check_accepted(status, body)
+        return _invocation.accepted(status, body)
 
     async def _remove(self, c: _Container) -> None:
         """Remove the container (SIGKILL: a stopped session ends at once, as a stopped microVM,

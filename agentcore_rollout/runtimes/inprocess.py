@@ -69,7 +69,7 @@ class InProcessRuntime(SandboxRuntime):
     async def limits(self) -> RuntimeLimits:
         return self._limits
 
-    async def invoke(self, session_id: str, payload: bytes) -> None:
+    async def invoke(self, session_id: str, payload: bytes) -> dict[str, Any]:
         if session_id not in self._live:
             self._admit()
             self._live.add(session_id)
@@ -79,7 +79,7 @@ class InProcessRuntime(SandboxRuntime):
             raise SessionCallError(
                 "NotAccepted", f"the app raised {type(e).__name__}: {e}", retryable=False
             ) from None
-        _invocation.check_accepted(status, body)
+        return _invocation.accepted(status, body)
 
     def _admit(self) -> None:
         if self._refusals:

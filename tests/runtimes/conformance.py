@@ -11,9 +11,10 @@ A test module subclasses `RuntimeConformance` and gives it four fixtures:
 - `leftovers`: an async callable naming what this test's runtimes left running (containers,
   processes); none once every session is stopped or refused.
 
-and says whether each session is a process of its own (`one_process_per_session`, AgentCore's
-microVMs; False where one app serves every session). `tests/runtimes/test_inprocess.py` and
-`test_containers.py` are examples.
+imports the `results` fixture from here, and says whether each session is a process of its
+own (`one_process_per_session`, as AgentCore's microVMs are; False where one app serves every
+session). The last check runs a batch through `RolloutEngine(config, runtimes=[runtime])`.
+`tests/runtimes/test_inprocess.py` and `test_containers.py` are examples.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from typing import Any
 
 import pytest
 
+from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest
 from agentcore_rollout.contract import (
     CONTROL_KEY,
+    WARM_UP_PAYLOAD,
     ResultTarget,
     RolloutControl,
     RolloutResult,
@@ -39,7 +42,10 @@ from agentcore_rollout.contract import (
 )
 from agentcore_rollout.local.moto import MotoServer, ResultsChannel
 from agentcore_rollout.runtimes import RuntimeLimits, SandboxRuntime, SessionCallError
-from tests.agents.basic import expected_reward
+
+from ..agents.basic import expected_reward
+from ..conftest import REGION
+from ..factories import flat_config
 
 EXP = "conformance"
 SIG_KEY = "c" * 64
@@ -116,8 +122,7 @@ def results(moto: MotoServer, channel: ResultsChannel) -> Results:
 
 
 class RuntimeConformance:
-    """The checks. Subclass it in a test module that provides the fixtures above and imports
-    `results` (a fixture) from here."""
+    """The checks. Subclass it in a test module that provides the fixtures above."""
 
     one_process_per_session = True
 
@@ -125,7 +130,8 @@ class RuntimeConformance:
         self, runtime: SandboxRuntime, results: Results, leftovers: Leftovers
     ) -> None:
         sid = results.session()
-        await runtime.invoke(sid, results.payload(sid, "r1", a=3, b=4))
+        reply = await runtime.invoke(sid, results.payload(sid, "r1", a=3, b=4))
+        assert reply is None or reply["status"] == "accepted"  # None: a runtime reading none
         result = await results.get("r1")
         assert (result.status, result.session_id) == ("ok", sid)
         assert result.rewards == expected_reward({"a": 3, "b": 4})
@@ -147,6 +153,22 @@ class RuntimeConformance:
         assert apart == self.one_process_per_session, (r1.trajectory, r3.trajectory)
         for sid in (first, other):
             await runtime.stop(sid)
+
+    async def test_a_warmed_up_session_runs_its_rollout_where_it_warmed_up(
+        self, runtime: SandboxRuntime, results: Results
+    ) -> None:
+        """The engine's warm sessions: the warm-up starts the session and nothing else, the
+        rollout that follows says it found the session warm (the agent saw one session id
+        both times). A runtime that reads no reply returns None: a cold start, not a
+        failure."""
+        sid = results.session()
+        warmed = await runtime.invoke(sid, WARM_UP_PAYLOAD)
+        reply = await runtime.invoke(sid, results.payload(sid, "r1", mode="instance"))
+        if warmed is not None:
+            assert warmed["warm"] is True
+            assert reply is not None and reply.get("warm") is True, reply
+        assert (await results.get("r1")).status == "ok"
+        await runtime.stop(sid)
 
     async def test_stop_ends_a_session_and_leaves_the_others(
         self, runtime: SandboxRuntime, results: Results, leftovers: Leftovers
@@ -200,6 +222,36 @@ class RuntimeConformance:
         assert not raised.value.retryable and raised.value.code
         if raised.value.maybe_started:
             await broken_runtime.stop(sid)
+        assert await leftovers() == []
+
+    async def test_the_engine_runs_a_batch_on_it(
+        self,
+        runtime: SandboxRuntime,
+        moto: MotoServer,
+        channel: ResultsChannel,
+        leftovers: Leftovers,
+    ) -> None:
+        """`RolloutEngine(config, runtimes=[runtime])`, no AgentCore in the config, the limits
+        the runtime reports in force: every rollout ok with its reward, every session stopped
+        once the engine closed."""
+        config = flat_config(
+            exp_id=EXP,
+            region=REGION,
+            bucket=channel.bucket,
+            prefix=channel.prefix,
+            queue_url=channel.queue_url,
+            service_urls={"s3": moto.url, "sqs": moto.url},
+            rollout_timeout=RESULT_BOUND,
+            result_grace=2.0,
+            wait_time=1,
+        )
+        assert not config.all_runtimes
+        requests = [RolloutRequest({"a": i, "b": 2}, input_id=f"q{i}") for i in range(4)]
+        async with RolloutEngine(config, runtimes=[runtime]) as engine:
+            batch = await engine.rollout(requests)
+            assert (await runtime.limits()).pool in engine.quotas  # the start-up line
+        assert [o.outcome for o in batch.outcomes] == [Outcome.OK] * 4, batch.counts
+        assert [o.reward for o in batch.outcomes] == [expected_reward(r.payload) for r in requests]
         assert await leftovers() == []
 
     async def test_limits_are_sane(self, runtime: SandboxRuntime) -> None:
