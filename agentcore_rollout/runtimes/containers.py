@@ -19,7 +19,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,17 +230,23 @@ class ContainerRuntime(SandboxRuntime):
                 next_look = now + 1.0
                 if c.pid is None:
                     c.pid = await self._pid(c)
-                roots = [p for p in (c.process and c.process.pid, c.pid) if p]
-                used = await asyncio.to_thread(_cpu_ticks, roots)
+                # the CLI's until the container runs, then the container's alone (not the
+                # port forwarder's, which the pings themselves keep busy)
+                root = c.pid or (c.process.pid if c.process is not None else None)
+                used = await asyncio.to_thread(_cpu_ticks, root)
                 if used is not None and used != cpu:
                     progress, cpu = now, used
             stalled = now - progress > self._ready_timeout
             if stalled or now - began > 10 * self._ready_timeout:
-                why = "without progress" if stalled else "in all"
+                why = (
+                    f"{now - progress:.0f}s of it without progress"
+                    if stalled
+                    else "the most a start may take, ten times ready_timeout"
+                )
                 raise SessionCallError(
                     "NotHealthy",
-                    f"container not healthy (GET /ping) after {now - began:.0f}s, "
-                    f"{now - progress:.0f}s {why} (ready_timeout={self._ready_timeout:g})",
+                    f"container not healthy (GET /ping) after {now - began:.0f}s, {why} "
+                    f"(ready_timeout={self._ready_timeout:g})",
                     retryable=False,
                     maybe_started=False,
                 )
@@ -384,11 +390,11 @@ class _Done:
     err: str
 
 
-def _cpu_ticks(roots: Sequence[int]) -> int | None:
-    """The CPU time (clock ticks) `roots` and their descendants used, reaped children
+def _cpu_ticks(root: int | None) -> int | None:
+    """The CPU time (clock ticks) process `root` and its descendants used, reaped children
     included; None where /proc does not show it."""
     proc = Path("/proc")
-    if not roots or not (proc / str(roots[0])).exists():
+    if root is None or not (proc / str(root)).exists():
         return None
     children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
@@ -402,7 +408,7 @@ def _cpu_ticks(roots: Sequence[int]) -> int | None:
         pid = int(entry.name)
         children.setdefault(int(fields[1]), []).append(pid)  # field 4, counted after ")"
         ticks[pid] = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-    total, pending, seen = 0, list(roots), set()
+    total, pending, seen = 0, [root], set()
     while pending:
         pid = pending.pop()
         if pid in seen:

@@ -166,6 +166,61 @@ async def test_a_container_that_ends_before_it_is_healthy_is_named(
     assert await leftovers() == []
 
 
+@pytest.fixture(scope="session")
+def silent_image(
+    engine: ContainerEngine, basic_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """Its container runs, idle, and never answers `/ping`."""
+    context = tmp_path_factory.mktemp("silent-image")
+    sleep = '["python", "-c", "import time; time.sleep(3600)"]'
+    (context / "Dockerfile").write_text(f"FROM {basic_image}\nCMD {sleep}\n")
+    image = f"{basic_image}-silent"
+    build_image(context / "Dockerfile", image, context, engine=engine, log=None)
+    return image
+
+
+@pytest.mark.containers
+@pytest.mark.e2e
+async def test_a_container_that_makes_no_progress_is_given_up(
+    silent_image: str,
+    make_runtime: Callable[..., ContainerRuntime],
+    results: Results,
+    leftovers: Leftovers,
+) -> None:
+    """Running, using no CPU, never healthy: given up `ready_timeout` after its last progress,
+    removed, not retryable."""
+    sid = results.session()
+    runtime = make_runtime(silent_image, ready_timeout=3.0)
+    with pytest.raises(SessionCallError) as raised:
+        await runtime.invoke(sid, results.payload(sid, "r1"))
+    assert raised.value.code == "NotHealthy" and "without progress" in str(raised.value)
+    assert not raised.value.retryable and not raised.value.maybe_started
+    assert await leftovers() == []
+
+
+@pytest.mark.containers
+@pytest.mark.e2e
+async def test_a_stop_while_its_container_starts_leaves_nothing(
+    engine: ContainerEngine,
+    silent_image: str,
+    make_runtime: Callable[..., ContainerRuntime],
+    results: Results,
+    leftovers: Leftovers,
+) -> None:
+    """The invocation waiting for it to be healthy fails, saying nothing is left to stop."""
+    sid = results.session()
+    runtime = make_runtime(silent_image)
+    invoking = asyncio.ensure_future(runtime.invoke(sid, results.payload(sid, "r1")))
+    while not _by_session(engine, sid):  # running
+        assert not invoking.done()
+        await asyncio.sleep(0.1)
+    await runtime.stop(sid)
+    with pytest.raises(SessionCallError) as raised:
+        await invoking
+    assert raised.value.code == "Stopped" and not raised.value.maybe_started
+    assert await leftovers() == []
+
+
 @pytest.mark.containers
 @pytest.mark.e2e
 async def test_a_session_whose_container_died_gets_a_new_one(
@@ -184,6 +239,8 @@ async def test_a_session_whose_container_died_gets_a_new_one(
         except SessionCallError as e:  # before its CLI process saw it end: the call cut off
             assert e.retryable and e.maybe_started
             await asyncio.sleep(1)
+    else:
+        pytest.fail("no new container in 30 invocations")
     again = (await results.get(f"r2-{attempt}")).trajectory
     assert again != first  # another process
     assert len(_by_session(engine, sid)) == 1
