@@ -127,7 +127,7 @@ class RequestDispatcher:
             "warm_used": self.warm_used,
             "warm_missed": self.warm_missed,
             "warm_stopped": self.warm_stopped,
-            "warm_parked": self._warm.parked(),
+            "warm_parked": self._warm.parked_total(),
             "warm_idle_seconds": self.warm_idle_seconds,
             "endpoints_down": sum(e.outage.declared.is_set() for e in endpoints),
             "starts_by_endpoint": {e.name: e.started for e in endpoints},
@@ -409,9 +409,9 @@ class RequestDispatcher:
         self._warm.pending[environment] -= 1
         self._warm.ready(session)
 
-    def warm_held(self) -> int:
-        """Warm sessions parked or under way."""
-        return self._warm.parked() + sum(self._warm.pending.values())
+    def warm_held(self, environment: str | None) -> int:
+        """Warm sessions of `environment` parked or under way."""
+        return self._warm.parked(environment) + self._warm.pending[environment]
 
     def cool(self, older_than: float | None = None) -> int:
         """Stop parked warm sessions (warm since before `older_than`, unix seconds; None:

@@ -180,24 +180,24 @@ class RolloutEngine:
                 task.cancel()
 
     def warm(self, n: int, *, environment: str | None = None) -> int:
-        """Start `n` sessions ahead of the requests the next step will submit (of
-        `environment`: a Harbor task's), so that those start at the call rate, not at the
-        new-session quota's pace: call it when the trainer begins its update. Each warm session
-        serves one rollout; one nobody takes is stopped after `engine.dispatch.warm_max_idle`
-        seconds, or at `aclose`. Returns how many were started, within `engine.dispatch.warm`
-        (off: none) and the live slots free."""
+        """Have `n` sessions (of `environment`: a Harbor task's) started ahead of the requests
+        the next step will submit, so that those start at the call rate, not at the
+        new-session quota's pace: call it when the trainer begins its update. Tops up what is
+        warm or warming already; each warm session serves one rollout, and one nobody takes is
+        stopped after `engine.dispatch.warm_max_idle` seconds, or at `aclose`. Returns how many
+        it started, within `engine.dispatch.warm` (None: none) and the free live slots."""
         cap = self.config.dispatch.warm
-        if not cap or n <= 0:
+        if not cap:
             return 0
-        if cap != "auto":
-            n = min(n, cap - self._dispatcher.warm_held())
+        environment = self._dispatcher.environment_of({ENVIRONMENT_KEY: environment})
         self._dispatcher.cool(older_than=time.time() - self.config.dispatch.warm_max_idle)
+        wanted = n if cap == "auto" else min(n, cap)
         queued = self.config.limits.queue_timeout
         return self._dispatcher.warm(
-            n,
+            wanted - self._dispatcher.warm_held(environment),
             self.config.exp_id,
             start_deadline=time.time() + (queued if queued is not None else math.inf),
-            environment=self._dispatcher.environment_of({ENVIRONMENT_KEY: environment}),
+            environment=environment,
             priority=self._step + 1,
         )
 

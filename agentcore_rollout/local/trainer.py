@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import shutil
 import time
 from collections.abc import Sequence
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from .. import ConfigError, EngineConfig, Outcome, RolloutCost, RolloutEngine
+from .. import ConfigError, EngineConfig, EngineStats, Outcome, RolloutCost, RolloutEngine
 from ..contract import NamedRewards
 from ..training import (
     Group,
@@ -145,10 +146,14 @@ async def train(
         # taken by step s + max_staleness, its tokens within the bound; what still runs when
         # training ends is cancelled
         in_flight = per_step * max(1, staleness) if tc.asynchronous else per_step
+        # pipelined: enough sessions ready to cover one cold start at the start rate
+        ready_pool = math.ceil(
+            (engine_config.dispatch.start_rate or 1.0) * engine_config.dispatch.session_start_time
+        )
         submit(in_flight)
         began = time.monotonic()
         for step in range(start, tc.steps):
-            step_began = time.monotonic()
+            step_began, stats_then = time.monotonic(), engine.stats()
             if view is not None:
                 view.step_started(step, per_step)
             taken: list[Group] = []
@@ -159,9 +164,12 @@ async def train(
                 still_needed = per_step * (tc.steps - step) - len(taken)
                 if staleness and groups.pending < (in_flight if tc.asynchronous else still_needed):
                     submit(1)  # keep the pipeline full: the next step's rollouts start now
+                    engine.warm(ready_pool)  # ... on sessions already up
                 if view is not None:
                     view.group_resolved(group)
             rolled_out = time.monotonic()
+            if not staleness and step + 1 < tc.steps:  # its sessions start while we update
+                engine.warm(per_step * group_policy.size)
             samples = training_samples(taken)
             if keep:
                 samples = within_staleness(samples, step, staleness)
@@ -172,7 +180,7 @@ async def train(
             if not staleness and step + 1 < tc.steps:
                 submit(per_step)
             now = time.monotonic()
-            row = _row(step, taken, stale, update)
+            row = _row(step, taken, stale, update) | _warm(engine.stats().since(stats_then))
             trained = {s.request_id for s in samples} if keep else None
             row |= {
                 "staleness": staleness_report([*taken, *stale], step, trained=trained),
@@ -250,6 +258,15 @@ def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats)
         "ratio_max": round(update.ratio_max, 6),
         "clipped_fraction": round(update.clipped_fraction, 6),
         "grad_norm": round(update.grad_norm, 6),
+    }
+
+
+def _warm(stats: EngineStats) -> dict[str, Any]:
+    """The step's rollouts that started on a session warmed during the last update."""
+    return {
+        "warm_used": stats.warm_used,
+        "warm_missed": stats.warm_missed,
+        "warm_idle_s": round(stats.warm_idle_seconds, 3),
     }
 
 

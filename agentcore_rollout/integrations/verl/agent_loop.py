@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -185,6 +186,8 @@ class EngineService:
         self._tally = RolloutTally()
         self._staleness: Counter[str] = Counter()  # "<lag>/delivered|dropped"
         self._stats_taken: EngineStats | None = None
+        self._members: Counter[int] = Counter()  # step -> its members submitted
+        self._running: Counter[int] = Counter()  # step -> its members not ended yet
 
     async def rollout(
         self, request: RolloutRequest, step: int, policy: GroupPolicy, timeout: float | None
@@ -202,11 +205,14 @@ class EngineService:
                 self._first_step = step
             if step > engine.step:
                 engine.set_step(step)
+            self._members[step] += 1
+            self._running[step] += 1
             outcome = await self._reclaimed(engine, request, step, timeout)
             if outcome is None:
                 outcome = await engine.submit(request, step=step, timeout=timeout)
             self._tally.add(outcome)
         finally:  # a member that could not even be submitted still counts, as not ok
+            self._ended(step)
             ended.append(outcome)
             if len(ended) >= policy.size:
                 del self._groups[key]
@@ -215,6 +221,22 @@ class EngineService:
                 except ValueError as e:  # an ok member without a reward: fail, hang no member
                     verdict.set_exception(GroupFailed(str(e)))
         return outcome, await asyncio.shield(verdict)
+
+    def _ended(self, step: int) -> None:
+        """A member ended. Under the synchronous trainer, the last of its step's is when veRL
+        begins its update: the next step's batch (veRL's are one size) starts its sessions now,
+        to find them up (`RolloutEngine.warm`). Under an async trainer, rollouts start all the
+        time: a few sessions stay ready, one cold start's worth at the start rate."""
+        if self._running[step] == 0 or self._engine is None:
+            return
+        self._running[step] -= 1
+        engine = self._engine
+        if self._limits is not None:
+            d = engine.config.dispatch
+            engine.warm(math.ceil(engine.stats().start_rate * d.session_start_time))
+        elif self._running[step] == 0 and step == engine.step:
+            engine.warm(self._members.pop(step))
+            del self._running[step]
 
     def _judged(self, members: list[RolloutOutcome], policy: GroupPolicy) -> bool:
         """Whether the group has `policy.min_ok` kept (ok) members, not its status: a stale
