@@ -1,16 +1,10 @@
-"""RolloutBuffer: turns the results its inbox announces and S3's objects into deliveries
-for waiting requests.
+"""RolloutBuffer: turns the results its inbox announces and S3's objects into deliveries for
+waiting requests.
 
-S3 is the source of truth; SQS only says where to look (the queue's side is `_inbox`). A
-result can be announced twice, late, or never, so the buffer:
-- verifies every object (size, schema, signature, key) before a request sees it, and a
-  result the agent's own message carries exactly as it would the object: one that passes
-  needs no GetObject (the bucket's notification of it, which still comes, is a duplicate);
-  one that fails is set aside unread, never an outcome, and the object in S3 decides,
-- looks a request's key up in S3 directly when its deadline nears with no notification,
-- remembers ended requests (per step, for a window of steps), so duplicates and late results
-  are counted, never mixed in.
-"""
+S3 is the source of truth; SQS only says where to look, and a result can be announced twice,
+late, or never. So every object is verified before a request sees it, a request's key is looked
+up in S3 when its deadline nears without a notification, and ended requests are remembered for a
+window of steps, so duplicates and late results are counted, never mixed in."""
 
 from __future__ import annotations
 

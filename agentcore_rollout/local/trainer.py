@@ -1,33 +1,10 @@
 """GRPO on the local policy through the whole pipeline: what `agentcore-rollout train` runs.
 
-Each step rolls out a batch of groups (AgentCore sessions on the emulator, the agent calling
-the policy through the token-capture gateway and sglang-router, results through S3 and SQS),
-turns the kept members' token traces into GRPO samples, takes one clipped policy-gradient step
-on the trainer's copy of the policy, saves it, pushes it to every policy worker
-(`/update_weights_from_disk` with the next step as its weight version), and moves the engine
-to the next step.
-
-With `engine.limits.max_staleness` 0 a step rolls out its batch only once the previous update is
-pushed: every sample is on-policy. With 1 or more the pipeline stays full: each group that
-resolves is replaced at once, so rollouts of the next step run while this step's update is
-computed and pushed, and a step trains on groups up to `max_staleness` steps old, the oldest
-first, weighed by their importance ratios (`grpo.grpo_update`, token by token against the
-version that sampled each). With `stale_policy` `end`, older groups are counted stale, never
-trained; with `keep` they run to their end, and the tokens sampled within the bound train
-(`training.within_staleness`).
-
-`train.asynchronous` (`train --async`) also takes the update off the rollouts' path: a weight
-push aborts the generations in flight (SGLang's `abort_all_requests`), and the gateway resumes
-each under the new weights, so no rollout waits for an update (a push without it waits for the
-generations in flight to finish first, as SGLang's does); and `max_staleness` steps' groups are
-kept in flight, so a step takes the first groups to resolve rather than waiting for its slowest,
-and a group submitted during step s is taken by step s + max_staleness.
-
-The learner follows `local.policy`: "toy" trains the TinyPolicy in numpy (`grpo.grpo_update`,
-npz weights); anything else is a Hugging Face model dir or known name (`models.ready_model`)
-trained in torch (`hf_grpo.HFLearner`, imported only then), its weights saved each step as a
-model dir of which only the newest two are kept (SmolLM2-135M's is 540 MB).
-"""
+Each step rolls out a batch of groups, turns the kept members' traces into samples, takes one
+clipped policy-gradient step, pushes the weights to every worker and moves the engine's step.
+`max_staleness` keeps the pipeline full; `train.asynchronous` also takes the update off the
+rollouts' path (docs/getting-started.md#asynchronous-training-train-async). The learner follows
+`local.policy`: the toy in numpy, a Hugging Face model in torch (`hf_grpo`, imported only then)."""
 
 from __future__ import annotations
 

@@ -1,63 +1,11 @@
 """`AgentCoreAgentLoop`: a veRL agent loop whose trajectories run as AgentCore sessions.
 
-veRL calls `run()` once per trajectory (prompt `uid`, its `session_id` among the `rollout.n`).
-The loop submits one `RolloutRequest` (payload: a dataset column, group: the uid, sample index:
-the session id, step: veRL's `global_steps`) to the engine, waits for its outcome, and returns
-its rows (`convert.agent_loop_outputs`). A failure raises, so veRL tags the group `failure`
-and fabricates no row for it.
-
-One engine serves every agent-loop worker (`EngineService`): one SQS poller per experiment,
-so no worker receives, releases and so churns another's notifications. Under Ray it is a
-named actor that the first loop creates; outside Ray (tests, a single process) it is an object
-of the process.
-
-The group policy (`training.GroupPolicy`, `min_group_ok` default 2): each member waits until
-every member of its group has ended; if fewer than `min_group_ok` ended ok, every member raises,
-so no group of one trains on its raw reward (veRL gives a one-member GRPO advantage = reward).
-
-Settings come from `actor_rollout_ref.rollout.custom.agentcore` (set it with Hydra's `+`
-prefix): `config` (the engine's YAML; default `$AGENTCORE_ROLLOUT_CONFIG`), `payload_key`
-(the dataset column holding each prompt's payload, a JSON object; default `extra_info`),
-`min_group_ok` (2), `on_failure` (`raise`; `empty`: a failed member gives no row),
-`timeout` (seconds per rollout; default the engine's) and `gateway`.
-
-`gateway` puts the token-capture gateway in front of veRL's own rollout servers: the engine
-service starts one (`host`, default 127.0.0.1; `port`, default any; `public_url`, what agents
-call; `tls_cert` and `tls_key`, PEM files that put the agents' API on HTTPS; `renderer`, a
-tokenizer directory or `module:attr`, default the model's path) sampling through the agent
-loop's server manager (`backend.VerlServerBackend`), and the engine opens each rollout's
-session on it, through the gateway's admin listener (loopback). Without it, the engine
-config's own `gateway` is used. With `replicas: N` (N >= 2; default 1, in the service's
-process) it starts N gateway replicas as Ray actors that take no CPU from veRL's plan
-(`replicas.HostedGateways`; a fixed `port` P puts replica i on P + i, and `public_url` is then
-a list, one URL per replica), and the engine spreads the sessions over them.
-
-veRL's async trainers (`trainer.v1.trainer_mode` `colocate_async`, `separate_async`) keep
-prompts of several `global_steps` in flight: a step-k member may reach the engine after step
-k+1's first. The engine's staleness is then veRL's (`engine_limits`): with veRL's `drop`
-strategy and a bound of T versions, `max_staleness = T - 1` with `stale_policy: end`, which
-ends exactly the requests veRL's replay buffer would evict anyway (veRL never issues beyond its
-current step, so the engine's step is never ahead of the trainer's) and frees their sessions
-early; with `wait` (dropless) or no bound, `keep`: veRL trains whatever it waited for, so the
-engine must end nothing. The group gate is keyed by (uid, step), so overlapping steps do not
-mix. Request ids derive from (uid, session id, step): the same trajectory has the same id in any
-process.
-
-After a checkpoint restart, veRL's async trainers re-issue the prompts that were in flight
-(`_reissue_inflight_prompts`), with their uids but under the resumed step ("a new dispatch
-attempt"), not the step that first issued them. The engine service takes each member of the
-first step it serves over from the earlier engine (`RolloutEngine.reclaim`) before it starts a
-session: it looks for the member's earlier request ids, one per step back as far as veRL's
-off-policy bound (`reissue_settings`), and takes a result already in S3, or waits for a session
-still running, when the gateway still holds that session's trace. A result without its trace
-trains no row, so with the hosted gateway, which restarts with the trainer, every re-issued
-member runs anew. Verifying an earlier engine's results needs its run secret: without
-`engine.run_secret`, the service keeps one in veRL's checkpoint folder
-(`trainer.default_local_dir`, mode 0600).
-
-The service also keeps the figures of what ended since they were last taken (`take_figures`:
-counts and sums, never the outcomes), which veRL's step metrics get through `figures`.
-"""
+veRL calls `run()` once per trajectory; the loop submits one `RolloutRequest` to the engine and
+returns its outcome's rows (`convert`). A failure raises, so veRL tags the group `failure` and no
+row is fabricated; a group below `min_group_ok` raises for every member, so no group of one
+trains on its raw reward. One engine serves every worker (`EngineService`, a named Ray actor):
+one SQS poller per experiment, so no worker churns another's notifications. Settings, async
+trainers and restarts: docs/verl.md."""
 
 from __future__ import annotations
 
