@@ -109,6 +109,12 @@ def rollout_cost(
     return RolloutCost(seconds, prompt, completion, reused, sandbox_usd, token_usd)
 
 
+def idle_usd(seconds: float, prices: CostConfig) -> float:
+    """What sessions idling `seconds` (warm ones waiting for their rollouts) cost: the memory
+    they hold; AgentCore bills vCPUs only while used."""
+    return seconds * prices.session_gb * prices.gb_hour_usd / 3600
+
+
 def _tokens(trace: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
     """(prompt, completion, reused prompt) tokens of a gateway trace; a trace of a gateway
     that predates `usage.reused_prompt_tokens` has them summed from its turns."""

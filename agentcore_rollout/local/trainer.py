@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 
 from .. import ConfigError, EngineConfig, EngineStats, Outcome, RolloutCost, RolloutEngine
+from .._cost import idle_usd
+from ..config import CostConfig
 from ..contract import NamedRewards
 from ..training import (
     Group,
@@ -157,7 +159,8 @@ async def train(
             if not staleness and step + 1 < tc.steps:
                 submit(per_step)
             now = time.monotonic()
-            row = _row(step, taken, stale, update) | _warm(engine.stats().since(stats_then))
+            warm = _warm(engine.stats().since(stats_then), engine_config.cost)
+            row = _row(step, taken, stale, update) | warm
             trained = {s.request_id for s in samples} if keep else None
             row |= {
                 "staleness": staleness_report([*taken, *stale], step, trained=trained),
@@ -238,12 +241,14 @@ def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats)
     }
 
 
-def _warm(stats: EngineStats) -> dict[str, Any]:
-    """The step's rollouts that started on a session warmed during the last update."""
+def _warm(stats: EngineStats, prices: CostConfig) -> dict[str, Any]:
+    """The step's rollouts that started on a session warmed during the last update, and what
+    the wait for them cost."""
     return {
         "warm_used": stats.warm_used,
         "warm_missed": stats.warm_missed,
         "warm_idle_s": round(stats.warm_idle_seconds, 3),
+        "warm_idle_usd": idle_usd(stats.warm_idle_seconds, prices),
     }
 
 
