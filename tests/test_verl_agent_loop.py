@@ -172,7 +172,10 @@ async def test_agent_loops_of_two_workers_share_one_engine_actor_under_ray(tmp_p
         queue="verl-ray",
     )
     async with LocalStack(local) as stack:
-        engine = stack.engine_config(flat_config(exp_id="ray", start_rate=50.0, wait_time=1))
+        # warm=None: no next-step warm-ups, so the invocations below are the 4 rollouts alone
+        engine = stack.engine_config(
+            flat_config(exp_id="ray", start_rate=50.0, wait_time=1, warm=None)
+        )
         engine_yaml = tmp_path / "engine.yaml"
         engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -209,7 +212,9 @@ def _async(threshold: int | None, folder: Path, strategy: str = "drop") -> dict:
 
 
 async def _engine_yaml(stack: LocalStack, tmp_path: Path, exp_id: str) -> Path:
-    engine = stack.engine_config(flat_config(exp_id=exp_id, start_rate=50.0, wait_time=1))
+    """No warm sessions: the tests below count the rollouts' own invocations."""
+    config = flat_config(exp_id=exp_id, start_rate=50.0, wait_time=1, warm=None)
+    engine = stack.engine_config(config)
     engine_yaml = tmp_path / "engine.yaml"
     engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
     return engine_yaml

@@ -31,7 +31,7 @@ from ... import (
     load_config,
 )
 from ...config import GatewayConfig, LimitsConfig
-from ...contract import new_run_secret
+from ...contract import ENVIRONMENT_KEY, new_run_secret
 from ...training import Group, GroupPolicy, staleness_report
 from .convert import OnFailure, agent_loop_outputs
 from .replicas import HostedGateways, check_replicas
@@ -134,8 +134,10 @@ class EngineService:
         self._tally = RolloutTally()
         self._staleness: Counter[str] = Counter()  # "<lag>/delivered|dropped"
         self._stats_taken: EngineStats | None = None
-        self._members: Counter[int] = Counter()  # step -> its members submitted
-        self._running: Counter[int] = Counter()  # step -> its members not ended yet
+        # step -> its members submitted, by environment (a Harbor task's; None: any), and
+        # how many have not ended yet: the next step's warm sessions (`_ended`)
+        self._members: dict[int, Counter[str | None]] = {}
+        self._running: Counter[int] = Counter()
 
     async def rollout(
         self, request: RolloutRequest, step: int, policy: GroupPolicy, timeout: float | None
@@ -153,14 +155,14 @@ class EngineService:
                 self._first_step = step
             if step > engine.step:
                 engine.set_step(step)
-            self._members[step] += 1
+            self._members.setdefault(step, Counter())[self._environment(request)] += 1
             self._running[step] += 1
             outcome = await self._reclaimed(engine, request, step, timeout)
             if outcome is None:
                 outcome = await engine.submit(request, step=step, timeout=timeout)
             self._tally.add(outcome)
         finally:  # a member that could not even be submitted still counts, as not ok
-            self._ended(step)
+            self._ended(step, self._environment(request))
             ended.append(outcome)
             if len(ended) >= policy.size:
                 del self._groups[key]
@@ -170,21 +172,31 @@ class EngineService:
                     verdict.set_exception(GroupFailed(str(e)))
         return outcome, await asyncio.shield(verdict)
 
-    def _ended(self, step: int) -> None:
+    def _environment(self, request: RolloutRequest) -> str | None:
+        """Where its session starts: its payload's environment once runtimes are routed by one
+        (a Harbor run's), else any runtime."""
+        routed = self._engine is not None and any(
+            t.environment for t in self._engine.config.all_runtimes
+        )
+        return request.payload.get(ENVIRONMENT_KEY) if routed else None
+
+    def _ended(self, step: int, environment: str | None) -> None:
         """A member ended. Under the synchronous trainer, the last of its step's is when veRL
-        begins its update: the next step's batch (veRL's are one size) starts its sessions now,
-        to find them up (`RolloutEngine.warm`). Under an async trainer, rollouts start all the
-        time: a few sessions stay ready, one cold start's worth at the start rate."""
+        begins its update: the next step's batch (veRL's are one size, of the same
+        environments) starts its sessions now, to find them up (`RolloutEngine.warm`). Under
+        an async trainer, rollouts start all the time: a few sessions of the member's
+        environment stay ready, one cold start's worth at the start rate."""
         if self._running[step] == 0 or self._engine is None:
             return
         self._running[step] -= 1
         engine = self._engine
         if self._limits is not None:
-            d = engine.config.dispatch
-            engine.warm(math.ceil(engine.stats().start_rate * d.session_start_time))
+            ready = engine.stats().start_rate * engine.config.dispatch.session_start_time
+            engine.warm(math.ceil(ready), environment=environment)
         elif self._running[step] == 0 and step == engine.step:
-            engine.warm(self._members.pop(step))
             del self._running[step]
+            for each, members in self._members.pop(step, Counter()).items():
+                engine.warm(members, environment=each)
 
     def _judged(self, members: list[RolloutOutcome], policy: GroupPolicy) -> bool:
         """Whether the group has `policy.min_ok` kept (ok) members, not its status: a stale
