@@ -18,9 +18,8 @@ from agentcore_rollout._dispatch.dispatcher import (
     LiveSession,
     RequestDispatcher,
     RuntimeEndpoint,
-    SubmitFailed,
 )
-from agentcore_rollout._dispatch.endpoints import retry_budget
+from agentcore_rollout._dispatch.endpoints import SubmitFailed, retry_budget
 from agentcore_rollout.config import load_config
 from agentcore_rollout.runtimes.base import SessionCallError
 

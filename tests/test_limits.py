@@ -16,9 +16,8 @@ from agentcore_rollout._dispatch.dispatcher import (
     LiveSession,
     RequestDispatcher,
     Started,
-    SubmitFailed,
 )
-from agentcore_rollout._dispatch.endpoints import retry_budget
+from agentcore_rollout._dispatch.endpoints import SubmitFailed, retry_budget
 from agentcore_rollout._flow import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
 from agentcore_rollout.config import EngineConfig
 

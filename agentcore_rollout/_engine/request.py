@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 from .._batch import RolloutOutcome, RolloutRequest, RolloutStart
 from .._cost import rollout_cost
-from .._dispatch.dispatcher import LiveSession, RequestDispatcher, SubmitFailed
+from .._dispatch.dispatcher import LiveSession, RequestDispatcher
+from .._dispatch.endpoints import SubmitFailed
 from .._redact import get_logger, redact
 from .._results.buffer import Delivery, RolloutBuffer
 from ..config import CostConfig, EngineConfig
