@@ -11,13 +11,9 @@ import time
 import pytest
 
 from agentcore_rollout import SessionCallError
-from agentcore_rollout._dispatch.dispatcher import (
-    PROBE_SESSION_PREFIX,
-    LiveSession,
-    RequestDispatcher,
-    Started,
-)
+from agentcore_rollout._dispatch.dispatcher import PROBE_SESSION_PREFIX, RequestDispatcher, Started
 from agentcore_rollout._dispatch.endpoints import SubmitFailed, retry_budget
+from agentcore_rollout._dispatch.start_queue import LiveSession
 from agentcore_rollout._flow import AdaptiveRate, Gauge, OrderedSlots, TokenBucket, backoff_delay
 from agentcore_rollout.config import EngineConfig
 
