@@ -34,8 +34,8 @@ from ..contract import (
     parse_result_key,
     result_key,
 )
-from .inbox import Handled, Inbox, Transient
-from .objects import ResultObjects
+from .inbox import Handled, Inbox
+from .objects import ResultObjects, Transient
 from .verify import checked_inline
 
 log = get_logger("agentcore_rollout.buffer")
