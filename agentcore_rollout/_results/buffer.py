@@ -40,7 +40,6 @@ from .verify import checked_inline
 
 log = get_logger("agentcore_rollout.buffer")
 
-_CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
 _INLINE_WAIT = 2.0
 """Seconds the bucket's notification of a result small enough to come inline is held, the
 first time it is received before the agent's own message: that message usually follows
