@@ -72,15 +72,12 @@ class RequestDispatcher:
             for a in dict.fromkeys(spec.account for spec in endpoints)
         }
         self._queue = StartQueue(endpoints, self._accounts, cfg)
-        self._endpoints = self._queue.endpoints
-        self.environment_of = self._queue.environment_of
         self.max_live = self._held_at_once()
         self._live_slots = OrderedSlots(self.max_live)
         rates = sum(a.limits.start_rate for a in self._accounts.values())
         stops = cfg.stop_rate or max(rates, DEFAULT_STOP_RATE)
         self._stops = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
         self._stopping: set[asyncio.Task[None]] = set()
-        self.starting = self._queue.starting
         self.live = Gauge()
         self.invokes = self.stops = self.throttles = 0
         self.retries: Counter[str] = Counter()
@@ -91,18 +88,22 @@ class RequestDispatcher:
         """What every account can hold at once: the slots a request takes before its gateway
         session is opened and its start waits for an endpoint."""
         return sum(
-            min(a.bound, sum(e.max_live for e in self._endpoints.values() if e.account is a))
+            min(a.bound, sum(e.max_live for e in self._queue.endpoints.values() if e.account is a))
             for a in self._accounts.values()
         )
 
+    def environment_of(self, payload: dict[str, Any]) -> str | None:
+        """The environment a payload's session must start in (`StartQueue.environment_of`)."""
+        return self._queue.environment_of(payload)
+
     def stats(self) -> dict[str, Any]:
         """This dispatcher's share of `EngineStats`."""
-        endpoints, accounts = self._endpoints.values(), self._accounts.values()
+        endpoints, accounts = self._queue.endpoints.values(), self._accounts.values()
         return {
             "live_sessions": self.live.value,
-            "starts_in_flight": self.starting.value,
+            "starts_in_flight": self._queue.starting.value,
             "peak_live_sessions": self.live.peak,
-            "peak_starts_in_flight": self.starting.peak,
+            "peak_starts_in_flight": self._queue.starting.peak,
             "max_live_sessions": self.max_live,
             "start_rate": sum(a.starts.rate for a in accounts),
             "rate_cuts": sum(a.starts.cuts for a in accounts),
@@ -143,7 +144,7 @@ class RequestDispatcher:
         try:
             yield session
         finally:
-            endpoint = self._endpoints.get(session.endpoint or "")
+            endpoint = self._queue.endpoints.get(session.endpoint or "")
             if session.maybe_started and endpoint is not None:
                 # a task held until it ends, never collected mid-stop
                 stopping = asyncio.create_task(self._stop_and_release(session_id, endpoint))
@@ -162,7 +163,7 @@ class RequestDispatcher:
         """The slot's session is an earlier engine's, started on `endpoint` and still running:
         it holds a live slot there (over the bound if it must: it exists) and is stopped there."""
         session.maybe_started = True
-        found = self._endpoints.get(endpoint)
+        found = self._queue.endpoints.get(endpoint)
         if found is None:
             log.warning(
                 "session_id=%s runs on %s, not configured now", session.session_id, endpoint
@@ -174,13 +175,13 @@ class RequestDispatcher:
     def lost(self, session: LiveSession) -> asyncio.Event | None:
         """Set while the endpoint the session started on is declared down (no endpoint known:
         None): the engine stops waiting out its deadline for a session nobody can reach."""
-        endpoint = self._endpoints.get(session.endpoint or "")
+        endpoint = self._queue.endpoints.get(session.endpoint or "")
         return endpoint.outage.declared if endpoint is not None else None
 
     async def aclose(self) -> None:
         """Wait for the stops under way (never cancelled: each frees a session's quota)."""
         await asyncio.gather(*self._stopping, return_exceptions=True)
-        for endpoint in self._endpoints.values():
+        for endpoint in self._queue.endpoints.values():
             if endpoint.probe is not None:
                 endpoint.probe.cancel()
         self._queue.close()
@@ -289,7 +290,7 @@ class RequestDispatcher:
         """A further invocation of the slot's session, where it started (on AgentCore the
         same microVM): it takes the account's data-plane rate, never a new session's start.
         Retried like a start; giving up raises SubmitFailed."""
-        endpoint = self._endpoints.get(session.endpoint or "")
+        endpoint = self._queue.endpoints.get(session.endpoint or "")
         if endpoint is None or not session.maybe_started:
             raise SubmitFailed(f"session {session.session_id} is not running here")
         for attempt in range(self._cfg.max_retries + 1):
