@@ -9,12 +9,12 @@ contract is `agentcore_rollout.contract`. Modules whose names start with `_` are
 """
 
 from ._batch import (
+    LateResult,
     RolloutBatch,
     RolloutOutcome,
     RolloutRequest,
     RolloutStart,
     RolloutTally,
-    StaleResult,
 )
 from ._cost import RolloutCost
 from ._engine.engine import RolloutEngine, RolloutHandle
@@ -30,6 +30,7 @@ __all__ = [
     "ContractError",
     "EngineConfig",
     "EngineStats",
+    "LateResult",
     "Outcome",
     "RolloutBatch",
     "RolloutCost",
@@ -41,6 +42,5 @@ __all__ = [
     "RolloutTally",
     "SandboxRuntime",
     "SessionCallError",
-    "StaleResult",
     "load_config",
 ]

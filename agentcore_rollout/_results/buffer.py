@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._batch import StaleResult
+from .._batch import LateResult
 from .._flow import backoff_delay
 from .._redact import get_logger
 from ..config import EngineConfig
@@ -91,7 +91,7 @@ class RolloutBuffer:
         # step -> request_id -> the signing key of a request that ended without a result
         # (its result may still come, late), or None once nothing more is expected of it
         self._ended: dict[int, dict[str, str | None]] = {}
-        self._stale: dict[int, list[StaleResult]] = {}
+        self._late: dict[int, list[LateResult]] = {}
         self._step = 0
         self._window = config.limits.max_staleness + 1
         self._counts: Counter[str] = Counter()
@@ -134,13 +134,13 @@ class RolloutBuffer:
         horizon = step - self._window
         for old in [s for s in self._ended if s < horizon]:
             del self._ended[old]
-        for old in [s for s in self._stale if s < horizon]:
-            del self._stale[old]
+        for old in [s for s in self._late if s < horizon]:
+            del self._late[old]
 
-    def take_stale(self) -> list[StaleResult]:
+    def take_late(self) -> list[LateResult]:
         """Hand over (and forget) the results that arrived after their request had ended."""
-        taken = [r for results in self._stale.values() for r in results]
-        self._stale.clear()
+        taken = [r for results in self._late.values() for r in results]
+        self._late.clear()
         return taken
 
     # ----------------------------------------------------------------- requests
@@ -323,8 +323,8 @@ class RolloutBuffer:
         if result is None:
             return "delete"
         self._counts["late_results"] += 1
-        self._stale.setdefault(key.step, []).append(
-            StaleResult(
+        self._late.setdefault(key.step, []).append(
+            LateResult(
                 request_id=key.request_id,
                 step=key.step,
                 reward=result.scalar_reward(),
