@@ -179,7 +179,7 @@ class RolloutBuffer:
                 why = "its runtime endpoint was declared down, and no result came"
             for until in (early, deadline + limits.result_grace):
                 if not await _wait_until(w.future, until):
-                    await self._lookup(w)
+                    await self._reconcile(w)
                 if w.future.done():
                     return w.future.result()
             return self._resolve(w, Delivery(missing=why, via="deadline"))
@@ -349,8 +349,9 @@ class RolloutBuffer:
             return Delivery(invalid=str(e), via=via)
         return None if result is None else Delivery(result, via=via)
 
-    async def _lookup(self, w: _Waiter) -> None:
-        """Read the request's key straight from S3, for when the notification is late or lost."""
+    async def _reconcile(self, w: _Waiter) -> None:
+        """Read a waiting request's key straight from S3 (`reconcile_before` its deadline, and
+        after the grace), for when the notification is late or lost."""
         if w.future.done():
             return
         self._counts["lookups"] += 1
