@@ -246,7 +246,7 @@ class RolloutBuffer:
             self._counts["duplicates"] += 1
             return "delete"
         if ref is not None and ref.result is not None:
-            result = self._inline_checked(key, ref.result, size, w.sig_key)
+            result = self._accept_inline(key, ref.result, size, w.sig_key)
             if result is None:
                 return "forged"
             self._resolve(w, Delivery(result, via=via))
@@ -284,7 +284,7 @@ class RolloutBuffer:
         small = ref.size is not None and ref.size <= INLINE_RESULT_MAX_BYTES
         return small and self._cfg.results.notify_directly
 
-    def _inline_checked(
+    def _accept_inline(
         self, key: ResultKey, result: RolloutResult, size: int, sig_key: str
     ) -> RolloutResult | None:
         """A result the agent's own message carried, checked as its object would be (size,
@@ -310,7 +310,7 @@ class RolloutBuffer:
             self._counts["duplicates"] += 1
             return "delete"
         if ref is not None and ref.result is not None:
-            result = self._inline_checked(key, ref.result, size, sig_key)
+            result = self._accept_inline(key, ref.result, size, sig_key)
             if result is None:
                 return "forged"  # the object in S3, or its notification, may still come
             ended[key.request_id] = None
