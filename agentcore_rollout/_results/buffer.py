@@ -58,7 +58,7 @@ class Delivery:
     invalid: str | None = None
     missing: str | None = None
     handed_off_at: float = field(default_factory=time.time)
-    via: Literal["notification", "lookup", "deadline"] = "notification"
+    via: Literal["notification", "lookup", "deadline", "cancel"] = "notification"
 
 
 @dataclass
@@ -204,9 +204,11 @@ class RolloutBuffer:
         return None
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> None:
+        """Stop waiting for a request the engine ended (`reason`: why): no result, `via`
+        `cancel`."""
         w = self._waiters.get(request_id)
         if w is not None:
-            self._resolve(w, Delivery(missing=reason, via="deadline"))
+            self._resolve(w, Delivery(missing=reason, via="cancel"))
             self._retire(w)
 
     def _retire(self, w: _Waiter) -> None:
