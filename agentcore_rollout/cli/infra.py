@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from .. import ConfigError
 from ..runtimes.agentcore import IDLE_TIMEOUT_S, LIFECYCLE_MAX_S, LIFECYCLE_MIN_S, MAX_LIFETIME_S
-from .views import console
+from .terminal import console
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from .dataset import read_rows
 from .errors import EXIT_INTERRUPTED, EXIT_STACK_FAILED, UsageError
 from .journal import JOURNAL
 from .outdir import locked
+from .terminal import console, run_async, status_bar
 from .trackers import Trackers
-from .views import console, run_async, status_bar
 
 CURVE = "reward_curve.png"
 
