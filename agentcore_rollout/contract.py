@@ -85,7 +85,8 @@ class Outcome(StrEnum):
 
 
 AgentStatus = Literal["ok", "agent_error", "verifier_error", "timeout", "cancelled"]
-"""The subset of outcomes an agent may write into its own result."""
+"""The subset of outcomes an agent may write into its own result: `Outcome` values (the
+agent side writes the members)."""
 
 
 class _Model(BaseModel):
