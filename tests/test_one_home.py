@@ -67,12 +67,12 @@ def test_one_name_for_the_deadline() -> None:
     a `timeout`. The names it had before fail here."""
     tests = sorted((ROOT / "tests").rglob("*.py"))
     docs = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
-    stale_names = (
+    old_names = (
         r"running_until|StartAttempts|\bcap=|attempts\.deadline|\bcutoff|\bstart_by\b"
         r"|\blookup_at\b|\bgive_up_at\b"
     )
     assert (
-        _hits(stale_names, allowed={"tests/test_one_home.py"}, paths=SOURCES + tests + docs) == []
+        _hits(old_names, allowed={"tests/test_one_home.py"}, paths=SOURCES + tests + docs) == []
     )
 
 
