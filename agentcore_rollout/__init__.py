@@ -6,12 +6,12 @@ session and gives back a `RolloutOutcome` per request. Agent authors use
 names start with `_` are internal."""
 
 from ._batch import (
+    LateResult,
     RolloutBatch,
     RolloutOutcome,
     RolloutRequest,
     RolloutStart,
     RolloutTally,
-    StaleResult,
 )
 from ._cost import RolloutCost
 from ._engine.engine import RolloutEngine, RolloutHandle
@@ -27,6 +27,7 @@ __all__ = [
     "ContractError",
     "EngineConfig",
     "EngineStats",
+    "LateResult",
     "Outcome",
     "RolloutBatch",
     "RolloutCost",
@@ -38,6 +39,5 @@ __all__ = [
     "RolloutTally",
     "SandboxRuntime",
     "SessionCallError",
-    "StaleResult",
     "load_config",
 ]

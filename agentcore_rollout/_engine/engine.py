@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Itera
 from typing import Any
 
 from .._aws import AwsClients
-from .._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
+from .._batch import LateResult, RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart
 from .._dispatch.dispatcher import RequestDispatcher
 from .._redact import get_logger
 from .._results.buffer import RolloutBuffer
@@ -209,9 +209,9 @@ class RolloutEngine:
             api_calls=self._clients.api_calls,
         )
 
-    def take_stale(self) -> list[StaleResult]:
+    def take_late(self) -> list[LateResult]:
         """Results that arrived after their request had ended, since the last call."""
-        return self._buffer.take_stale()
+        return self._buffer.take_late()
 
     def submit(
         self,

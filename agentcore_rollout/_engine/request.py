@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 
 from .._batch import RolloutOutcome, RolloutRequest, RolloutStart
 from .._cost import rollout_cost
-from .._dispatch.dispatcher import LiveSession, RequestDispatcher, SubmitFailed
+from .._dispatch.dispatcher import RequestDispatcher
+from .._dispatch.endpoints import SubmitFailed
+from .._dispatch.start_queue import LiveSession
 from .._redact import get_logger, redact
 from .._results.buffer import Delivery, RolloutBuffer
 from ..config import CostConfig, EngineConfig

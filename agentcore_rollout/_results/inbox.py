@@ -24,6 +24,7 @@ from ..contract import (
     parse_notification,
     parse_result_key,
 )
+from .objects import Transient
 
 log = get_logger("agentcore_rollout.buffer")
 
@@ -44,10 +45,6 @@ _POLLERS = 1  # one receive at a time suffices: 10 messages each, handled while 
 _FOREIGN_VISIBILITY = 2  # seconds: the engine it may be for takes it within a receive or two
 _RECEIVE_GATHER = 0.05  # seconds: the next receive brings several, for 50 ms more latency at most
 _DELETE_WINDOW = 0.5  # seconds: fills calls at tens of results/s; under any visibility timeout > 0
-
-
-class Transient(Exception):
-    """S3 could not be read right now; keep the message, it will come back."""
 
 
 class Inbox:

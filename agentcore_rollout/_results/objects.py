@@ -13,7 +13,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .._redact import get_logger
 from ..config import EngineConfig
 from ..contract import ContractError, RolloutResult
-from .inbox import Transient
 from .verify import checked_object
 
 log = get_logger("agentcore_rollout.buffer")
@@ -21,6 +20,11 @@ log = get_logger("agentcore_rollout.buffer")
 _CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
 _MISSING = ("NoSuchKey", "404")
 _DOWNLOADS = 16  # concurrent GetObjects: over a batch's 10, well within _aws's 64 connections
+
+
+class Transient(Exception):
+    """S3 could not be read right now: try again (the inbox keeps the message that announced
+    the object, so it comes back)."""
 
 
 class ResultObjects:

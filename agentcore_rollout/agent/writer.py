@@ -19,6 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ..contract import (
     ContractError,
     ErrorInfo,
+    Outcome,
     RolloutControl,
     RolloutResult,
     check_json,
@@ -132,7 +133,9 @@ def _rejected(result: RolloutResult, why: str) -> RolloutResult:
     """The `agent_error` result written instead of one that cannot go on the wire."""
     error = ErrorInfo(type="InvalidOutput", message=why)
     cleared = {"rewards": None, "trajectory": None, "metrics": {}, "error": error}
-    return result.model_copy(update={"status": "agent_error", "stop_reason": "error", **cleared})
+    return result.model_copy(
+        update={"status": Outcome.AGENT_ERROR, "stop_reason": "error", **cleared}
+    )
 
 
 def _leaked(strings: Iterable[str], control: RolloutControl) -> str | None:

@@ -137,7 +137,7 @@ def task_images(
     builder's cache keeps unchanged steps) and the layers on those that changed. Never raises
     for one environment: its failure is in `TaskImages.failed`. `workers` environments build
     at once (default: one per core); a progress bar and a summary line on the console."""
-    from .views import console, status_bar  # lazily: rich
+    from .terminal import console, status_bar  # lazily: rich
 
     started = time.monotonic()
     todo = environments(tasks, agent_named(agent))

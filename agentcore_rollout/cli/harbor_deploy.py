@@ -45,7 +45,7 @@ from .infra import (
     destroy_runtime,
     runtime_spec,
 )
-from .views import console
+from .terminal import console
 
 ARM64 = "linux/arm64"
 MANIFEST = "harbor-runtimes.json"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from .errors import UsageError
-from .views import console
+from .terminal import console
 
 LoggerName = Literal["tensorboard", "wandb", "mlflow"]
 PROJECT = "agentcore-rollout"  # wandb's project and MLflow's experiment

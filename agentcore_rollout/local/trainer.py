@@ -51,14 +51,9 @@ class StackFailed(RuntimeError):
     """A part of the local stack the trainer needs stopped working (its message names it)."""
 
 
-_FAILED = (
-    Outcome.AGENT_ERROR,
-    Outcome.VERIFIER_ERROR,
-    Outcome.TIMEOUT,
-    Outcome.SUBMIT_FAILED,
-    Outcome.INVALID_RESULT,
-    Outcome.ENGINE_ERROR,
-)
+FAILED = frozenset(Outcome) - {Outcome.OK, Outcome.CANCELLED, Outcome.STALE}
+"""What a step's row (and `train`'s progress bar) counts as `failed`: every outcome but ok and
+those the trainer itself ended (cancelled, stale)."""
 
 
 class TrainerConfig(Protocol):
@@ -213,7 +208,7 @@ def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats)
         "reward_components": _component_means(taken),
         "requests": len(members),
         "ok": sum(m.outcome is Outcome.OK for m in members),
-        "failed": sum(m.outcome in _FAILED for m in members),
+        "failed": sum(m.outcome in FAILED for m in members),
         "cancelled": sum(m.outcome is Outcome.CANCELLED for m in members),
         "groups_trained": by_status[GroupStatus.TRAIN],
         "groups_skipped": len(taken) - by_status[GroupStatus.TRAIN],
