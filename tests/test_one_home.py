@@ -1,7 +1,6 @@
-"""Each fact has one home: AgentCore's published defaults in `_agentcore`, the wire (signing
-keys, the run secret, the result prefix) in `contract`, and a rollout's deadline under one
-name; one function decides every outcome. And the core stays small enough to read: no
-function over 40 lines, no class over 300.
+"""Each fact has one home: AgentCore's published defaults in `runtimes/agentcore/published.py`,
+the wire (signing keys, the run secret, the result prefix) in `contract`, and a rollout's
+deadline under one name; one function decides every outcome.
 
 Read as text, so a second definition anywhere in the package fails here, with where it is."""
 

@@ -1,5 +1,5 @@
 """Results in S3, the source of truth: whether a request's object exists, and reading one,
-refused before it is read into memory when over the size limit, checked (`_verify`) off the
+refused before it is read into memory when over the size limit, checked (`verify`) off the
 event loop when large. A failure S3 may not repeat is `Transient`: the caller tries again."""
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class Gateway(Server):
     `resume` bounds how aborted turns are resumed (`resume.ResumePolicy`). `strict_fields`
     refuses the request fields that change nothing sampled, rather than ignoring them (`turns`).
     A request body over `max_body_bytes` is a 413; past `max_session_requests` requests in
-    flight on one session, the next is a 429 (`_limits` says why these defaults).
+    flight on one session, the next is a 429 (`gateway/_limits.py` says why these defaults).
     """
 
     def __init__(

@@ -29,7 +29,7 @@ CONTAINER_REQUEST_ID_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Request-Id"
 TRACE_HEADERS = ("X-Amzn-Trace-Id", "traceparent", "tracestate", "baggage")
 MCP_HEADERS = ("Mcp-Session-Id", "Mcp-Protocol-Version", "Mcp-Method", "Mcp-Name")
 
-# Request limits of the model (string `max`/`min`; the payload's, `_agentcore.MAX_PAYLOAD_BYTES`),
+# Request limits of the model (string `max`/`min`; the payload's, `published.MAX_PAYLOAD_BYTES`),
 # checked as the service does: botocore only checks minimums, so a longer value reaches it.
 SESSION_ID_LENGTH = (33, 256)
 HEADER_LIMITS: dict[str, tuple[str, int, int]] = {  # header -> (member, min, max)
