@@ -1,20 +1,17 @@
 """agentcore-rollout: a decoupled rollout engine for RL training of LLM agents.
 
-The trainer hands `RolloutEngine` a batch of `RolloutRequest`s; each runs as its own
-AgentCore Runtime session; results come back through S3 and SQS as a `RolloutBatch` with one
-`RolloutOutcome` per request.
-
-This module is the trainer's API. Agent authors use `agentcore_rollout.agent`; the wire
-contract is `agentcore_rollout.contract`. Modules whose names start with `_` are internal.
-"""
+This module is the trainer's API: `RolloutEngine` runs each `RolloutRequest` as its own sandbox
+session and gives back a `RolloutOutcome` per request. Agent authors use
+`agentcore_rollout.agent`; the wire contract is `agentcore_rollout.contract`. Modules whose
+names start with `_` are internal."""
 
 from ._batch import (
+    LateResult,
     RolloutBatch,
     RolloutOutcome,
     RolloutRequest,
     RolloutStart,
     RolloutTally,
-    StaleResult,
 )
 from ._cost import RolloutCost
 from ._engine.engine import RolloutEngine, RolloutHandle
@@ -30,6 +27,7 @@ __all__ = [
     "ContractError",
     "EngineConfig",
     "EngineStats",
+    "LateResult",
     "Outcome",
     "RolloutBatch",
     "RolloutCost",
@@ -41,6 +39,5 @@ __all__ = [
     "RolloutTally",
     "SandboxRuntime",
     "SessionCallError",
-    "StaleResult",
     "load_config",
 ]

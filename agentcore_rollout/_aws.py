@@ -1,13 +1,9 @@
-"""The engine's AWS clients: aiobotocore's, all from one session, so every call reads the
-user's AWS configuration as the SDK reads it (credentials and their refresh, `ca_bundle`,
-proxies, `AWS_ENDPOINT_URL_*`, retry mode, app id), with a count of every API call.
+"""The engine's AWS clients: aiobotocore's, all from one session, so every call reads the user's AWS
+configuration as the SDK reads it (docs/aws.md), with a count of every API call.
 
-What the engine sets on top: its pool size, path-style S3 addressing behind a custom S3
-URL, and one attempt per AgentCore call (the dispatcher retries those itself, because
-it must slow the start rate down on throttling rather than just wait). S3 and SQS retry in
-botocore's standard mode with 5 attempts, unless the user chose a mode or a number of
-attempts (`AWS_RETRY_MODE`, `AWS_MAX_ATTEMPTS` or the profile's), which then stand.
-"""
+On top, one attempt per AgentCore call: the dispatcher retries those itself, because it must slow
+its start rate on throttling rather than just wait. S3 and SQS retry in botocore's standard mode
+with 5 attempts, unless the user chose a mode or a number of attempts."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ class RolloutOutcome:
 
 
 @dataclass(frozen=True)
-class StaleResult:
+class LateResult:
     """A result that arrived after its request had ended (timed out, cancelled, or of an older
     step). Kept apart, never mixed into a batch."""
 

@@ -1,16 +1,9 @@
 """What a rollout cost: its sandbox session's seconds, its gateway tokens, and an estimate in
 dollars at `engine.cost`'s prices. One rollout's cost and the sum of many are the same type, so
-a batch's, a run's and an outcome's figures are added up one way.
+every figure adds up one way.
 
-Sandbox seconds run from when the invocation that started the session was sent to when the
-engine let go of the session: the outcome's hand-off, after which the dispatcher stops it (a
-stop a few milliseconds behind at `stop_rate`, not counted). A request whose session never
-started costs 0 s; one that may have started (an invocation cut off mid-call) counts from that
-invocation; timeouts, stale and cancelled requests count to their end, as their sessions ran
-until then. Tokens come from the gateway's trace, or for a rollout without a result from the
-usage its gateway session reported as it was dropped; without either (no gateway, or one that
-did not answer) they are unknown, None, and counted in `untraced`, not as 0.
-"""
+Tokens nobody reported (no gateway, or one that did not answer) are None and counted in
+`untraced`, never 0. What counts and from when: docs/outputs.md#what-a-rollout-cost."""
 
 from __future__ import annotations
 
@@ -114,6 +107,12 @@ def rollout_cost(
         + completion * prices.completion_usd_per_mtok
     ) / _MILLION
     return RolloutCost(seconds, prompt, completion, reused, sandbox_usd, token_usd)
+
+
+def idle_usd(seconds: float, prices: CostConfig) -> float:
+    """What sessions idling `seconds` (warm ones waiting for their rollouts) cost: the memory
+    they hold; AgentCore bills vCPUs only while used."""
+    return seconds * prices.session_gb * prices.gb_hour_usd / 3600
 
 
 def _tokens(trace: Mapping[str, Any] | None) -> tuple[int, int, int] | None:

@@ -1,11 +1,7 @@
 """Credentials in URLs, masked wherever the engine writes text: outcomes' errors, session-call
-errors, log lines and their tracebacks.
-
-Why here and not at each call: a URL with a password in it reaches an error message from many
-places (a proxy named in HTTPS_PROXY, an endpoint URL with user info, a library's exception
-text), and the engine writes errors to `rollouts.jsonl`, the journal and the log. The AWS SDK
-masks the proxy URLs it names (`***:***@`); this does the same to any URL, whoever wrote it.
-"""
+errors, log lines and their tracebacks. Done here, not at each call, because a URL with a
+password reaches an error message from many places (a proxy, an endpoint URL, a library's
+exception text), and the AWS SDK masks only the proxy URLs it names."""
 
 from __future__ import annotations
 

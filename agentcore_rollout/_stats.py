@@ -91,7 +91,7 @@ class EngineStats:
     unmatched: int = 0
     """Results of this experiment that no request (waiting or remembered) expects."""
     late_results: int = 0
-    """Results that arrived after their request had ended (kept apart, see `take_stale`)."""
+    """Results that arrived after their request had ended (kept apart, see `take_late`)."""
     foreign_messages: int = 0
     malformed_messages: int = 0
     test_events: int = 0

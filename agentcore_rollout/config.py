@@ -260,10 +260,11 @@ class DispatchConfig(Section):
         "sessions would pile up in live slots",
     )
     warm: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
-        default=None,
-        description="sessions started ahead of their requests (RolloutEngine.warm) at most at "
-        "once: a number, `auto` (up to the live bound) or None (off). Each idles until its "
-        "request comes, billed for its memory (docs/limits.md#warm-sessions)",
+        default="auto",
+        description="sessions a trainer may have started ahead of their requests "
+        "(RolloutEngine.warm), at most, per environment: a number, `auto` (as many as it asks, "
+        "within the live bound) or None (off). Each idles until its request comes, billed for "
+        "its memory (docs/limits.md#warm-sessions)",
     )
     warm_max_idle: float = Field(
         default=600.0,

@@ -83,14 +83,15 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     STALE = "stale"
     """Still running when the engine's step moved more than `max_staleness` past its own: its
-    session is stopped, and a result it writes anyway is kept apart (`take_stale`)."""
+    session is stopped, and a result it writes anyway is kept apart (`take_late`)."""
     ENGINE_ERROR = "engine_error"
     """A bug in the engine itself ended it (logged with its traceback): neither the agent's
     failure nor the platform's."""
 
 
 AgentStatus = Literal["ok", "agent_error", "verifier_error", "timeout", "cancelled"]
-"""The subset of outcomes an agent may write into its own result."""
+"""The subset of outcomes an agent may write into its own result: `Outcome` values (the
+agent side writes the members)."""
 
 
 class _Model(BaseModel):

@@ -4,6 +4,7 @@ ContractError with a one-line message."""
 from __future__ import annotations
 
 import json
+import typing
 from urllib.parse import quote_plus
 
 import pytest
@@ -11,8 +12,10 @@ from pydantic import ValidationError
 
 from agentcore_rollout.contract import (
     MAX_DEPTH,
+    AgentStatus,
     ContractError,
     NamedRewards,
+    Outcome,
     RolloutResult,
     Timings,
     canonical_json,
@@ -52,6 +55,12 @@ def _control(**kw) -> dict:
         "sig_key": KEY,
     }
     return base | kw
+
+
+def test_an_agents_status_words_are_outcomes():
+    """The agent side writes `Outcome` members: every status it may write is one's value."""
+    assert set(typing.get_args(AgentStatus)) < set(Outcome)
+    assert _result(status=Outcome.TIMEOUT).status == "timeout"
 
 
 def test_sign_verify_roundtrip_and_tamper():

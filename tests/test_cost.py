@@ -25,7 +25,8 @@ from agentcore_rollout import (
     load_config,
 )
 from agentcore_rollout._cost import rollout_cost
-from agentcore_rollout._dispatch.dispatcher import RequestDispatcher, SubmitFailed
+from agentcore_rollout._dispatch.dispatcher import RequestDispatcher
+from agentcore_rollout._dispatch.endpoints import SubmitFailed
 from agentcore_rollout.cli.summary import RunSummary, Tally
 from agentcore_rollout.config import ConfigError, CostConfig
 from agentcore_rollout.local.config import LocalConfig

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from agentcore_rollout._batch import RolloutOutcome, RolloutRequest
-from agentcore_rollout._dispatch.dispatcher import SubmitFailed
+from agentcore_rollout._dispatch.endpoints import SubmitFailed
 from agentcore_rollout._engine.request import Trace, _decide
 from agentcore_rollout._results.buffer import Delivery
 from agentcore_rollout.contract import ErrorInfo, Outcome

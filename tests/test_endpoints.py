@@ -14,13 +14,9 @@ from collections import Counter
 import pytest
 
 from agentcore_rollout import ConfigError, Outcome, RolloutEngine, RolloutRequest, RolloutStart
-from agentcore_rollout._dispatch.dispatcher import (
-    LiveSession,
-    RequestDispatcher,
-    RuntimeEndpoint,
-    SubmitFailed,
-)
-from agentcore_rollout._dispatch.endpoints import retry_budget
+from agentcore_rollout._dispatch.dispatcher import RequestDispatcher
+from agentcore_rollout._dispatch.endpoints import RuntimeEndpoint, SubmitFailed, retry_budget
+from agentcore_rollout._dispatch.start_queue import LiveSession
 from agentcore_rollout.config import load_config
 from agentcore_rollout.runtimes.base import SessionCallError
 

@@ -229,10 +229,10 @@ async def test_result_of_an_older_step_is_kept_apart(moto, channel, emulator):
         moto.client("s3").put_object(Bucket=channel.bucket, Key=control.result.key, Body=body)
         batch1 = await batch1_task
         await _until(lambda: engine.stats().late_results >= 1)
-        stale = engine.take_stale()
-        assert engine.take_stale() == []  # taken once
+        taken = engine.take_late()
+        assert engine.take_late() == []  # taken once
     _assert_rest_ok(batch1, set())
-    assert [(r.request_id, r.step, r.reward) for r in stale] == [(straggler.request_id, 0, 0.25)]
+    assert [(r.request_id, r.step, r.reward) for r in taken] == [(straggler.request_id, 0, 0.25)]
     assert all(o.step == 1 for o in batch1.outcomes)
 
 

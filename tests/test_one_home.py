@@ -1,7 +1,6 @@
-"""Each fact has one home: AgentCore's published defaults in `_agentcore`, the wire (signing
-keys, the run secret, the result prefix) in `contract`, and a rollout's deadline under one
-name; one function decides every outcome. And the core stays small enough to read: no
-function over 40 lines, no class over 300.
+"""Each fact has one home: AgentCore's published defaults in `runtimes/agentcore/published.py`,
+the wire (signing keys, the run secret, the result prefix) in `contract`, and a rollout's
+deadline under one name; one function decides every outcome.
 
 Read as text, so a second definition anywhere in the package fails here, with where it is."""
 
@@ -67,23 +66,26 @@ def test_one_name_for_the_deadline() -> None:
     a `timeout`. The names it had before fail here."""
     tests = sorted((ROOT / "tests").rglob("*.py"))
     docs = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
-    stale_names = (
+    old_names = (
         r"running_until|StartAttempts|\bcap=|attempts\.deadline|\bcutoff|\bstart_by\b"
         r"|\blookup_at\b|\bgive_up_at\b"
     )
-    assert (
-        _hits(stale_names, allowed={"tests/test_one_home.py"}, paths=SOURCES + tests + docs) == []
-    )
+    assert _hits(old_names, allowed={"tests/test_one_home.py"}, paths=SOURCES + tests + docs) == []
+
+
+CORE_FOLDERS = ("_engine", "_dispatch", "_results", "runtimes")
+DECIDES = "_engine/request.py"  # its `_decide`
 
 
 def _core_trees() -> dict[str, ast.Module]:
-    return {p.name: ast.parse(p.read_text()) for p in sorted(PACKAGE.glob("*.py"))}
+    paths = [*PACKAGE.glob("*.py"), *(p for f in CORE_FOLDERS for p in (PACKAGE / f).rglob("*.py"))]
+    return {p.relative_to(PACKAGE).as_posix(): ast.parse(p.read_text()) for p in sorted(paths)}
 
 
 def test_one_function_decides_every_outcome() -> None:
-    """In the core, an `Outcome` member is chosen only in `_request._decide`: anywhere else it
-    is only compared with."""
-    chosen = []
+    """In the core (its root and its folders), an `Outcome` member is chosen only in
+    `_engine/request.py`'s `_decide`: anywhere else it is only compared with."""
+    chosen, decides = [], 0
     for name, tree in _core_trees().items():
         compared = {
             id(n)
@@ -95,9 +97,10 @@ def test_one_function_decides_every_outcome() -> None:
         deciding = {
             id(n)
             for f in ast.walk(tree)
-            if isinstance(f, ast.FunctionDef) and f.name == "_decide" and name == "_request.py"
+            if isinstance(f, ast.FunctionDef) and f.name == "_decide" and name == DECIDES
             for n in ast.walk(f)
         }
+        decides += bool(deciding)
         for node in ast.walk(tree):
             named = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
             member = named and node.value.id == "Outcome" and node.attr.isupper()
@@ -106,4 +109,5 @@ def test_one_function_decides_every_outcome() -> None:
             call = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
             if call and node.func.id == "Outcome" and id(node) not in deciding:
                 chosen.append(f"{name}:{node.lineno} Outcome(...)")
+    assert decides == 1, f"no _decide in {DECIDES}"
     assert chosen == []

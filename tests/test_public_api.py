@@ -24,6 +24,7 @@ TRAINER_API = {
     "ContractError",
     "EngineConfig",
     "EngineStats",
+    "LateResult",
     "Outcome",
     "RolloutBatch",
     "RolloutTally",
@@ -35,7 +36,6 @@ TRAINER_API = {
     "RolloutStart",
     "SandboxRuntime",
     "SessionCallError",
-    "StaleResult",
     "load_config",
 }
 AGENT_API = {
@@ -82,7 +82,7 @@ def test_engine_exposes_no_internals():
         "step",
         "stream",
         "submit",
-        "take_stale",
+        "take_late",
         "warm",
     }
 
@@ -94,7 +94,7 @@ def test_readme_docs_and_examples_use_only_the_public_api():
         assert not re.search(r"agentcore_rollout\._|agentcore_rollout\.(engine|buffer)\b", text), (
             path
         )
-        assert not re.search(r"\bengine\._?(dispatcher|buffer)\b|\bbuffer\.(stale|step)\b", text), (
+        assert not re.search(r"\bengine\._?(dispatcher|buffer)\b|\bbuffer\.(late|step)\b", text), (
             path
         )
 

@@ -49,7 +49,7 @@ async def test_results_one_step_old_are_kept_two_steps_old_go_stale(moto, channe
         )
         moto.client("s3").put_object(Bucket=channel.bucket, Key=control.result.key, Body=body)
         await _until(lambda: engine.stats().late_results >= 1)
-        late = engine.take_stale()
+        late = engine.take_late()
     assert stale.outcome is Outcome.STALE and stale.step == 0 and stale.result is None
     assert "2 behind the current step 2" in (stale.error or "")
     assert one_behind.outcome is Outcome.OK and one_behind.step == 1

@@ -23,6 +23,7 @@ from agentcore_rollout.integrations.verl.agent_loop import (
     SERVICE_NAME,
     AgentCoreAgentLoop,
     GroupFailed,
+    _local_services,
     close_services,
 )
 from agentcore_rollout.integrations.verl.convert import ConversionError
@@ -126,6 +127,37 @@ async def test_agent_loop_rows_failures_and_min_group_ok_through_the_wire(tmp_pa
     assert "fewer than min_group_ok=2 of its 3 members" in str(two_failed[2])
 
 
+async def test_the_second_steps_rollouts_start_on_sessions_warmed_during_the_update(
+    tmp_path, monkeypatch
+):
+    """Synchronous veRL: once a step's last member ended (veRL's update begins), the service
+    warms the next batch's sessions; the next step's members start on them."""
+    monkeypatch.chdir(ROOT)
+    local = _held_stack("verl-warm")
+    question = {"question": "What is 2 + 5?"}
+    async with LocalStack(local) as stack:
+        engine = stack.engine_config(flat_config(exp_id="verl-warm", start_rate=50.0, wait_time=1))
+        engine_yaml = tmp_path / "engine.yaml"
+        engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
+        loop = _agent_loop(engine_yaml, n=2)
+        try:
+            for step in (1, 2):
+                groups = [_group(loop, f"p{k}", 2, question, step=step) for k in range(2)]
+                for members in await asyncio.gather(*groups):
+                    assert all(isinstance(rows, list) for rows in members), members
+                if step == 1:
+                    service = _local_services[str(engine_yaml)]
+                    async with asyncio.timeout(30):
+                        while service.stats()["warm_parked"] < 4:  # noqa: ASYNC110 (a gauge)
+                            await asyncio.sleep(0.05)
+            stats = _local_services[str(engine_yaml)].stats()
+        finally:
+            await close_services()
+    assert stats["warm_used"] == 4 and stats["warm_missed"] == 0  # the 4 of step 2
+    # step 2 ended too: the next batch's warm-ups began (a last step's are stopped at close)
+    assert stats["warm_started"] >= 4
+
+
 async def test_agent_loops_of_two_workers_share_one_engine_actor_under_ray(tmp_path, monkeypatch):
     """Two loops (as in two workers) reach one named engine actor: one SQS poller, so no
     notification is received by an engine that does not expect it."""
@@ -140,7 +172,10 @@ async def test_agent_loops_of_two_workers_share_one_engine_actor_under_ray(tmp_p
         queue="verl-ray",
     )
     async with LocalStack(local) as stack:
-        engine = stack.engine_config(flat_config(exp_id="ray", start_rate=50.0, wait_time=1))
+        # warm=None: no next-step warm-ups, so the invocations below are the 4 rollouts alone
+        engine = stack.engine_config(
+            flat_config(exp_id="ray", start_rate=50.0, wait_time=1, warm=None)
+        )
         engine_yaml = tmp_path / "engine.yaml"
         engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -177,7 +212,9 @@ def _async(threshold: int | None, folder: Path, strategy: str = "drop") -> dict:
 
 
 async def _engine_yaml(stack: LocalStack, tmp_path: Path, exp_id: str) -> Path:
-    engine = stack.engine_config(flat_config(exp_id=exp_id, start_rate=50.0, wait_time=1))
+    """No warm sessions: the tests below count the rollouts' own invocations."""
+    config = flat_config(exp_id=exp_id, start_rate=50.0, wait_time=1, warm=None)
+    engine = stack.engine_config(config)
     engine_yaml = tmp_path / "engine.yaml"
     engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
     return engine_yaml

@@ -99,3 +99,20 @@ async def test_warm_ups_and_cold_starts_keep_to_the_new_session_quota_together(
     assert stats.throttles == 0  # the emulator never refused a new session
     assert len(emu.sessions.started) == 24 and stats.warm_used == 12
     assert took >= (24 - 2) / 10  # 24 new sessions at 10/s, a tenth of a second of burst
+
+
+async def test_warm_tops_up_to_n_so_a_pipelined_trainer_keeps_a_pool_of_that_size(
+    moto, channel, emulator
+):
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu)  # engine.dispatch.warm: auto, the default
+    async with RolloutEngine(cfg) as engine:
+        assert engine.warm(3) == 3
+        assert engine.warm(3) == 0  # three are under way already
+        await _parked(engine, 3)
+        await engine.rollout(_requests(2))
+        assert engine.warm(3) == 2  # two were taken: topped up again
+        await _parked(engine, 3)
+        stats = engine.stats()
+    assert (stats.warm_started, stats.warm_used) == (5, 2)
+    assert len(emu.sessions.started) == 5

@@ -73,15 +73,12 @@ class RequestDispatcher:
             for a in dict.fromkeys(spec.pool for spec in endpoints)
         }
         self._queue = StartQueue(endpoints, self._pools, cfg)
-        self._endpoints = self._queue.endpoints
-        self.environment_of = self._queue.environment_of
         self.max_live = self._held_at_once()
         self._live_slots = OrderedSlots(self.max_live)
         rates = sum(a.limits.start_rate for a in self._pools.values())
         stops = cfg.stop_rate or max(rates, DEFAULT_STOP_RATE)
         self._stops = AdaptiveRate(TokenBucket(stops, burst=max(1.0, stops)))
         self._stopping: set[asyncio.Task[None]] = set()
-        self.starting = self._queue.starting
         self.live = Gauge()
         self.invokes = self.stops = self.throttles = 0
         self._warm = WarmPool()
@@ -96,18 +93,22 @@ class RequestDispatcher:
         """What every pool can hold at once: the slots a request takes before its gateway
         session is opened and its start waits for an endpoint."""
         return sum(
-            min(a.bound, sum(e.max_live for e in self._endpoints.values() if e.pool is a))
+            min(a.bound, sum(e.max_live for e in self._queue.endpoints.values() if e.pool is a))
             for a in self._pools.values()
         )
 
+    def environment_of(self, payload: dict[str, Any]) -> str | None:
+        """The environment a payload's session must start in (`StartQueue.environment_of`)."""
+        return self._queue.environment_of(payload)
+
     def stats(self) -> dict[str, Any]:
         """This dispatcher's share of `EngineStats`."""
-        endpoints, pools = self._endpoints.values(), self._pools.values()
+        endpoints, pools = self._queue.endpoints.values(), self._pools.values()
         return {
             "live_sessions": self.live.value,
-            "starts_in_flight": self.starting.value,
+            "starts_in_flight": self._queue.starting.value,
             "peak_live_sessions": self.live.peak,
-            "peak_starts_in_flight": self.starting.peak,
+            "peak_starts_in_flight": self._queue.starting.peak,
             "max_live_sessions": self.max_live,
             "start_rate": sum(a.starts.rate for a in pools),
             "rate_cuts": sum(a.starts.cuts for a in pools),
@@ -127,7 +128,7 @@ class RequestDispatcher:
             "warm_used": self.warm_used,
             "warm_missed": self.warm_missed,
             "warm_stopped": self.warm_stopped,
-            "warm_parked": self._warm.parked(),
+            "warm_parked": self._warm.parked_total(),
             "warm_idle_seconds": self.warm_idle_seconds,
             "endpoints_down": sum(e.outage.declared.is_set() for e in endpoints),
             "starts_by_endpoint": {e.name: e.started for e in endpoints},
@@ -162,7 +163,7 @@ class RequestDispatcher:
     def _leave(self, session: LiveSession) -> None:
         """Free the session's slot: at once if no session may have started, else once the
         session is stopped where it started (behind, at `stop_rate`)."""
-        endpoint = self._endpoints.get(session.endpoint or "")
+        endpoint = self._queue.endpoints.get(session.endpoint or "")
         if session.maybe_started and endpoint is not None:
             # a task held until it ends, never collected mid-stop
             stopping = asyncio.create_task(self._stop_and_release(session.session_id, endpoint))
@@ -183,7 +184,7 @@ class RequestDispatcher:
         """The slot's session is an earlier engine's, started on `endpoint` and still running:
         it holds a live slot there (over the bound if it must: it exists) and is stopped there."""
         session.maybe_started = True
-        found = self._endpoints.get(endpoint)
+        found = self._queue.endpoints.get(endpoint)
         if found is None:
             log.warning(
                 "session_id=%s runs on %s, not configured now", session.session_id, endpoint
@@ -195,7 +196,7 @@ class RequestDispatcher:
     def lost(self, session: LiveSession) -> asyncio.Event | None:
         """Set while the endpoint the session started on is declared down (no endpoint known:
         None): the engine stops waiting out its deadline for a session nobody can reach."""
-        endpoint = self._endpoints.get(session.endpoint or "")
+        endpoint = self._queue.endpoints.get(session.endpoint or "")
         return endpoint.outage.declared if endpoint is not None else None
 
     async def aclose(self) -> None:
@@ -206,7 +207,7 @@ class RequestDispatcher:
         await asyncio.gather(*self._warming, return_exceptions=True)
         self.cool()
         await asyncio.gather(*self._stopping, return_exceptions=True)
-        for endpoint in self._endpoints.values():
+        for endpoint in self._queue.endpoints.values():
             if endpoint.probe is not None:
                 endpoint.probe.cancel()
         self._queue.close()
@@ -323,7 +324,7 @@ class RequestDispatcher:
         self, session: LiveSession, payload_for: Callable[[float], bytes]
     ) -> tuple[float, Mapping[str, Any] | None]:
         """Invoke the session where it runs, at the call rate; (when sent, the agent's reply)."""
-        endpoint = self._endpoints.get(session.endpoint or "")
+        endpoint = self._queue.endpoints.get(session.endpoint or "")
         if endpoint is None or not session.maybe_started:
             raise SubmitFailed(f"session {session.session_id} is not running here")
         for attempt in range(self._cfg.max_retries + 1):
@@ -409,9 +410,9 @@ class RequestDispatcher:
         self._warm.pending[environment] -= 1
         self._warm.ready(session)
 
-    def warm_held(self) -> int:
-        """Warm sessions parked or under way."""
-        return self._warm.parked() + sum(self._warm.pending.values())
+    def warm_held(self, environment: str | None) -> int:
+        """Warm sessions of `environment` parked or under way."""
+        return self._warm.parked(environment) + self._warm.pending[environment]
 
     def cool(self, older_than: float | None = None) -> int:
         """Stop parked warm sessions (warm since before `older_than`, unix seconds; None:

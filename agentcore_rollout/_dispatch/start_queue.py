@@ -1,18 +1,10 @@
 """StartQueue: the line of start attempts waiting for an endpoint, and where each goes.
 
-Which attempt goes next and where is one decision, made each time a slot or a token frees,
-apart from a session's life (`_dispatcher`), which only asks for an endpoint (`claim`). Each
-attempt takes the least loaded endpoint whose start slot, live slot and pool's tokens are
-free (`_pick`), waiters lowest step first, woken when the first token they wait for is due. A
-retry after a clear refusal may go elsewhere; once an attempt may have created the session,
-every retry goes where it was sent. An endpoint declared down sends its waiters to the others;
-only with every endpoint down do they all fail at once with the cause, and a down endpoint is
-probed by one attempt per `backoff_max` seconds.
-
-Once an endpoint names an environment (its image: a Harbor task's), each attempt goes only to
-endpoints of its payload's environment (`serving`), and "every endpoint" above means every
-endpoint of that environment: one environment's outage fails its own requests alone.
-"""
+Which attempt goes next and where is one decision, made each time a slot or a token frees, apart
+from a session's life (the dispatcher only `claim`s an endpoint). Waiters go lowest step first,
+to the least loaded endpoint that is free; once an attempt may have created its session, every
+retry goes where it was sent. One environment's outage fails its own requests alone
+(docs/failures.md#an-endpoint-is-down)."""
 
 from __future__ import annotations
 

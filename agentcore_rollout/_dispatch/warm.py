@@ -25,7 +25,10 @@ class WarmPool:
         self.pending: Counter[str | None] = Counter()
         """Warm-ups under way, by environment."""
 
-    def parked(self) -> int:
+    def parked(self, environment: str | None) -> int:
+        return len(self._parked.get(environment, ()))
+
+    def parked_total(self) -> int:
         return sum(len(parked) for parked in self._parked.values())
 
     async def take(self, environment: str | None, start_deadline: float) -> LiveSession | None:

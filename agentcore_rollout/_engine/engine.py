@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Itera
 from typing import Any
 
 from .._aws import AwsClients
-from .._batch import RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart, StaleResult
+from .._batch import LateResult, RolloutBatch, RolloutOutcome, RolloutRequest, RolloutStart
 from .._dispatch.dispatcher import RequestDispatcher
 from .._redact import get_logger
 from .._results.buffer import RolloutBuffer
@@ -180,24 +180,24 @@ class RolloutEngine:
                 task.cancel()
 
     def warm(self, n: int, *, environment: str | None = None) -> int:
-        """Start `n` sessions ahead of the requests the next step will submit (of
-        `environment`: a Harbor task's), so that those start at the call rate, not at the
-        new-session quota's pace: call it when the trainer begins its update. Each warm session
-        serves one rollout; one nobody takes is stopped after `engine.dispatch.warm_max_idle`
-        seconds, or at `aclose`. Returns how many were started, within `engine.dispatch.warm`
-        (off: none) and the live slots free."""
+        """Have `n` sessions (of `environment`: a Harbor task's) started ahead of the requests
+        the next step will submit, so that those start at the call rate, not at the
+        new-session quota's pace: call it when the trainer begins its update. Tops up what is
+        warm or warming already; each warm session serves one rollout, and one nobody takes is
+        stopped after `engine.dispatch.warm_max_idle` seconds, or at `aclose`. Returns how many
+        it started, within `engine.dispatch.warm` (None: none) and the free live slots."""
         cap = self.config.dispatch.warm
-        if not cap or n <= 0:
+        if not cap:
             return 0
-        if cap != "auto":
-            n = min(n, cap - self._dispatcher.warm_held())
+        environment = self._dispatcher.environment_of({ENVIRONMENT_KEY: environment})
         self._dispatcher.cool(older_than=time.time() - self.config.dispatch.warm_max_idle)
+        wanted = n if cap == "auto" else min(n, cap)
         queued = self.config.limits.queue_timeout
         return self._dispatcher.warm(
-            n,
+            wanted - self._dispatcher.warm_held(environment),
             self.config.exp_id,
             start_deadline=time.time() + (queued if queued is not None else math.inf),
-            environment=self._dispatcher.environment_of({ENVIRONMENT_KEY: environment}),
+            environment=environment,
             priority=self._step + 1,
         )
 
@@ -209,9 +209,9 @@ class RolloutEngine:
             api_calls=self._clients.api_calls,
         )
 
-    def take_stale(self) -> list[StaleResult]:
+    def take_late(self) -> list[LateResult]:
         """Results that arrived after their request had ended, since the last call."""
-        return self._buffer.take_stale()
+        return self._buffer.take_late()
 
     def submit(
         self,

@@ -1,60 +1,9 @@
-"""GatewayAdmin: the engine's client for the gateway's admin API (one session per rollout).
+"""GatewayAdmin: the engine's client for the gateway's admin API, one session per rollout: open
+it, hand its key to the agent, then finish it (its trace goes on the outcome) or drop it (the
+request failed: only its usage comes back).
 
-    async with GatewayAdmin(admin_url, admin_token) as admin:   # the gateway's admin listener
-        s = await admin.create_session(request_id, sampling={"temperature": 1.0},
-                                       max_context=8192, max_turns=20)
-        # _rollout.llm = {"base_url": f"{s.url}/v1", "api_key": s.api_key, ...}
-        ...dispatch, wait for the result...
-        trace = await admin.finish_session(s.session_id)   # attach to the outcome
-        # or, when the request failed: usage = await admin.drop_session(s.session_id)
-
-The trace returned by `finish_session` (JSON-serializable, version 1):
-
-    {
-      "v": 1, "session_id": str, "request_id": str,
-      "token_capture": bool,          # false for pass-through backends: no samples then
-      "backend": "sglang" | "openai", "model": str,
-      "created": unix s, "finished": unix s,
-      "num_turns": int, "num_samples": int,
-      "usage": {"prompt_tokens": int, "completion_tokens": int,   # over the turns
-                "reused_prompt_tokens": int},   # of prompt_tokens, taken from earlier renders
-      "limits": {"max_turns", "max_context", "rejected_turns", "context_limited_turns"},
-      "in_flight_at_finish": int,     # turns still running when finished (not recorded)
-      "undelivered_turns": int,       # recorded turns whose reply the agent never got
-      "truncated": bool, "ill_formed": bool,   # any turn
-      "render": {"incremental": int, "shared": int, "fallback": int, "full": int},  # by kind
-      "turns": [{"index", "rid", "sample" (int | null), "prompt_tokens", "completion_tokens",
-                 "finish_reason" ("stop" | "length" | "tool_calls"), "truncated",
-                 "context_limited", "ill_formed", "error", "weight_version", "latency_s",
-                 "render" ("incremental" | "shared" | "fallback" | "full" | null: none),
-                 "reused_prompt_tokens": int,     # prompt ids not re-encoded this turn
-                 "version_runs": [[str | null, int]] | null,   # per output token (runs)
-                 "min_weight_version", "max_weight_version",  # over its tokens
-                 "resumed": int,                  # continued after the backend aborted it
-                 "delivered": bool}],   # false: sampled, but the agent never got the reply
-      "samples": [{"index", "turns": [turn indices],
-                   "prompt_ids": [int],        # the first merged turn's prompt
-                   "response_ids": [int],      # sampled + observation tokens after the prompt
-                   "loss_mask": [0 | 1],       # 1 exactly on sampled tokens
-                   "logprobs": [float | null], # sampling log-prob where mask is 1, else null
-                   "num_sampled": int, "finish_reason", "truncated", "ill_formed",
-                   "weight_versions": [str | null],   # one per merged turn (its last call's)
-                   "version_runs": [[str | null, int]],  # per response token; null: unsampled
-                   "min_weight_version", "max_weight_version", "resumed": int,
-                   "delivered": bool}]   # false if any of its turns was not delivered
-    }
-
-`response_ids`, `loss_mask` and `logprobs` have the same length. Turns merge into one sample
-when a prompt extends an earlier sample's prompt + response exactly (see `trajectory`); the
-render kinds are the gateway's (see `gateway.pipeline`), and give the same ids: `incremental`
-reused the ids of the session's earlier render, `shared` those of another session's render of
-the same start (the system prompt and tools a batch shares), `fallback` and `full` reused none.
-`reused_prompt_tokens` counts the ids reused either way (a prefix cache's hits, for `_cost`).
-A turn the agent never received (it went away before or while the reply was written, or the
-reply failed) is kept but marked `delivered: false`, and so is its sample: the tokens were
-sampled from the policy, but the agent's next turns did not follow from them; a trainer may drop
-such samples.
-"""
+The core's own client (aiohttp's), so the core imports nothing of `gateway/`, which re-exports it.
+The trace's JSON shape and the merge rule: docs/gateway.md#the-traces-json-shape."""
 
 from __future__ import annotations
 

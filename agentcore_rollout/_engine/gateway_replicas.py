@@ -1,16 +1,9 @@
 """GatewayReplicas: the engine's gateway replicas, each session on one, no proxy in between.
 
-A gateway session's state (its key, its rendered prefix, its trace) lives in the process that
-opened it, so every turn of a session must land there. Rather than put a sticky proxy in front
-(a hop per turn, and one process that every turn crosses again), the engine opens each session
-on a replica it picks and hands the agent that replica's URL. It picks the replica with the
-fewest sessions this engine holds open there (ties: the lowest index), skipping replicas that
-failed to answer in the last `retry_after` seconds; the first session opened after that is the
-probe that brings a replica back.
-
-A replica that dies takes its sessions' traces with it: the engine cannot finish them, and their
-rollouts end `invalid_result` (see `RolloutEngine`); new sessions go to the others.
-"""
+A session's state (its key, its renders, its trace) lives in the process that opened it, so every
+turn must land there: rather than a sticky proxy (a hop per turn, one process every turn
+crosses), the engine opens each session on a replica it picks and hands the agent that replica's
+URL. What a lost replica costs: docs/failures.md#the-gateway-loses-a-trace."""
 
 from __future__ import annotations
 

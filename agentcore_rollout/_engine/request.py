@@ -1,16 +1,9 @@
-"""One request's life, read top to bottom: `RequestRunner.run`.
+"""One request's life, read top to bottom: `RequestRunner.run`: a live-session slot, its gateway
+session, its sandbox session, the buffer's delivery, the trace, the outcome, built once; its
+session's stop runs behind the hand-off.
 
-register with the buffer (at submit: `Job`) -> take a live-session slot -> open its gateway
-session -> start its sandbox session -> wait for the buffer's delivery -> fetch the trace its
-result needs -> `_decide` its outcome -> build it, once. Its session's stop runs behind the
-hand-off (the dispatcher's `live_session`).
-
-What happened is gathered as facts: the buffer's `Delivery` (a result, an invalid object, or no
-result and why), the dispatcher's `SubmitFailed`, a cancel (and whether `set_step` made it), a
-bug's exception, and what the gateway kept of the trace. One pure function, `_decide`, turns
-them into the `Outcome`; nothing else chooses one. No outcome is invented: a failure carries no
-rewards. With OpenTelemetry configured, each life is one trace (`_tracing.RolloutSpans`).
-"""
+What happened is gathered as facts, and one pure function, `_decide`, turns them into the
+`Outcome`: nothing else chooses one, and no outcome is invented (a failure carries no rewards)."""
 
 from __future__ import annotations
 
@@ -23,7 +16,9 @@ from typing import Any, TypeVar
 
 from .._batch import RolloutOutcome, RolloutRequest, RolloutStart
 from .._cost import rollout_cost
-from .._dispatch.dispatcher import LiveSession, RequestDispatcher, SubmitFailed
+from .._dispatch.dispatcher import RequestDispatcher
+from .._dispatch.endpoints import SubmitFailed
+from .._dispatch.start_queue import LiveSession
 from .._redact import get_logger, redact
 from .._results.buffer import Delivery, RolloutBuffer
 from ..config import CostConfig, EngineConfig

@@ -1,20 +1,8 @@
-"""One OpenTelemetry trace per rollout, when an OTLP endpoint is configured.
-
-Configured means the standard variables say so: `OTEL_EXPORTER_OTLP_ENDPOINT` (or
-`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) set, and `OTEL_SDK_DISABLED` not `true`. Only then is
-`opentelemetry` imported (the `otel` extra); otherwise `tracer` is None and every span of
-`RolloutSpans` a no-op, so a run without a collector pays nothing and needs no package.
-
-A process that set up its own SDK tracer provider keeps it; one that did not gets the SDK's,
-exporting over OTLP/HTTP in batches, named by `OTEL_SERVICE_NAME` or the caller's default.
-
-The engine's spans of one request (`RolloutSpans`), children of its `rollout` span:
-`queue` (submit -> the first start attempt), `session.start` (the attempts; retries as
-events), `agent` (the first attempt -> the result written), `result` (written -> verified and
-delivered: S3, SQS, the engine's checks) and `handoff` (delivered -> the outcome: the gateway
-trace fetch). The `agent` span's W3C `traceparent` goes into the invocation, and the gateway
-session is opened with the root's, so the agent's spans and the gateway's turns join the trace.
-"""
+"""One OpenTelemetry trace per rollout, when an OTLP endpoint is configured by the standard
+variables; only then is `opentelemetry` imported (the `otel` extra). Otherwise every span of
+`RolloutSpans` is a no-op, so a run without a collector pays nothing and needs no package. A
+process that set up its own tracer provider keeps it. The spans and how the context reaches the
+agent and the gateway: docs/observability.md#the-spans."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""RolloutBuffer: turns the results its inbox announces and S3's objects into deliveries
-for waiting requests.
+"""RolloutBuffer: turns the results its inbox announces and S3's objects into deliveries for
+waiting requests.
 
-S3 is the source of truth; SQS only says where to look (the queue's side is `_inbox`). A
-result can be announced twice, late, or never, so the buffer:
-- verifies every object (size, schema, signature, key) before a request sees it, and a
-  result the agent's own message carries exactly as it would the object: one that passes
-  needs no GetObject (the bucket's notification of it, which still comes, is a duplicate);
-  one that fails is set aside unread, never an outcome, and the object in S3 decides,
-- looks a request's key up in S3 directly when its deadline nears with no notification,
-- remembers ended requests (per step, for a window of steps), so duplicates and late results
-  are counted, never mixed in.
-"""
+S3 is the source of truth; SQS only says where to look, and a result can be announced twice,
+late, or never. So every object is verified before a request sees it, a request's key is looked
+up in S3 when its deadline nears without a notification, and ended requests are remembered for a
+window of steps, so duplicates and late results are counted, never mixed in."""
 
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._batch import StaleResult
+from .._batch import LateResult
 from .._flow import backoff_delay
 from .._redact import get_logger
 from ..config import EngineConfig
@@ -34,13 +28,12 @@ from ..contract import (
     parse_result_key,
     result_key,
 )
-from .inbox import Handled, Inbox, Transient
-from .objects import ResultObjects
+from .inbox import Handled, Inbox
+from .objects import ResultObjects, Transient
 from .verify import checked_inline
 
 log = get_logger("agentcore_rollout.buffer")
 
-_CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
 _INLINE_WAIT = 2.0
 """Seconds the bucket's notification of a result small enough to come inline is held, the
 first time it is received before the agent's own message: that message usually follows
@@ -59,7 +52,7 @@ class Delivery:
     invalid: str | None = None
     missing: str | None = None
     handed_off_at: float = field(default_factory=time.time)
-    via: Literal["notification", "lookup", "deadline"] = "notification"
+    via: Literal["notification", "lookup", "deadline", "cancel"] = "notification"
 
 
 @dataclass
@@ -92,7 +85,7 @@ class RolloutBuffer:
         # step -> request_id -> the signing key of a request that ended without a result
         # (its result may still come, late), or None once nothing more is expected of it
         self._ended: dict[int, dict[str, str | None]] = {}
-        self._stale: dict[int, list[StaleResult]] = {}
+        self._late: dict[int, list[LateResult]] = {}
         self._step = 0
         self._window = config.limits.max_staleness + 1
         self._counts: Counter[str] = Counter()
@@ -135,13 +128,13 @@ class RolloutBuffer:
         horizon = step - self._window
         for old in [s for s in self._ended if s < horizon]:
             del self._ended[old]
-        for old in [s for s in self._stale if s < horizon]:
-            del self._stale[old]
+        for old in [s for s in self._late if s < horizon]:
+            del self._late[old]
 
-    def take_stale(self) -> list[StaleResult]:
+    def take_late(self) -> list[LateResult]:
         """Hand over (and forget) the results that arrived after their request had ended."""
-        taken = [r for results in self._stale.values() for r in results]
-        self._stale.clear()
+        taken = [r for results in self._late.values() for r in results]
+        self._late.clear()
         return taken
 
     # ----------------------------------------------------------------- requests
@@ -180,7 +173,7 @@ class RolloutBuffer:
                 why = "its runtime endpoint was declared down, and no result came"
             for until in (early, deadline + limits.result_grace):
                 if not await _wait_until(w.future, until):
-                    await self._lookup(w)
+                    await self._reconcile(w)
                 if w.future.done():
                     return w.future.result()
             return self._resolve(w, Delivery(missing=why, via="deadline"))
@@ -205,9 +198,11 @@ class RolloutBuffer:
         return None
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> None:
+        """Stop waiting for a request the engine ended (`reason`: why): no result, `via`
+        `cancel`."""
         w = self._waiters.get(request_id)
         if w is not None:
-            self._resolve(w, Delivery(missing=reason, via="deadline"))
+            self._resolve(w, Delivery(missing=reason, via="cancel"))
             self._retire(w)
 
     def _retire(self, w: _Waiter) -> None:
@@ -247,7 +242,7 @@ class RolloutBuffer:
             self._counts["duplicates"] += 1
             return "delete"
         if ref is not None and ref.result is not None:
-            result = self._inline_checked(key, ref.result, size, w.sig_key)
+            result = self._accept_inline(key, ref.result, size, w.sig_key)
             if result is None:
                 return "forged"
             self._resolve(w, Delivery(result, via=via))
@@ -285,7 +280,7 @@ class RolloutBuffer:
         small = ref.size is not None and ref.size <= INLINE_RESULT_MAX_BYTES
         return small and self._cfg.results.notify_directly
 
-    def _inline_checked(
+    def _accept_inline(
         self, key: ResultKey, result: RolloutResult, size: int, sig_key: str
     ) -> RolloutResult | None:
         """A result the agent's own message carried, checked as its object would be (size,
@@ -311,7 +306,7 @@ class RolloutBuffer:
             self._counts["duplicates"] += 1
             return "delete"
         if ref is not None and ref.result is not None:
-            result = self._inline_checked(key, ref.result, size, sig_key)
+            result = self._accept_inline(key, ref.result, size, sig_key)
             if result is None:
                 return "forged"  # the object in S3, or its notification, may still come
             ended[key.request_id] = None
@@ -324,8 +319,8 @@ class RolloutBuffer:
         if result is None:
             return "delete"
         self._counts["late_results"] += 1
-        self._stale.setdefault(key.step, []).append(
-            StaleResult(
+        self._late.setdefault(key.step, []).append(
+            LateResult(
                 request_id=key.request_id,
                 step=key.step,
                 reward=result.scalar_reward(),
@@ -350,8 +345,9 @@ class RolloutBuffer:
             return Delivery(invalid=str(e), via=via)
         return None if result is None else Delivery(result, via=via)
 
-    async def _lookup(self, w: _Waiter) -> None:
-        """Read the request's key straight from S3, for when the notification is late or lost."""
+    async def _reconcile(self, w: _Waiter) -> None:
+        """Read a waiting request's key straight from S3 (`reconcile_before` its deadline, and
+        after the grace), for when the notification is late or lost."""
         if w.future.done():
             return
         self._counts["lookups"] += 1

@@ -1,17 +1,10 @@
-"""The results queue, as the buffer reads it: long-polled, each message handed on and settled
-by its fate.
+"""The results queue, as the buffer reads it: long-polled, each message handed on and settled by its
+fate.
 
-SQS only says where to look, and its messages can be duplicated, late, foreign or malformed,
-so the inbox:
-- long-polls, parses both notification forms, and hands each result that is ours to the
-  buffer (`ingest`), which says what became of it,
-- deletes a message only after hand-off, in batches: a handled message waits up to
-  `_DELETE_WINDOW` for others to share a call,
-- after a receive that brought a partial batch, waits `_RECEIVE_GATHER` before the next, so at
-  moderate traffic one call brings several messages,
-- leaves messages that are not its own on the queue, hidden longer each time they come back
-  (`_hidden_for`): a polluted queue costs a few receives per message, no S3 call.
-"""
+SQS messages can be duplicated, late, foreign or malformed. A message is deleted only after
+hand-off, in batches; after a partial receive the inbox waits briefly so one call brings several;
+messages not its own stay on the queue, hidden longer each time they return, costing a few
+receives and no S3 call."""
 
 from __future__ import annotations
 
@@ -31,6 +24,7 @@ from ..contract import (
     parse_notification,
     parse_result_key,
 )
+from .objects import Transient
 
 log = get_logger("agentcore_rollout.buffer")
 
@@ -51,10 +45,6 @@ _POLLERS = 1  # one receive at a time suffices: 10 messages each, handled while 
 _FOREIGN_VISIBILITY = 2  # seconds: the engine it may be for takes it within a receive or two
 _RECEIVE_GATHER = 0.05  # seconds: the next receive brings several, for 50 ms more latency at most
 _DELETE_WINDOW = 0.5  # seconds: fills calls at tens of results/s; under any visibility timeout > 0
-
-
-class Transient(Exception):
-    """S3 could not be read right now; keep the message, it will come back."""
 
 
 class Inbox:

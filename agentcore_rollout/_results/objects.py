@@ -1,5 +1,5 @@
 """Results in S3, the source of truth: whether a request's object exists, and reading one,
-refused before it is read into memory when over the size limit, checked (`_verify`) off the
+refused before it is read into memory when over the size limit, checked (`verify`) off the
 event loop when large. A failure S3 may not repeat is `Transient`: the caller tries again."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .._redact import get_logger
 from ..config import EngineConfig
 from ..contract import ContractError, RolloutResult
-from .inbox import Transient
 from .verify import checked_object
 
 log = get_logger("agentcore_rollout.buffer")
@@ -21,6 +20,11 @@ log = get_logger("agentcore_rollout.buffer")
 _CHECK_IN_THREAD_BYTES = 256 * 1024  # larger objects are checked off the event loop
 _MISSING = ("NoSuchKey", "404")
 _DOWNLOADS = 16  # concurrent GetObjects: over a batch's 10, well within _aws's 64 connections
+
+
+class Transient(Exception):
+    """S3 could not be read right now: try again (the inbox keeps the message that announced
+    the object, so it comes back)."""
 
 
 class ResultObjects:

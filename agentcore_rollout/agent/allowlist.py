@@ -1,20 +1,11 @@
-"""What an agent's process (and a task's tests) may find in its environment: an allowlist,
-never the wrapper's environment less a few names. A session's environment holds what the
-wrapper needs alone (AWS credentials, endpoints, the project's settings) and whatever the
-launch passed on (trackers' and collectors' tokens, a proxy's password): a policy that can
-print its environment must find none of it.
+"""What an agent's process (and a task's tests) may find in its environment: an allowlist, never
+the wrapper's environment less a few names. A session's environment holds what the wrapper alone
+needs (AWS credentials, endpoints) and whatever the launch passed on (trackers' tokens, a proxy's
+password): a policy that can print its environment must find none of it.
 
-An agent gets, in this order, each later one over the earlier:
-1. the image's own ENV (its Dockerfile's), as the image's build recorded it (`trusted.py`);
-   with no record (an image built before records were), the session's environment stands
-   in for it, less `DENIED`;
-2. from the session's environment, the basics (`BASICS`, `LC_*`), the TLS trust variables
-   (`TLS`) and the proxy variables (`PROXIES`) whose URL carries no user or password;
-3. the task's `[environment] env` (and, for the tests, `[verifier] env`);
-4. what the wrapper sets: HOME (a fresh folder), USER, and the agent's launch (the gateway's
-   URL, key and model).
-
-`DENIED` (by prefix) never comes from 1 or 2, whatever the image or session says."""
+Later sources win: the image's own ENV as its build recorded it, the session's basics, TLS trust
+and credential-free proxies, the task's env, then what the wrapper sets; `DENIED` never comes
+from the first two. The lists: docs/harbor.md#what-an-agent-is-given."""
 
 from __future__ import annotations
 

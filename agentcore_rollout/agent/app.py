@@ -25,6 +25,7 @@ from ..contract import (
     ContractError,
     ErrorInfo,
     LLMSettings,
+    Outcome,
     Rewards,
     RolloutControl,
     RolloutResult,
@@ -225,15 +226,19 @@ def _fields(work: asyncio.Future[Any]) -> dict[str, Any]:
     """The result fields for how `work` ended: past its deadline (the watchdog has just asked
     it to cancel, so it is not done yet), cancelled by itself, raised, or returned."""
     if not work.done():
-        return _failure("timeout", "deadline", "DeadlineExceeded", "rollout ran past its deadline")
+        return _failure(
+            Outcome.TIMEOUT, "deadline", "DeadlineExceeded", "rollout ran past its deadline"
+        )
     if work.cancelled():
-        return _failure("cancelled", "cancelled", "CancelledError", "rollout cancelled itself")
+        return _failure(
+            Outcome.CANCELLED, "cancelled", "CancelledError", "rollout cancelled itself"
+        )
     if isinstance(e := work.exception(), VerifierError):
-        return _failure("verifier_error", "verifier_error", "VerifierError", str(e))
+        return _failure(Outcome.VERIFIER_ERROR, "verifier_error", "VerifierError", str(e))
     if isinstance(e, AgentTimeout):
-        return _failure("timeout", "agent_timeout", "AgentTimeout", str(e))
+        return _failure(Outcome.TIMEOUT, "agent_timeout", "AgentTimeout", str(e))
     if e is not None:
-        return _failure("agent_error", "error", type(e).__name__, str(e))
+        return _failure(Outcome.AGENT_ERROR, "error", type(e).__name__, str(e))
     return _output_fields(work.result())
 
 
@@ -244,10 +249,10 @@ def _output_fields(output: Any) -> dict[str, Any]:
         return _invalid("rollout must return RolloutOutput or a dict with 'rewards'")
     if unknown := set(output) - {"rewards", "trajectory", "metrics", "stop_reason"}:
         return _invalid(f"unknown output keys {sorted(unknown)}")
-    return {"status": "ok", "stop_reason": "done", **output}
+    return {"status": Outcome.OK, "stop_reason": "done", **output}
 
 
-def _failure(status: str, stop_reason: str, type_: str, message: str) -> dict[str, Any]:
+def _failure(status: Outcome, stop_reason: str, type_: str, message: str) -> dict[str, Any]:
     # An exception's message may hold a lone surrogate, which no UTF-8 result can carry.
     message = message[:_MAX_ERROR_CHARS].encode("utf-8", "backslashreplace").decode()
     error = ErrorInfo(type=type_, message=message)
@@ -255,7 +260,7 @@ def _failure(status: str, stop_reason: str, type_: str, message: str) -> dict[st
 
 
 def _invalid(why: str) -> dict[str, Any]:
-    return _failure("agent_error", "error", "InvalidOutput", why)
+    return _failure(Outcome.AGENT_ERROR, "error", "InvalidOutput", why)
 
 
 def _build(control: RolloutControl, fields: dict[str, Any], timings: Timings) -> RolloutResult:

@@ -1,13 +1,9 @@
-"""Writes an agent's one result: checked, refused if it holds a secret, signed, conditional
-put, optional SQS note.
+"""Writes an agent's one result: checked, refused if it holds a secret, signed, a conditional put,
+an optional SQS note.
 
-Whatever result it is given, what reaches S3 is a valid result object. One that cannot go on
-the wire (a non-finite number, a lone surrogate, nesting deeper than `MAX_DEPTH`, an object
-that does not serialize, more bytes than the engine accepts) is replaced by an `agent_error`
-result that says why in one line, so the engine learns at once instead of waiting out the
-rollout's deadline for an object that never comes. So is one that holds the signing key or
-the LLM key in any form `_leaked` finds, which only code digging past the SDK can get.
-"""
+What reaches S3 is always a valid result object: one that cannot go on the wire, or that holds
+the signing key or the LLM key in any form `_leaked` finds, is replaced by an `agent_error`
+result saying why in one line, so the engine learns at once instead of waiting out the deadline."""
 
 from __future__ import annotations
 
@@ -23,6 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ..contract import (
     ContractError,
     ErrorInfo,
+    Outcome,
     RolloutControl,
     RolloutResult,
     check_json,
@@ -136,7 +133,9 @@ def _rejected(result: RolloutResult, why: str) -> RolloutResult:
     """The `agent_error` result written instead of one that cannot go on the wire."""
     error = ErrorInfo(type="InvalidOutput", message=why)
     cleared = {"rewards": None, "trajectory": None, "metrics": {}, "error": error}
-    return result.model_copy(update={"status": "agent_error", "stop_reason": "error", **cleared})
+    return result.model_copy(
+        update={"status": Outcome.AGENT_ERROR, "stop_reason": "error", **cleared}
+    )
 
 
 def _leaked(strings: Iterable[str], control: RolloutControl) -> str | None:

@@ -22,7 +22,7 @@ from .dataset import read_task_source
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, Interrupted, UsageError
 from .infra import READY_TIMEOUT_S, infra_command
 from .run import run_command
-from .views import console, run_async
+from .terminal import console, run_async
 
 DEFAULT_CONFIG = Path("configs/local.yaml")  # relative to the current directory
 TRAIN_CONFIG = Path("configs/train.yaml")

@@ -1,5 +1,5 @@
-"""How the CLI fails: the error for input it cannot use, and its exit codes (see the package's
-docstring for when each is returned)."""
+"""How the CLI fails: the error for input it cannot use, and its exit codes
+(docs/outputs.md#exit-codes says when each is returned)."""
 
 EXIT_ERROR, EXIT_TOO_FEW_OK, EXIT_WRITE_FAILED, EXIT_INTERRUPTED = 2, 3, 4, 130
 EXIT_STACK_FAILED = 5  # `train`: a part of the local stack stopped working

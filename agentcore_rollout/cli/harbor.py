@@ -1,14 +1,10 @@
-"""Harbor tasks' images, built here for the local stack (`local.mode: container`): one per
-distinct environment (`tasks.environment_id`) and agent, and one per separate verifier's
-environment (`HarborTask.verifier_environment`, with no agent), each the environment's image
-(its Dockerfile built, on the Debian substitute base where its FROM cannot be pulled, or its
-`docker_image` pulled) with the wrapper's layer on it (`harbor/images.py`).
+"""Harbor tasks' images, built here for the local stack (`local.mode: container`): one per distinct
+environment and agent, and one per separate verifier's environment, each the environment's image
+with the wrapper's layer on it (`harbor.images`).
 
-The wrapper (the package's venv) and the agent's install are built once, each in an image of
-its own (`wrapper_dockerfile`, `install_dockerfile`), and each environment's layer copies
-them in (`copied_layer_dockerfile`); environments build concurrently, one per core, under a
-progress bar. One environment that fails to build is that environment's tasks' failure: `TaskImages`
-holds the images that built and why each other one did not."""
+The wrapper and the agent's install are built once each and copied into every environment's
+layer; environments build concurrently, one per core. One that fails to build is its tasks'
+failure alone: `TaskImages` holds the images that built and why each other one did not."""
 
 from __future__ import annotations
 
@@ -141,7 +137,7 @@ def task_images(
     builder's cache keeps unchanged steps) and the layers on those that changed. Never raises
     for one environment: its failure is in `TaskImages.failed`. `workers` environments build
     at once (default: one per core); a progress bar and a summary line on the console."""
-    from .views import console, status_bar  # lazily: rich
+    from .terminal import console, status_bar  # lazily: rich
 
     started = time.monotonic()
     todo = environments(tasks, agent_named(agent))

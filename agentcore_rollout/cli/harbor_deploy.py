@@ -1,18 +1,10 @@
-"""`deploy --tasks DIR` and `destroy --manifest FILE`: a folder of Harbor tasks on AgentCore.
+"""`deploy --tasks DIR` and `destroy --manifest FILE`: a folder of Harbor tasks on AgentCore, one
+runtime per distinct environment (and per separate verifier's), its image built for linux/arm64
+(AgentCore runs arm64 only) and pushed to ECR.
 
-Each distinct environment of the tasks (`harbor.tasks.environment_id`), and each separate
-verifier's environment (`HarborTask.verifier_environment`: the wrapper and no agent), becomes
-one AgentCore runtime, named `<prefix>_<environment id>`, running the image
-`<repository>:<environment id>-<agent>`: the task's environment with the agent layer on top
-(`harbor.images`), built for linux/arm64 (AgentCore runs arm64 only) and pushed to ECR. Every
-image is checked against AgentCore's image size limit before any runtime is created or
-changed, and the runtimes made are written to a manifest (which runtime serves which tasks)
-with the `engine.runtimes` snippet that sends each task's requests to its own runtime.
-`destroy --manifest` removes them.
-
-The image build shells out to Podman or Docker (`local.containers.container_engine`); the
-control plane is boto3's, through `infra.deploy_runtime`, so every failure is one
-`InfraError` line."""
+Every image is checked against AgentCore's image size limit before any runtime is created or
+changed; the manifest says which runtime serves which tasks, with the `engine.runtimes` snippet.
+Every failure is one `InfraError` line. docs/aws.md#harbor-tasks-on-agentcore."""
 
 from __future__ import annotations
 
@@ -53,7 +45,7 @@ from .infra import (
     destroy_runtime,
     runtime_spec,
 )
-from .views import console
+from .terminal import console
 
 ARM64 = "linux/arm64"
 MANIFEST = "harbor-runtimes.json"

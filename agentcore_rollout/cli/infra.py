@@ -24,7 +24,7 @@ from ..runtimes.agentcore.published import (
     LIFECYCLE_MIN_S,
     MAX_LIFETIME_S,
 )
-from .views import console
+from .terminal import console
 
 log = logging.getLogger(__name__)
 

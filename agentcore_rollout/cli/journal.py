@@ -1,12 +1,7 @@
-"""The run journal: what a run submitted and started, so `run --resume OUT` can take over after
-the process died, without running an agent twice.
-
-`OUT/journal.jsonl` holds one `request` line per request (written before any is submitted)
-and one `started` line per session started (its start, deadline, gateway session, replica and
-endpoint). Ended requests are the lines of `OUT/rollouts.jsonl`. The signing keys derive from
-the run's secret (`engine.run_secret`, else `OUT/run_secret`, 0600), which never goes to S3 or
-the logs.
-"""
+"""The run journal (`OUT/journal.jsonl`): what a run submitted and started, so `run --resume OUT`
+can take over after the process died without running an agent twice. The signing keys derive
+from the run's secret (`engine.run_secret`, else `OUT/run_secret`, 0600), which never goes to S3
+or the logs."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ from .journal import (
 )
 from .outdir import begin_fresh, check_fresh, check_not_an_output, check_writable, locked
 from .summary import SUMMARY, RunSummary, Tally
+from .terminal import console, print_summary, progress_bar, run_async
 from .trackers import Trackers
-from .views import console, print_summary, progress_bar, run_async
 
 if TYPE_CHECKING:
     from ..local.config import ContainerLimits

@@ -1,10 +1,9 @@
-"""The experiment trackers `run` and `train` log to (`--logger`, `run.loggers`,
-`train.loggers`): TensorBoard, wandb (offline) and MLflow (a SQLite store), each writing inside
-the output folder under `engine.exp_id`, each from its own extra and imported only when named.
+"""The experiment trackers `run` and `train` log to (TensorBoard, wandb offline, MLflow's SQLite
+store), each from its own extra and imported only when named.
 
-Each tracker runs on one thread of its own: opening one (wandb starts a process, MLflow creates
-its tables) takes a second or more, which the engine's event loop must not wait for. A tracker
-that fails is one line and is dropped; the run goes on, and its own files never wait on it."""
+Each runs on a thread of its own: opening one takes a second or more (wandb starts a process),
+which the engine's event loop must not wait for. One that fails is one line and is dropped; the
+run goes on. docs/outputs.md#experiment-trackers."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from .errors import UsageError
-from .views import console
+from .terminal import console
 
 LoggerName = Literal["tensorboard", "wandb", "mlflow"]
 PROJECT = "agentcore-rollout"  # wandb's project and MLflow's experiment

@@ -15,15 +15,15 @@ from typing import Any
 from rich.table import Table
 
 from .. import Outcome
-from ..local.trainer import METRICS, StackFailed, check_config, train
+from ..local.trainer import FAILED, METRICS, StackFailed, check_config, train
 from ..training import Group, GroupPolicy, GroupStatus
 from .config import Config
 from .dataset import read_rows
 from .errors import EXIT_INTERRUPTED, EXIT_STACK_FAILED, UsageError
 from .journal import JOURNAL
 from .outdir import locked
+from .terminal import console, run_async, status_bar
 from .trackers import Trackers
-from .views import console, run_async, status_bar
 
 CURVE = "reward_curve.png"
 
@@ -143,7 +143,7 @@ class StepProgress:
         if group.status is GroupStatus.STALE:
             return  # not one of this step's groups
         self._ok += sum(m.outcome is Outcome.OK for m in group.members)
-        self._failed += sum(m.outcome not in (Outcome.OK, Outcome.CANCELLED) for m in group.members)
+        self._failed += sum(m.outcome in FAILED for m in group.members)
         self._rewards += group.rewards
         mean = sum(self._rewards) / len(self._rewards) if self._rewards else math.nan
         status = f"ok {self._ok}  failed {self._failed}  reward {mean:.3f}"

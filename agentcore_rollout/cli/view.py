@@ -1,13 +1,9 @@
 """`agentcore-rollout view OUT`: a run's output as one self-contained HTML page.
 
-The page has to open a run of 10,000 rollouts (hundreds of MB of token traces) from a file,
-offline, without a server. So it holds two things: an index, one small record per rollout
-(what the summary, the filters, the groups and the list need), and each rollout's whole line,
-gzipped and base64-encoded a chunk of `CHUNK` rollouts at a time, inflated by the browser
-(`DecompressionStream`) only when one of them is opened. rollouts.jsonl is read a line at a
-time and each chunk written as it fills, so building it holds the index and one chunk only.
-Everything an agent wrote is untrusted: the page sets it as text, never as HTML.
-"""
+It must open 10,000 rollouts (hundreds of MB of traces) from a file, offline, without a server:
+so it holds an index of small records and each rollout's line gzipped in chunks the browser
+inflates only when one is opened, and it is built a line at a time. Everything an agent wrote is
+untrusted: the page sets it as text, never as HTML. docs/outputs.md#view."""
 
 from __future__ import annotations
 

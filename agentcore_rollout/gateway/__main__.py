@@ -1,18 +1,9 @@
-"""`python -m agentcore_rollout.gateway`: run a Gateway until SIGINT/SIGTERM.
+"""`python -m agentcore_rollout.gateway`: run a Gateway until SIGINT/SIGTERM (flags: `--help`,
+docs/gateway.md#running-it-on-its-own).
 
-    AGENTCORE_GATEWAY_ADMIN_TOKEN=... python -m agentcore_rollout.gateway \\
-        --backend sglang --backend-url http://127.0.0.1:30000 --renderer /path/to/tokenizer
-
-The admin token comes from the environment (never the command line, which `ps` shows to every
-user); once it is listening, the process prints one line, its two URLs: the agents' API, then
-the admin API (`--admin-host`, `--admin-port`; loopback by default), so a parent (the local stack,
-a benchmark) can wait for that line. `--tls-cert` and `--tls-key` (PEM files) put the agents' API
-on HTTPS. `--renderer` is a local directory holding a Hugging
-Face tokenizer with a chat template, or `module:attribute` naming a Renderer class or factory
-(the local stack passes `agentcore_rollout.local.policy.render:CharRenderer`). `--parser` names
-the model family whose tool-call and reasoning syntax the gateway parses (`parsers.FAMILIES`);
-by default a tokenizer's chat template decides, and Hermes is the fallback.
-"""
+The admin token comes from the environment, never the command line, which `ps` shows to every
+user. Once listening it prints one line, the agents' URL then the admin URL, which a parent (the
+local stack, a benchmark) waits for."""
 
 from __future__ import annotations
 

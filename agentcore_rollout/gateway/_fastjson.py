@@ -1,10 +1,8 @@
 """JSON for the gateway's hot path: orjson when installed (the [gateway] extra pins it), else the
 standard library, which a core + [local] install runs the gateway on.
 
-Why: every turn carries the whole conversation in (the agent's request) and the whole prompt out
-(its ids, to the backend), so JSON work grows with the conversation; orjson encodes a list of
-ids about ten times faster than `json.dumps`. Both produce compact UTF-8 bytes.
-"""
+Every turn carries the whole conversation in and the whole prompt's ids out, so JSON work grows
+with the conversation; orjson encodes a list of ids about ten times faster than `json.dumps`."""
 
 from __future__ import annotations
 

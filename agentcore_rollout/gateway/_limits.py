@@ -1,33 +1,8 @@
-"""What keeps one agent from stalling the others: bounded bodies, read deadlines, bounded
-nesting, a bound on a session's requests in flight, and a thread pool for the CPU work.
+"""What keeps one agent from stalling the others: bounded bodies, read deadlines, bounded nesting, a
+bound on a session's requests in flight, and a thread pool for big requests' CPU work.
 
-- Body size: a turn is text (the renderer is text-only), so a body holds about as many bytes as
-  the prompt has characters; `DEFAULT_MAX_BODY_BYTES` (8 MiB) holds a million-token text
-  conversation with room for JSON escapes. Anthropic's own limit (32 MB) is sized for images and
-  PDFs, which the gateway refuses. A larger body is a 413 read from its `Content-Length` before
-  any of it is, or as soon as a chunked one passes the limit.
-- Read deadlines: aiohttp closes a connection that is waiting for a request when its keep-alive
-  timer fires, and that timer runs from the connection's start and from the end of each response
-  even while request bytes trickle in; `READ_TIMEOUT` is that timer, so a client that sends its
-  headers slowly is closed after it. It is longer than the idle keep-alive of the SDKs' clients
-  (httpx 5 s, aiohttp 15 s), so a pooled connection is never closed under a client about to
-  reuse it. A body must then arrive within the same time: a 408.
-- Nesting: orjson's encoder stops at 254 levels, the json module's at about 1,000 (a
-  RecursionError), and a turn's reply echoes or re-encodes fields (`metadata`, `user`, tool
-  schemas, `tool_use.input`), so a body deeper than `MAX_DEPTH` is a 400 before anything is
-  sampled. Real schemas and tool inputs nest a few tens of levels at most.
-- A session's requests: an agent may send side requests (a title, `count_tokens`, parallel
-  sub-agents) while its main turn runs, so a second request is queued, not refused: a session's
-  CPU work (parsing its body, rendering) runs one request at a time (`Session.cpu`), which also
-  keeps its render states consistent, while its sampling runs concurrently. Past
-  `DEFAULT_SESSION_REQUESTS` requests in flight the next is a 429, which the SDKs retry later.
-- The pool: for a body over `POOL_BYTES` (a Claude Code turn, with its tools, is over it),
-  rendering (the tokenizer releases the GIL; a chat template yields it every few ms), parsing
-  the sample and the depth check run in threads, one per CPU, so a huge prompt delays neither
-  the other sessions' turns nor `/health`. A smaller turn's work is cheaper than the hop, and
-  stays on the loop. orjson holds the GIL while it parses, so a thread would not help there: a
-  bounded body bounds it (about 1 ms per MiB).
-"""
+The defaults, why each, and what happens past it:
+docs/gateway.md#limits-one-agent-cannot-stall-the-others."""
 
 from __future__ import annotations
 

@@ -1,26 +1,9 @@
-"""The admin API: how the engine (`GatewayAdmin`, its client) opens a session per rollout
-request, takes its trace, drops it, finds the one an earlier engine opened, and reads the
-gateway's counters. Every route takes the admin token as `Authorization: Bearer`.
+"""The admin API: the routes the engine (`GatewayAdmin`) opens, finishes, drops and finds sessions
+with, and reads the counters from; each takes the admin token as `Authorization: Bearer`.
 
-It is a listener of its own (`AdminAPI` is a `Server`), apart from the agents' API: whatever
-exposes the agents' port to a network exposes no admin route, and it binds 127.0.0.1 by
-default. It speaks plain HTTP: the engine reaches it on loopback, or through a tunnel it trusts.
-
-  POST   /admin/sessions                  {"request_id", "sampling"?, "max_context"?, "max_turns"?,
-                                          "traceparent"?} (the rollout's span: its turns'
-                                          parent when an agent sends none, OpenTelemetry)
-                                          -> 201 {"session_id", "api_key", "model", "url"};
-                                          `url`: the agents' API the key opens
-  POST   /admin/sessions/{id}/finish      -> 200 trace (see GatewayAdmin.finish_session);
-                                          the session is closed, its key stops working
-  DELETE /admin/sessions/{id}             -> 200 {"session_id", "dropped": true, "usage"}; no
-                                             trace, its tokens only (what a failure spent)
-  GET    /admin/requests/{request_id}     -> 200 {"session_id", "turns"}: the live session
-                                          opened for that request (404 if none), for an
-                                          engine that restarted to find an earlier's trace
-  GET    /admin/stats                     -> 200 {"sessions", "turns", "render", "prompt_tokens",
-                                          "ignored_fields"} (see GatewayAdmin.stats)
-"""
+A listener of its own (`AdminAPI`), apart from the agents' API, on 127.0.0.1 and plain HTTP by
+default: exposing the agents' port exposes no admin route. The routes:
+docs/gateway.md#the-admin-api."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
-"""Sampling backends: where a turn is actually generated, behind one interface.
+"""Sampling backends: where a turn is generated, behind one interface (`complete(request)`).
 
-    completion = await backend.complete(request)   # a `turns.TurnRequest`, its prompt rendered
-
-`SGLangBackend` (token capture) sends the rendered prompt ids to SGLang's native `/generate`
-with `return_logprob`, directly to a worker or through sglang-router (same API), and returns the
-sampled ids with their sampling log-probs: the ids the policy produced, not a re-tokenization of
-its text. `OpenAIBackend` (no token capture) forwards the conversation to any OpenAI-compatible
-endpoint, for evaluating an agent against a hosted or reference model; its traces say
-`token_capture: false` and hold no samples.
-
-Errors the agent should see as its own (the backend rejected the request: 400) keep their status;
-everything else (unreachable, 5xx, timeouts, malformed answers) becomes `BackendError` with 502 or
-504, one line, without the request body; `retryable` marks the ones a backend in the middle of a
-weight update gives (unreachable, 502/503), which a resumed turn waits out (`resume`).
-
-A generation the backend aborted (SGLang's finish_reason `abort`: /abort_request, or a weight
-update with `abort_all_requests`) is not an error here: it is a Completion with finish_reason
-`abort` holding the tokens sampled so far, which the gateway continues (`resume`).
-"""
+`SGLangBackend` (token capture) sends prompt ids to SGLang's native `/generate` and returns the
+sampled ids with their log-probs, never a re-tokenization of the text; `OpenAIBackend` passes the
+conversation through to any OpenAI-compatible endpoint (traces say `token_capture: false`). A
+backend's 400 stays the agent's; anything else is a one-line `BackendError` (502/504). An aborted
+generation is no error: a Completion with finish_reason `abort`, which `resume` continues."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """OpenAI chat completions (`POST /v1/chat/completions`): the gateway's first dialect.
 
-Every field of the request is honoured, ignored (no effect on the turn, named in its trace:
-`user`, `metadata`, `store`, `service_tier`, `prompt_cache_key` and the like, `reasoning_effort`
-and `verbosity`, fields the gateway does not know) or refused with a 400 that names it; see
-`turns` for the kinds and what the shared options mean. On a message, keys no chat template
-reads (`cache_control`, a client's bookkeeping) are ignored, named `messages.<key>`, and kept
-from the template, so the prompt is what the trace says; system messages render where they
-stand (see `pipeline` for a template that renders none past the first).
-"""
+Which fields are honoured, ignored or refused: docs/gateway.md#each-api-field-by-field."""
 
 from __future__ import annotations
 

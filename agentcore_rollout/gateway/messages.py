@@ -1,56 +1,10 @@
 """Anthropic Messages (`POST /v1/messages`): the dialect of the anthropic SDK, the Claude Agent SDK,
 Claude Code and litellm's anthropic provider.
 
-Served at `/v1/messages` and at `/v1/v1/messages`: the SDK and Claude Code append `/v1/messages`
-to their base URL, and agents are handed the gateway URL + `/v1` (`ctx.llm.base_url`), so both
-`Anthropic(base_url=gateway.url)` and `Anthropic(base_url=ctx.llm.base_url)` reach it unmodified.
-
-The request becomes OpenAI chat messages (see `turns`): `system` a system message; text blocks
-joined by "\\n"; an assistant's `tool_use` blocks its `tool_calls` (arguments: `input` as JSON,
-written as the parser writes it, so a call the model made re-renders to the ids it sampled) and
-its `thinking` its `reasoning_content`; a user's `tool_result` blocks one `tool` message each, in
-order, before the user's remaining text (`is_error` kept visible as an "Error: " prefix).
-
-Fields (see `turns` for the kinds): honoured are `model`, `messages`, `system`, `max_tokens`,
-`stop_sequences`, `temperature`, `top_p`, `top_k`, `tools`, `tool_choice` (auto, any ->
-required, tool -> named, none; `disable_parallel_tool_use`), `stream`, `output_config.format`
-(a JSON schema, to the backend as `response_format` is), `thinking` `disabled` / `adaptive` (the
-model decides whether to reason, as the policy does) with `display: omitted` (the thinking comes
-back empty, its text sealed in the signature), `system` messages in `messages` (a system turn
-where they stand), `context_management`'s `clear_thinking_20251015` edit (the thinking of all
-but the last `keep` assistant turns is left out of the prompt, which the trace shows), and a
-tool's `defer_loading` (a deferred tool is not in the prompt: the gateway serves no tool search
-that would load it). The model name is any: the session's policy answers it (Claude Code on
-its default model sends its own). Ignored: `metadata`, `service_tier`, `speed`, `inference_geo`,
-`diagnostics` (the reply carries none), `cache_control` (anywhere), text `citations`,
-`toolset_name`, a tool's `eager_input_streaming` (a turn is streamed once whole) and `strict`
-(not enforced while sampling: a call that does not parse is flagged ill-formed),
-`thinking.display` other than omitted, `output_config.effort` (named with its value when not
-the default, high), a `clear_thinking_20251015` edit that keeps all, server tools (web_search_*,
-bash_*, ...: dropped from what the model sees, as Responses' hosted tools are), fields the
-gateway does not know; on a message, keys besides `role` and `content`: `output_config.effort`
-(Claude Code >= 2.1.332 sets one on a system message; named `messages.output_config.effort`),
-`cache_control` and unknown keys (`messages.<key>`). Claude Code's billing header, the first
-system block `x-anthropic-billing-header: cc_version=...; cc_entrypoint=...[; cch=...]`, is
-left out of the prompt and named (`system:x-anthropic-billing-header`): it is a version and a
-hash that differ per task, so it carries nothing for the policy, and as the prompt's first line
-it kept any two sessions from sharing a rendered prefix (docs/benchmarks.md).
-Refused with a 400 naming them: a message's `output_config.format` (a format binds the whole
-reply), `thinking` `enabled` / `between_tools` (a budget or a schedule
-cannot be enforced on the policy), context edits other than clearing thinking,
-`container`, `mcp_servers`, a tool's `input_examples` and callers other than direct, image /
-document / search-result blocks (the renderer is text-only), `redacted_thinking` (encrypted by
-Anthropic: nothing to render; the gateway never produces one), a final assistant message
-(prefill: the renderer always opens a new turn).
-
-Replies: thinking, text and tool_use blocks in that order; a thinking block's `signature` seals
-its text (`turns.seal_reasoning`): a block sent back with its text renders that text, one sent
-back empty (`display: omitted`, or a client that keeps only the signature) the sealed text, so
-the next prompt extends what was sampled either way. Finishes map to `end_turn`,
-`tool_use`, `max_tokens` (the turn and context limits too) and `stop_sequence` (when the backend
-says which stop string matched). Errors are `{"type": "error", "error": {"type", "message"}}`
-with the status the SDK maps to the matching exception.
-"""
+Also served at `/v1/v1/messages`: agents are handed the gateway URL + `/v1`, and the SDK appends
+`/v1/messages` to its base URL. A thinking block's `signature` seals its text, so a block sent
+back empty (`display: omitted`) still renders as sampled. The fields honoured, ignored or
+refused: docs/gateway.md#each-api-field-by-field."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
-"""Response parsing per model family: sampled text -> an OpenAI assistant message.
+"""Response parsing per model family: sampled text -> an OpenAI assistant message (`content`,
+`reasoning_content`, `tool_calls`). It never raises on model output: a botched call is the whole
+text as content, `ill_formed=True` and a one-line `error`.
 
-Each family writes tool calls (and reasoning) in its own syntax; a renderer's `parse` decodes the
-sampled ids and hands the text to its family's parser, which returns a `Parsed` whose message has
-`content`, `reasoning_content` (the key vLLM and SGLang use) when the model reasoned, and
-`tool_calls` with `arguments` as a JSON string (OpenAI's shape). Parsing never raises on model
-output: a botched call is the whole text as content, `ill_formed=True` and a one-line `error`.
-
-A family is data: where its reasoning sits (a regex at the start of the text), where its calls
-start, and a transformers response schema for the calls (`x-regex-iterator`, `x-regex`,
-`x-regex-key-value`, `x-parser: json`, read by `transformers.utils.chat_parsing_utils.
-recursive_parse`, the parser behind `tokenizer.parse_response`). Hermes / Qwen2.5 keeps its
-hand-written parser (`parse_tool_calls`), so the toy policy's stack needs no transformers.
-
-Each parser inverts the canonical rendering of its family's chat template (the separators the
-template puts around reasoning, content and calls), so a turn re-rendered as history gives the
-very text that was sampled where the template keeps it, and consecutive turns merge into one
-training sample. The families (`FAMILIES`): hermes (Qwen2.5), qwen3 (`<think>`), llama3 (JSON
-calls, `<|python_tag|>`), mistral (`[TOOL_CALLS]` JSON list, or `[TOOL_CALLS]name[ARGS]{...}`;
-`[THINK]`), deepseek_v3, glm45 (`<arg_key>`/`<arg_value>`), harmony (gpt-oss channels).
-"""
+Each parser inverts its family's chat template, so a turn re-rendered as history is the text that
+was sampled and consecutive turns merge. A family is data (a transformers response schema);
+Hermes keeps its hand-written parser, so the toy policy's stack needs no transformers."""
 
 # ruff: noqa: RUF001  (DeepSeek's markers are written with full-width bars, on purpose)
 from __future__ import annotations

@@ -1,28 +1,9 @@
-"""One turn, whatever API asked for it: render it to token ids, sample them through a backend
-that returns ids and log-probs, parse the sampled ids into an assistant message, and record the
-turn in its session's trajectory (`trajectory`: what the trainer gets).
+"""One turn, whatever API asked for it: render it to ids, sample them through a backend that
+returns ids and log-probs, parse the sampled ids into an assistant message, and record the turn.
 
-Limits end a turn the way agent loops stop on, never with a retryable error: past `max_turns` a
-turn gets an empty answer with finish_reason `length` (unrecorded; the trace counts it under
-`rejected_turns`), as does a prompt that reaches `max_context` (recorded); shorter prompts get
-max_tokens capped to what fits.
-
-Each render is counted as one of `trajectory.RENDER_KINDS` (incremental when the renderer can:
-`render.IncrementalRenderer`), in the trace's turns and in /admin/stats: `incremental` reused
-the session's own earlier render, `shared` reused another session's (the system prompt and
-tools a batch shares: `prefixes.SharedPrefixes`, one store per gateway), `fallback` and `full`
-encoded it all. A turn's `reused_prompt_tokens` counts the ids taken either way.
-
-The backend call is not streamed: the whole turn is needed to parse tool calls and to record it
-atomically. A generation the backend aborts for a weight update is resumed (`resume`): the
-agent gets one answer.
-
-Rendering and parsing run in the thread pool the server passes for a big request (`_limits`),
-a session's renders one at a time (`Session.cpu`), so one session's huge prompt does not hold up
-the others' turns. A turn whose reply the agent never got (it went away, or the reply failed)
-stays in the trace, marked `delivered: false` (`undelivered`): its tokens were sampled, but
-nothing the agent did next followed from them.
-"""
+Limits end a turn the way agent loops stop on, an empty `length` answer, never a retryable error.
+The backend call is not streamed: a turn must be whole to parse its tool calls and record it
+atomically."""
 
 from __future__ import annotations
 

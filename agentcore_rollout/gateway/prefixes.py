@@ -1,21 +1,9 @@
-"""SharedPrefixes: the renders one session's prompts may reuse from another's.
+"""SharedPrefixes: the renders one session's prompts may reuse from another's (a batch's shared
+system prompt and tools, rendered once instead of once per session).
 
-Every session of a batch sends the same system prompt and tools (Claude Code: 24 tools and a long
-system prompt, about 50,000 tokens) before its own task, so without sharing the gateway encodes
-that prefix once per session, and a session's first turn costs tens of milliseconds of CPU. The
-store keeps the states of recent full encodes, each with a cut at every anchor of its text (a
-session's own states keep only their last few): a first turn, or one that extends none of its
-session's renders (a sub-agent, a compacted history), reuses the ids of the longest text it
-repeats up to a cut, and encodes only the rest.
-
-Exactness is `render.AnchoredRenderer`'s, unchanged: reuse needs the new text to equal the stored
-one up to a cut where an anchor starts in both, and at an anchor a text's ids are the ids of its
-two halves, whichever render produced the first half. Which session rendered it does not enter.
-
-Bounded by entries and by tokens, least recently used first out; a state too big for the token
-bound is not kept. Renders run in a thread pool, so every access holds a lock; states are
-immutable (their ids are never mutated), so a snapshot of the list is safe to read unlocked.
-"""
+Exactness is `render.AnchoredRenderer`'s; which session rendered a prefix does not enter
+(docs/gateway.md#a-shared-prefix-rendered-once). Renders run in a thread pool, so access holds a
+lock; states are immutable, so a snapshot of the list is safe to read unlocked."""
 
 from __future__ import annotations
 

@@ -1,54 +1,15 @@
 """Rendering: OpenAI messages + tools -> prompt token ids, and sampled ids -> assistant message.
 
-The gateway owns tokenization so that the trainer gets the exact ids the policy was conditioned on
-and the exact ids it sampled: the backend is driven with token ids (SGLang `/generate`), never with
-text. A renderer is the one place that knows a model's chat template and its tool-call syntax:
+The gateway owns tokenization so the trainer gets the exact ids the policy was conditioned on and
+sampled: backends are driven with ids, never text. `parse` never raises on model output (a
+botched call is content flagged `ill_formed`, a training signal, never a 500). `HFRenderer` loads
+local files only, never the hub.
 
-    render(messages, tools) -> prompt ids          (the chat template, generation prompt added)
-    parse(output_ids, tools_enabled) -> Parsed      (assistant message; never raises)
-
-`parse` never raises on model output: a tool call the model botched (bad JSON, no name, an
-unclosed tag) is returned as plain content with `ill_formed=True`, which the trajectory records,
-so a bad sample is a training signal and never an HTTP 500. `TextRenderer` implements `parse` by
-its `parser`, a model family's tool-call and reasoning syntax (`parsers.py`: Hermes / Qwen2.5
-by default, Qwen3, Llama 3.x, Mistral, DeepSeek V3, GLM-4.5, gpt-oss harmony); reasoning comes
-back as the message's `reasoning_content`, and templates that render it read it from history.
-A model with a syntax of its own gets its own renderer behind the same interface, and
-`load_renderer("module:attribute", parser=...)` is how the gateway's command line picks it up.
-
-`HFRenderer` wraps a Hugging Face fast tokenizer (its Jinja chat template, with tools); it only
-loads from local files, never from the hub. The gateway knows no particular model beyond that: the
-local toy policy's renderer lives with that policy (`agentcore_rollout.local.policy.render`).
-
-Incremental rendering (an optional capability, `IncrementalRenderer.render_from`): an agent
-re-sends its whole conversation every turn, and tokenizing all of it every turn makes a rollout
-cost grow with the square of its length. `AnchoredRenderer` (the base of both renderers above)
-still renders the whole template to text (Jinja costs a few microseconds a message; the tokenizer
-was the bulk), but encodes only what follows the part of an earlier render of the session that
-the new text repeats. Exactness, i.e. the same ids as `render`, rests on two checks:
-
-  - text: the new text equals the earlier render's text up to a *cut*, a place where that render
-    had an anchor, and an anchor starts there in the new text too. So nothing before the cut
-    changed, whatever the template does (a changed system/tools header, reasoning stripped from
-    earlier turns, a generation prompt rendered differently once the turn is history: these
-    change the text, so they move the cut back or fall back to a full encode).
-  - tokens: an anchor is an added token (e.g. `<|im_start|>`) that the tokenizer splits out of
-    the raw text before normalizing, pre-tokenizing and BPE-merging what lies between, so the ids
-    of `text[:p] + text[p:]` are the ids of each side when an anchor starts at `p`. Only tokens
-    for which that provably holds are anchors (no lstrip / single_word / normalization, no other
-    added token overlapping one), and the HF renderer also checks it on a probe conversation.
-
-A session's states keep cuts only in the part a render encoded (its last few anchors), so a turn
-reuses an earlier render when it continues that conversation. Across sessions, `render_from`
-also takes a `prefixes.SharedPrefixes` store of recent full encodes with a cut at every anchor:
-a turn that extends none of its session's renders (a first turn, a sub-agent) reuses the
-longest of those it repeats up to a cut, e.g. the system prompt and tools every session of a
-batch sends (`Rendered.shared`); the same two checks make it exact. Anything else is a full
-encode (`Rendered.reused == 0`), which the gateway counts as a fallback.
-The ids the earlier turn *sampled* are never spliced in: they may differ from what re-tokenizing
-the assistant's text gives, and the prompt must be what a full render gives; the trajectory's
-exact prefix test then decides whether the turn extends the earlier sample.
-"""
+Incremental rendering re-renders the template to text but encodes only what follows a *cut* of
+an earlier render, and gives a full render's ids by two checks: the new text equals the earlier
+one up to the cut, and an anchor (an added token such as `<|im_start|>` that the tokenizer splits
+out before normalizing or merging) starts there in both, so the ids of the two halves are
+independent. Sampled ids are never spliced in: the trajectory's prefix test decides the merge."""
 
 from __future__ import annotations
 

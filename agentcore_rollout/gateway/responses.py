@@ -1,56 +1,10 @@
 """OpenAI Responses API (`POST /v1/responses`): the dialect of the OpenAI Agents SDK's default
-model, pydantic-ai's Responses model and `client.responses.create`.
+model, pydantic-ai's Responses model, `client.responses.create` and Codex.
 
-The request becomes one `ChatTurn`: `instructions` a system message first; `input` a string (a
-user message) or items, converted to chat messages in order: messages (string or text parts;
-`developer` becomes `system`), `function_call` items joined to the assistant message before them
-as its `tool_calls` (`call_id` is the tool call's id), `function_call_output` items as `tool`
-messages, and `reasoning` items carried as the next assistant message's `reasoning_content`. So a
-conversation sent back item by item renders exactly as it was sampled, and its trace stays one
-sample. The reply's output items are `reasoning` (the parsed reasoning, as `reasoning_text`
-content), `message` (`output_text`) and `function_call`; a `length` finish is status
-`incomplete` with reason `max_output_tokens`.
-
-Every request field is honoured, ignored (no effect on the turn; named in the turn's trace, see
-`turns`) or refused with a 400 naming it:
-  - honoured: `model`, `input`, `instructions`, function `tools`, `tool_choice` (none, auto,
-    required, a named function), `parallel_tool_calls`, `max_output_tokens`, `temperature`,
-    `top_p`, `text.format` (text, json_object, json_schema: see `turns`), `top_logprobs`,
-    `include` of `message.output_text.logprobs` and `reasoning.encrypted_content` (each
-    reasoning item then carries its text sealed, as Codex keeps it with `store: false`, so
-    the item sent back renders as sampled), `stream`, `store` and `previous_response_id`
-    (below), `truncation: "disabled"` (what the gateway does: a prompt past the session's
-    context ends the turn with `length`), `background: false`.
-  - ignored: `user`, `metadata`, `client_metadata`, `service_tier`, `safety_identifier`,
-    `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options` (the gateway reuses
-    prefixes by itself), `stream_options` (no obfuscation is added: the stream is on loopback or
-    the agent's own network), `max_tool_calls` (it bounds built-in tools; the gateway hosts
-    none), a function tool's `strict` (not enforced while sampling: a call that does not parse
-    is flagged ill-formed in the trace), `reasoning.summary` and `reasoning.generate_summary`
-    (how reasoning is shown, not sampled: the text comes back whole), `reasoning.effort` and
-    `text.verbosity` (named with their value when not the default, medium), other `include`
-    values (items the gateway never produces), fields the gateway does not know. Hosted tools
-    (`web_search`, `file_search`, `namespace` groups, ...) are dropped from what the model sees
-    and named in the trace: the gateway runs none, and a client such as Codex sends
-    `web_search` whatever it is told, so refusing it would stop the agent, while the model
-    never sees a tool it cannot call. Item metadata (`id`, `status`, annotations, logprobs) is
-    not read; an item's other keys the gateway does not know are named (`input.<key>`).
-  - refused: `conversation` (no conversation objects: send items or `previous_response_id`),
-    `prompt` (no stored prompts), `background: true`, `truncation: "auto"` (the gateway never
-    drops input), other `reasoning` settings, `context_management`, `moderation`, `image`,
-    `access_programs`; input and output parts other than text (the renderer is text-only),
-    `item_reference` and items of any type other than the four above, tool choices other than
-    functions.
-
-`store` (default true) keeps the response's whole conversation (input, without the
-instructions, plus output) in its session, the last `MAX_STORED_RESPONSES` of them; a request
-naming one as `previous_response_id` continues it (instructions are not carried over, as in
-OpenAI's API). An id its session does not hold is a 400; `store: false` stores nothing; the store
-goes with the session. Over WebSocket (`GET /v1/responses`, see `server`) the connection also
-keeps its last response, stored or not (`CONNECTION`), and an empty `input` may continue it.
-Usage: `input_tokens`, `output_tokens`, `total_tokens`; `cached_tokens`
-and `reasoning_tokens` are 0 because the turn's answer does not count them.
-"""
+Items become chat messages in order, so a conversation sent back item by item renders as it was
+sampled. `previous_response_id` continues a response the session stored (or, over WebSocket, the
+connection's last). Which fields are honoured, ignored or refused:
+docs/gateway.md#each-api-field-by-field."""
 
 from __future__ import annotations
 

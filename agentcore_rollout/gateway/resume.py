@@ -1,38 +1,10 @@
-"""Resumed turns: a generation the backend aborted goes on where it stopped; the agent never knows.
+"""Resumed turns: a generation the backend aborted (a weight update) goes on where it stopped, and
+the agent never knows.
 
-Why: a weight update aborts the generations in flight (SGLang's `abort_all_requests`, the local
-policy servers alike). Answering the agent 503 would end its rollout and lose its work, so the
-gateway keeps the tokens sampled so far (ids and log-probs) and asks the backend again for the
-prompt plus those tokens, until the turn ends `stop` or `length`. The agent gets one answer
-(streamed or not: the gateway streams a turn once it is whole). Every token keeps the log-prob
-and the weight version of the call that sampled it (`Completion.version_runs`).
-
-A continuation is the turn's request with:
-  - `max_tokens` less the tokens already sampled (unset stays unset: the backend's default then
-    applies to each call; the session's `max_context` had already set it when it is configured);
-  - a new `seed` when the turn has one: derived from the turn's seed and the tokens so far
-    (`continuation_seed`), so a seeded turn stays reproducible and the continuation does not
-    replay the first call's draws;
-  - the rid `<turn rid>.<n>` (the backend sees each call once);
-  - everything else unchanged (temperature, top-p/k, min-p, stop strings, stop ids).
-
-Waiting: while the backend answers 502/503 or is unreachable (a worker loading weights, a router
-without a live worker), and after an abort that added no token (the update is still going on),
-a resume waits with backoff (`ResumePolicy`: 0.05 s doubling up to 2 s) for at most `max_wait`
-seconds in all, and only while its session is live. It gives up with a one-line 503, as a turn
-ended before resumption existed, when that wait is spent or after more than `max_idle_aborts`
-aborts in a row without a new token, so a backend that keeps aborting cannot loop a turn.
-
-Stop strings: the backend matches them in the text it generated in one call, so it cannot see a
-stop string split across the seam. After each continuation the gateway decodes the whole output
-(`decode`: the renderer's, special tokens skipped as in SGLang's default), finds the first token
-at which a stop string is complete, cuts the output after it (a backend keeps a matched stop
-string's tokens too) and ends the turn `stop`; the tokens sampled past it are dropped, as the
-backend would not have sampled them. Stop ids need nothing: one token ends the call sampling it.
-
-Not resumed: turns constrained by `response_format` (the grammar's state cannot cross the seam:
-a continuation would restart it mid-document); an abort ends them with a 503 as before.
-"""
+Answering 503 would end the rollout and lose its work, so the gateway keeps the tokens sampled so
+far and asks again for the prompt plus those tokens, each token keeping the log-prob and weight
+version that sampled it. The continuation's request, the waits, the give-ups and stop strings
+across the seam: docs/gateway.md#weight-updates-lose-no-turns."""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
-"""SGLangRouter: sglang-router (0.3.2) as a managed subprocess on loopback.
+"""SGLangRouter: sglang-router (0.3.2) as a managed subprocess on loopback, spreading `/generate`
+over workers that come and go at run time (how a trainer swaps in fresh inference servers).
 
-The router spreads `/generate` calls over SGLang workers (cache-aware by default upstream; here
-round-robin unless asked) and lets workers come and go at run time, which is how a trainer swaps
-in fresh inference servers. It is a Rust binary in a wheel (`sglang-router`, in the [gateway]
-extra) and runs on CPU without sglang itself.
-
-What this wrapper guarantees, from what was measured on 0.3.2:
-- everything binds 127.0.0.1: `--host 127.0.0.1`, and the Prometheus exporter (which otherwise
-  binds 0.0.0.0:29000) gets `--prometheus-host 127.0.0.1 --prometheus-port <free port>`;
-- workers are managed with `POST /workers {"url"}` (202, registered in the background),
-  `GET /workers` (`workers[].url`, `.id`, `.is_healthy`) and `DELETE /workers/{id}`; add/remove
-  wait until the change is visible, with a timeout that raises RouterError;
-- start waits for `GET /health` with a timeout; a router that exits or never answers raises
-  RouterError carrying the tail of its log;
-- stop sends SIGTERM to the router's own process group, then SIGKILL after a grace period, and the
-  child also gets SIGTERM if this process dies first (Linux parent-death signal): no orphans.
-
-Workers must not report a `model_path` (the router would fetch that tokenizer from the hub); the
-local PolicyServer does not. On registration the router also probes each worker for gRPC (an
-HTTP/2 preface), which aiohttp-based workers log once as a bad request: harmless.
-"""
+Measured on 0.3.2: its Prometheus exporter binds 0.0.0.0:29000 unless told otherwise (so it gets
+a loopback port), and adding or removing a worker is asynchronous (so each waits until visible).
+Workers must not report a `model_path` (the router would fetch that tokenizer from the hub); its
+gRPC probe of each worker is logged once by aiohttp workers as a bad request: harmless."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Sampling parameters: which OpenAI request fields the gateway honours, and how they map to
 SGLang's `sampling_params`.
 
-A session carries defaults (the trainer's choice, e.g. temperature 1.0 for on-policy sampling);
-an agent's request may override them field by field. Only the fields below are accepted, checked
-for type, and forwarded, so a typo in a session's defaults fails at session creation with a clear
-message instead of being silently ignored by a backend.
-"""
+A session carries the trainer's defaults, which an agent's request may override field by field.
+Only known fields are accepted and type-checked, so a typo in a session's defaults fails at
+session creation instead of being silently ignored by a backend."""
 
 from __future__ import annotations
 

@@ -1,40 +1,10 @@
 """Gateway: the endpoint agents call, in the API they already speak, which records exact traces.
 
-Each API is a `turns.Dialect` that turns its request into one `ChatTurn`; the turn is answered
-the same way whatever the API (`pipeline`: render, sample, parse, record; how each prompt was
-rendered is counted there), and the dialect turns the answer back into its reply or its event
-stream. The admin API the engine opens and finishes sessions with is `admin`.
-
-Built on aiohttp.web (`serving.Server`, as the local policy server and runtime emulator are):
-already a core dependency, and it runs inside the engine's event loop without uvicorn.
-
-Two listeners: the agents' API at `url` (`host:port`, HTTPS with `tls_cert` and `tls_key`), and
-the admin API at `admin_url` (`admin.AdminAPI`: `admin_host:admin_port`, loopback by default,
-plain HTTP), so exposing the agents' port exposes no admin route, and no agent's key opens one.
-
-The agents' routes (each takes `Authorization: Bearer <per-session key>` or `x-api-key`; every
-error is one line of JSON in the shape of the API called, and an unknown route's 404 names the
-routes of the listener asked):
-
-  POST   /v1/chat/completions             OpenAI chat (`chat.ChatDialect`); every field honoured
-                                          or refused
-  POST   /v1/responses                    OpenAI Responses (`responses.ResponsesDialect`): items,
-                                          function calls, reasoning, its event stream;
-                                          `previous_response_id` within the session
-  GET    /v1/responses (WebSocket)        the same over WebSocket, as Codex calls it first:
-                                          `response.create` messages, the events as messages
-  POST   /v1/messages, /v1/v1/messages    Anthropic Messages (`messages.MessagesDialect`), at the
-                                          root URL and at the agents' base URL (gateway + /v1);
-                                          `.../count_tokens` renders and counts the prompt
-  GET    /v1/models                       the served model name
-  GET    /health                          liveness, no auth: {"status": "ok", "sessions": n, ...}
-
-Refusals that retrying cannot change carry `x-should-retry: false`, which the OpenAI and
-Anthropic SDKs obey. What keeps one agent from stalling the others (body size, read deadlines,
-nesting, a session's requests in flight, the thread pool rendering runs in) is `_limits`.
-The hot path does no per-turn logging and encodes JSON with orjson when installed
-(`_fastjson`).
-"""
+Each API is a `turns.Dialect`; every turn is answered the same way (`pipeline`), and the dialect
+turns the answer back into its reply or stream. Two listeners, the agents' (`url`) and the admin
+API (`admin.AdminAPI`), so exposing the agents' port exposes no admin route. Built on aiohttp
+(`serving.Server`): it runs inside the engine's event loop without uvicorn. Routes and listeners:
+docs/gateway.md#two-listeners-the-agents-api-and-the-admin-api."""
 
 from __future__ import annotations
 
@@ -93,7 +63,7 @@ class Gateway(Server):
     `resume` bounds how aborted turns are resumed (`resume.ResumePolicy`). `strict_fields`
     refuses the request fields that change nothing sampled, rather than ignoring them (`turns`).
     A request body over `max_body_bytes` is a 413; past `max_session_requests` requests in
-    flight on one session, the next is a 429 (`_limits` says why these defaults).
+    flight on one session, the next is a 429 (`gateway/_limits.py` says why these defaults).
     """
 
     def __init__(

@@ -1,15 +1,9 @@
 """Sessions: one per rollout request, each with its own random API key, limits and trajectory.
 
-Why per-session keys: the agent runs user code in a remote sandbox, and the key is the only thing
-that ties its LLM calls to one rollout. Keys are random (256 bits), shown once (at creation), and
-stored only as a SHA-256 digest, so neither a log line, a trace nor a heap dump of the gateway
-contains a usable key. A key maps to exactly one session, so one agent can never read or write
-another's trace; placeholder keys ("", "EMPTY") are rejected outright because OpenAI clients send
-them by default and they must never match anything.
-
-Sessions end three ways: finished (the engine takes the trace), dropped (the request failed), or
-expired (idle longer than the store's TTL, e.g. an engine that crashed before finishing).
-"""
+The key is the only thing tying an agent's LLM calls, from a remote sandbox, to one rollout, so
+it is random (256 bits), shown once, and stored as a SHA-256 digest only: no log line, trace or
+heap dump holds a usable key. Placeholder keys ("", "EMPTY") are refused outright because OpenAI
+clients send them by default."""
 
 from __future__ import annotations
 

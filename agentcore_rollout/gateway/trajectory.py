@@ -1,31 +1,8 @@
 """Trajectory assembly: one session's turns become training samples with exact token ids.
 
-Each turn is (prompt ids, sampled ids, sampling log-probs). A multi-turn agent re-sends its whole
-conversation every turn, so the prompt of turn k+1 normally begins with the prompt + response of
-turn k; such turns merge into one sample:
-
-    prompt_ids   = the first turn's prompt
-    response_ids = sampled tokens of turn 1, then the tokens the next prompt adds (tool results,
-                   user messages, template tokens), then sampled tokens of turn 2, ...
-    loss_mask    = 1 on sampled tokens, 0 on everything the policy did not sample
-    logprobs     = the backend's sampling log-prob on sampled tokens, None elsewhere
-
-The merge test is an exact token-prefix check. When a new prompt does not extend any sample
-(the agent edited its history, summarized, forked a sub-agent, or re-tokenizing the decoded text
-gave different ids), the turn starts a new sample: tokens are never spliced or "healed", so every
-sample is exactly a sequence the policy was conditioned on and sampled from.
-
-A turn is checked against every open sample, newest first, so interleaved sub-conversations of
-one session (two sub-agents taking turns) still merge into their own samples.
-
-Weight versions: a turn the backend aborted for a weight update is resumed under the new weights
-(`resume`), so one turn may hold tokens of several versions. Each turn and sample records, per
-token, the version that sampled it, as runs `[[version, count], ...]` in token order
-(`version_runs`; a sample's runs cover its `response_ids`, with `null` on the tokens the policy
-did not sample), and `min_weight_version` / `max_weight_version`: numerically when every version
-is an integer (veRL's global steps, the local trainer's step), else the first and the last seen.
-`weight_version` (a turn's last call's) and a sample's `weight_versions` (one per turn) stay.
-"""
+The merge rule (an exact token-prefix test, never spliced) and the trace's JSON shape:
+docs/gateway.md#traces. Tokens are never "healed": every sample is exactly a sequence the policy
+was conditioned on and sampled from."""
 
 from __future__ import annotations
 

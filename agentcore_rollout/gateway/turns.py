@@ -1,29 +1,10 @@
-"""One turn in the gateway's own terms, whatever API the agent speaks.
+"""One turn in the gateway's own terms, whatever API the agent speaks: each API is a `Dialect` that
+turns its request into a `ChatTurn` and the `TurnAnswer` back into its reply, stream and errors.
 
-Each API the gateway serves (OpenAI chat, OpenAI Responses, Anthropic Messages) is a `Dialect`:
-it checks its request and turns it into a `ChatTurn` (OpenAI chat messages and tools, plus the
-request's options, every one of them honoured or refused), and turns the `TurnAnswer` the gateway
-produced back into its reply, its stream events and its errors. The sessions, keys, limits,
-rendering, sampling and traces behind them are the same for all of them, so a rollout's trace
-does not depend on the SDK its agent was written with.
-
-Every field of a request is one of three kinds. Honoured: the gateway carries it out. Ignored:
-it cannot change what the model samples or how the turn is read (metadata, cache keys, display
-preferences, effort and verbosity, which steer a hosted model and no policy here, a field the
-gateway does not know): accepted, with no effect, and named in the turn's trace (`ignored`) and
-the gateway's counter. Refused: a 400
-naming the field and its value, for what would make the trace a lie or what the backend cannot
-serve. A strict gateway (`--strict-fields`) refuses the ignored ones too.
-
-What "honoured" means for the options the dialects share:
-  - `tool_choice`: `none` parses no tool call (the model's text is the content), `required` and a
-    named tool make a turn without a call (or with another tool's) ill-formed: the model's text
-    comes back as content and the trace says why. `parallel_tool_calls: false` does the same for
-    a turn with more than one call. Backends that pass requests through get the fields as sent.
-  - `response_format`: JSON constraints go to the backend (SGLang decodes against the schema);
-    a backend that cannot constrain refuses the request (a 400), never ignores it.
-  - `top_logprobs`: asked of the backend and returned per token.
-"""
+The sessions, rendering, sampling and traces behind every dialect are the same, so a rollout's
+trace does not depend on the SDK its agent was written with. Every request field is honoured,
+ignored (named in the trace) or refused, so nothing changes a turn unseen
+(docs/gateway.md#which-fields-it-honours-ignores-or-refuses)."""
 
 from __future__ import annotations
 

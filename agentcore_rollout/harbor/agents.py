@@ -1,10 +1,7 @@
-"""The agents a Harbor task can be rolled out with, as the wrapper (`app.py`) starts them and
-the task's image installs them (`HarborAgent.install`).
-
-`oracle` runs the task's `solution/solve.sh` and `nop` does nothing, as in Harbor: neither
-calls the model, which is how a pipeline is tested (every task 1.0, every task 0.0). The
-coding agents (`clis.py`) run headless, pointed at the gateway (`ctx.llm`) by base URL, key
-and model name alone."""
+"""The agents a Harbor task can be rolled out with, as the wrapper (`app`) starts them and the
+task's image installs them. `oracle` and `nop` never call the model, as in Harbor: how a pipeline
+is tested (every task 1.0, every task 0.0); the coding agents (`clis`) run headless, pointed at
+the gateway by base URL, key and model name alone."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
-"""The agent wrapper: a RolloutApp inside the task's environment (the image `images.py`
-layers), serving one Harbor task per rollout.
+"""The agent wrapper: a RolloutApp inside the task's environment, serving one Harbor task per
+rollout: the agent's invocation, then the verifier's (`verifier`).
 
-    python -m agentcore_rollout.agent.serve agentcore_rollout.harbor.app:app --port 8080
-
-A rollout starts the image's agent (`AGENT_ENV`) headless in the image's working directory on
-the task's instruction, pointed at the gateway (`ctx.llm`), bounded by the task's agent
-timeout; its whole process group is killed when it ends or at that bound (`AgentTimeout`:
-outcome `timeout`). Then the verifier (`verifier.py`) writes the task's tests in, runs them
-and reads the reward. The tests travel in the payload and reach the filesystem only then.
-
-The agent runs as the task's `[agent] user` (default: the image's, root) with a fresh HOME it
-owns, the tests as `[verifier] user` (default root), both in `[environment] workdir` (else the
-image's WORKDIR) with `[environment] env`. Their environment is an allowlist
-(`allowlist.py`): the image's own ENV as its build recorded it (`trusted.py`), the basics, TLS
-trust and proxies without credentials, the task's variables; never what the session gave the
-wrapper alone (AWS credentials, endpoints, the project's variables) nor trackers' tokens. The
-image's record (`trusted.json`) is read once, here, before any agent runs, and the wrapper
-makes itself undumpable (`_process.seal`) before it starts one: an agent, root or not, cannot
-read its memory or its environment, nor write them."""
+The tests travel in the verifier's payload and reach the filesystem only then. The image's
+record (`trusted`) is read once, here, before any agent runs, and the wrapper makes itself
+undumpable before it starts one, so an agent, root or not, cannot read or write its memory or
+environment. The steps of a rollout: docs/harbor.md#one-rollout."""
 
 from __future__ import annotations
 

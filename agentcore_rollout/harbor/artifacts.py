@@ -1,11 +1,7 @@
-"""What the agent's session hands a separate verifier (`[verifier] environment_mode =
-"separate"`): the task's `artifacts` (and Harbor's convention folder, `/logs/artifacts`),
-packed into one tar.gz put beside the result object, its digest in the agent's result; the
-verifier's session fetches it, checks the digest the engine passed on from that signed
-result, and unpacks each entry at its destination.
-
-Unpacking takes regular files and folders only, by relative names: no link, device or path
-that leaves its entry (an agent writes what is packed: it is untrusted input)."""
+"""What the agent's session hands a separate verifier: the task's `artifacts`, one tar.gz beside
+the result object, its digest in the agent's signed result, checked and unpacked by the
+verifier's session. Unpacking takes regular files and folders by relative names only: what an
+agent packs is untrusted input."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
-"""The coding agents as they ship, each at a pinned version, run headless on the task's
-instruction and pointed at the gateway: Claude Code, the Codex CLI, mini-swe-agent and
-OpenHands.
+"""The coding agents as they ship (Claude Code, the Codex CLI, mini-swe-agent, OpenHands), each at
+a pinned version, run headless on the task's instruction and pointed at the gateway.
 
-Each is installed by its image layer under `/opt/<name>` (npm into its own prefix, pip into its
-own venv), never into the wrapper's venv, so an agent's dependencies cannot break the wrapper's.
-Each launch names the policy by base URL, key and model only: the key goes in the environment
-(never argv, which `ps` shows), the agent's configuration in the fresh `run.home`, telemetry and
-update checks off. The versions are the ones the Makefile pins for tests/test_released_clients.py
-(tests/test_harbor_clis.py checks they agree).
-
-Node: the npm CLIs need Node >= 18 (Claude Code's `engines`; Codex asks >= 16). An image without
-`node` gets its distribution's `nodejs` and `npm` (Debian 12: 18.19; Ubuntu 24.04: 18.19); one
-whose Node is older (Ubuntu 22.04's 12) fails its build with one line saying so.
-
-OpenHands: its maintained headless path is the Software Agent SDK (`openhands-sdk` with
-`openhands-tools`; the `openhands` CLI package says it is no longer maintained, and
-`openhands-ai` is the whole server). It needs Python >= 3.12, which uv installs into the venv
-where the image's python3 is older; the launch runs a short driver with the SDK's default agent.
-"""
+Each installs under `/opt/<name>`, never into the wrapper's venv, so its dependencies cannot
+break the wrapper; its key goes in the environment, never argv, which `ps` shows. The versions
+are the Makefile's (tests/test_harbor_clis.py checks they agree). The npm CLIs need Node >= 18:
+an image with an older one fails its build in one line. docs/harbor.md#agents."""
 
 from __future__ import annotations
 

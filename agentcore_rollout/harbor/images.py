@@ -1,22 +1,10 @@
-"""A Harbor task's image: its environment (its `environment/Dockerfile` built, or its
-`docker_image`) plus a layer with the agent wrapper and the chosen agent, one per distinct
-environment and agent. The layer's Dockerfile is text here; building it is the CLI's
-(`cli/harbor.py`) or the deploy's.
+"""A Harbor task's image: its environment (built, or its `docker_image`) plus a layer with the agent
+wrapper and the chosen agent. The layer's Dockerfile is text here; building it is the CLI's or
+the deploy's.
 
-The layer keeps the environment's WORKDIR (the task's working directory, where the wrapper
-starts the agent) and runs as root, as Harbor's agents do. The wrapper needs Python 3.11
-(`tomllib`): the base's `python3` if it is new enough, else one installed with apt-get
-(Debian, Ubuntu) or apk (Alpine); a base with neither fails its build in one line. The
-wrapper's own venv (`VENV`) keeps its packages out of the task's Python.
-
-Two ways to the same layer:
-- `layer_dockerfile`: self-contained, the package's source as its context, installed with pip
-  on the task's image (what `deploy --tasks` builds, for another architecture).
-- `wrapper_dockerfile`, `install_dockerfile` + `copied_layer_dockerfile` (local builds): the
-  wrapper's venv and the agent's install are made once, each in an image of its own on the
-  Debian base, and each task's layer copies them in. The copied venv is pointed at the
-  task's `python3` and imported; where that fails (another Python minor version, musl), the
-  layer installs from the copied source with pip as `layer_dockerfile` does."""
+Two ways to the same layer: self-contained, installed with pip on the task's image (`deploy
+--tasks`, for another architecture), or copying a wrapper venv and an agent install made once
+(local builds), with pip where the copied venv does not run. docs/harbor.md#images-and-runtimes."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
-"""Harbor task folders, read as Harbor documents them: `instruction.md`, `task.toml`,
-`environment/` (a Dockerfile and its context), `tests/test.sh` and an optional
-`solution/solve.sh`.
+"""Harbor task folders, read as Harbor documents them (`instruction.md`, `task.toml`,
+`environment/`, `tests/test.sh`, `solution/solve.sh`), each one dataset row.
 
-`task.toml` is read with `tomllib`, by Harbor's names and defaults: Harbor's own task model
-(`harbor` 0.25.0 on PyPI, schema 1.4) needs Python 3.12, and tests/test_harbor_schema.py
-checks this reader against it. Every key of the schema is honoured, ignored (a label that
-cannot change a result) or refused by name (`TaskError`): docs/harbor.md has the table. A key
-the schema lacks is refused too (Harbor would drop it unread).
-
-A task becomes one dataset row (`task_payload`): its instruction, timeouts, environment id,
-and its tests and solution as files, which the agent wrapper writes into the session only
-when it needs them (the tests after the agent has finished), so nothing of them is in the
-environment while the agent works. Tasks whose environments are the same (byte for byte, or
-the same `docker_image`, and the same limits and network) share one image and one runtime
-(`environment_id`)."""
+`task.toml` is read with `tomllib` by Harbor's names and defaults: Harbor's own model needs
+Python 3.12 (tests/test_harbor_schema.py checks this reader against it). Every key is honoured,
+ignored or refused by name, as docs/harbor.md#tasktoml-key-by-key lists; a key the schema lacks
+is refused too (Harbor would drop it unread)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,9 @@
-"""What a task image's verifier may trust, recorded when the image is built and checked
-before the tests run: a policy that could rewrite the verifier's tools would write its own
-reward.
+"""What a task image's verifier may trust, recorded when the image is built and checked before the
+tests run: a policy that could rewrite the verifier's tools would write its own reward.
 
-`record` runs as the last step of the wrapper's layer (`RECORD`, a RUN line of the layer's
-Dockerfile, as root, before any agent exists) and writes `TRUSTED_JSON` (root-owned, 0444):
-
-- `tools`: the absolute path, real path and sha256 of each of `TOOLS` found on the image's
-  PATH (bash, python3, and the test runners tests commonly call: pytest, uv, uvx);
-- `mounts`: what `/logs` and `/tests` are in the image (`dir`, `absent`, ...);
-- `env`: the image's own ENV (its Dockerfile's, and the layer's), the variables an agent is
-  given besides the allowlist (`allowlist.py`).
-
-The wrapper reads it once, when it starts (`load`), so what an agent later writes over the
-file changes nothing. Before the tests run, `check` reports every difference: a tool whose
-bytes changed or that is no longer the one PATH finds (an agent's /usr/local/bin/bash
-shadowing /usr/bin/bash), a mount point that became a symlink or a file. The verifier then
-runs `[<recorded bash>, /tests/test.sh]` with the recorded tools' folders first on PATH
-(`trusted_path`).
-
-Out of scope, and said so in docs/harbor.md: `sh`, `env` and the coreutils a test calls are
-not hashed (their folders come first on PATH, so an agent's copy elsewhere does not shadow
-them, but a root agent can rewrite them in place), nor the libraries (libc, Python packages)
-the tests load, nor any file the tests read. In a shared session a root agent can change
-those; a separate verifier environment (the agent's declared artifacts alone cross) is the
-mode that closes it."""
+`record` runs as the layer's last RUN, as root, before any agent exists; the wrapper reads the
+record once, when it starts, so what an agent later writes over it changes nothing. What is
+checked and what is out of scope: docs/harbor.md#threat-model-rewards-a-policy-cannot-hack."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
-"""Harbor's verifier contract, run inside the task's environment once the agent has finished.
+"""Harbor's verifier contract, run inside the task's environment once the agent has finished:
+the image's record checked, the tests written in, `test.sh` run, the reward read as Harbor reads
+it.
 
-The environment is first checked against what the image's build recorded (`trusted.py`):
-a difference (a tool rewritten or shadowed, a mount point turned into a link) ends the
-rollout `verifier_error`, `tampered: <paths>`. `/tests` and `/logs/verifier` are then emptied
-(made if absent; a link in their place removed), the task's tests are written into `/tests`
-(until then they were only in the verifier's payload: the agent never saw them), and
-`<recorded bash> /tests/test.sh` runs in the task's working directory as `[verifier] user`
-with the task's `[verifier] env`, the recorded tools first on PATH, under its timeout, in a
-process group of its own killed whole at that timeout. Its output goes to
-`/logs/verifier/test-stdout.txt`, as Harbor's does. An image without a record (built before
-records were) runs the `bash` found on PATH, and the verdict says so.
-
-The reward is what the tests wrote, read as Harbor reads it: `/logs/verifier/reward.txt` (one
-number), else `reward.json` (a number per name), each a regular file (never through a link) of
-at most `MAX_REWARD_BYTES`. A `test.sh` that exits nonzero but wrote a reward is a verdict, as
-in Harbor (many write 0 and exit 1); one killed by a signal is not. Every way it cannot judge
-(no bash, no `test.sh`, killed, no reward written, a reward that is not one finite number,
-reward.json's mean not finite, its timeout) raises `VerifierError`: the rollout ends
-`verifier_error`, never a reward of 0."""
+Every way it cannot judge raises `VerifierError`: the rollout ends `verifier_error`, never a
+reward of 0, which a trainer would train on. docs/harbor.md#one-rollout."""
 
 from __future__ import annotations
 

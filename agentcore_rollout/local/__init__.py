@@ -1,5 +1,2 @@
-"""The embedded local stack: moto server, the AgentCore Runtime emulator (which hosts any app
-of the AgentCore container contract), a small CPU policy.
-
-Needs the `[local]` extra.
-"""
+"""The embedded local stack (the `[local]` extra): moto, the AgentCore Runtime emulator (which hosts
+any app of the AgentCore container contract) and a small CPU policy. docs/local-stack.md."""

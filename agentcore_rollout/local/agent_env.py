@@ -1,15 +1,9 @@
-"""What a process-mode agent of the local stack (`agents.ProcessAgent`, one process per
-session, as a microVM per session is on AWS) is given: an allowlist of its host's
-environment, never all of it. The stack's own process holds what no agent should read (a
-tracker's token, a collector's headers, a proxy's password, the user's cloud credentials,
-the project's admin tokens); an agent on AgentCore is given its runtime's variables alone.
+"""What a process-mode agent of the local stack is given: an allowlist of its host's environment,
+never all of it, as an agent on AgentCore is given its runtime's variables alone.
 
-Passed on: the basics, TLS trust and credential-free proxies (`agent.allowlist`), what an
-agent needs to write its result (the AWS region, credentials and endpoint URLs, as a session
-container gets them: `agents.container_env`), Python's own (`PYTHON*`, `VIRTUAL_ENV`),
-OpenTelemetry's settings but never its headers or client keys (the agent's spans join the
-rollout's trace: `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, ...), and the emulator's
-`env` (its configuration's, given explicitly)."""
+The stack's own process holds what no agent should read (trackers' and collectors' tokens, a
+proxy's password, the user's cloud credentials, the project's admin tokens). The list:
+docs/harbor.md#what-an-agent-is-given."""
 
 from __future__ import annotations
 

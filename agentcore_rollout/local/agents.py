@@ -1,13 +1,7 @@
-"""Where the emulator's sessions run: the agent side of the AgentCore container contract.
-
-- `ProcessAgent`: one OS process per session, as a microVM per session is on AWS: the app
-  served by `host.py` on a socket the emulator bound for it, or a command serving on `$PORT`.
-- `ContainerAgent`: one container of the agent's image per session (`containers.py`'s
-  runtime), in its own network namespace, a host loopback port mapped to its 8080.
-- `SharedApp` + `InProcessAgent`: one app instance served in a thread for every session (for
-  tests and benchmarks that need hundreds of sessions quickly); a RolloutApp keeps sessions
-  apart itself (`session_busy`, `cancel_session`), any other app shares its ping status.
-"""
+"""Where the emulator's sessions run, the agent side of the AgentCore container contract: a process
+per session (`ProcessAgent`, as a microVM per session is on AWS), a container of the agent's image
+per session (`ContainerAgent`), or one app shared in a thread (`SharedApp` + `InProcessAgent`, for
+tests and benchmarks that need hundreds of sessions quickly)."""
 
 from __future__ import annotations
 

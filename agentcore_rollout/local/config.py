@@ -1,13 +1,9 @@
-"""The local stack's settings: the `local` and `train` sections of the CLI's config file, and
-the emulator's.
+"""The local stack's settings: the `local` and `train` sections of the CLI's config file, and the
+emulator's.
 
-`EmulatorSettings` is the one definition of what the AgentCore Runtime emulator simulates
-(quotas, time caps, cold start) and how it runs agents: `LocalConfig` inherits it, so its keys
-are `local.<key>`, and the emulator takes it (`EmulatorConfig`, which adds its agent, its
-runtimes and what tests vary) from flags derived from these same fields (`serving.flags`),
-which the stack writes from its own values. `TrainConfig` is what `train`'s loop
-(`trainer.py`) reads.
-"""
+`EmulatorSettings` is the one definition of what the emulator simulates and how it runs agents:
+`LocalConfig` inherits it (its keys are `local.<key>`), and the emulator's flags derive from the
+same fields, so the stack writes them from its own values."""
 
 from __future__ import annotations
 

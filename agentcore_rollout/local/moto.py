@@ -1,10 +1,6 @@
-"""moto in server mode on loopback, in its own process, and the results channel on it.
-
-A separate process keeps moto's threads off the engine's GIL, so local figures mean
-something. `provision_results_channel` wires bucket -> queue exactly as the infra does on
-AWS: an `s3:ObjectCreated:*` notification filtered to the rollout prefix, a queue policy that
-admits only that bucket, and a dead-letter queue behind the results queue.
-"""
+"""moto in server mode on loopback, in its own process (so moto's threads stay off the engine's GIL
+and local figures mean something), and the results channel wired on it as the infra wires it on
+AWS: bucket notification to the queue, a queue policy admitting that bucket, a dead-letter queue."""
 
 from __future__ import annotations
 

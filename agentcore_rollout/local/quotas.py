@@ -1,20 +1,7 @@
-"""The emulator's quotas, counted as AgentCore counts them, and told as Service Quotas tells
-them.
-
-Three separate limits, each per account and region (the runtime ARN's: one emulator serving
-several runtimes and endpoints counts as the service would), shared by every endpoint and
-runtime there, each with its own error, so a client that only handles one of them fails here
-as it would on AWS:
-- new sessions per second (429 ThrottlingException);
-- data-plane calls per second, InvokeAgentRuntime and StopRuntimeSession together, whether an
-  invocation opens a session or reuses one (429 ThrottlingException);
-- active sessions (402 ServiceQuotaExceededException).
-A rate of N per second is a token bucket holding one second's worth: N at once from rest, N a
-second after (how AWS's API rate limits are commonly enforced; AgentCore does not say). The
-defaults are the published quotas (`_agentcore`); each can be changed or switched off (None)
-for tests. `list_service_quotas` answers Service Quotas' ListServiceQuotas with them, as the
-engine reads them at start-up.
-"""
+"""The emulator's quotas, counted as AgentCore counts them and told as Service Quotas tells them:
+new sessions per second and data-plane calls per second (429 ThrottlingException each), active
+sessions (402 ServiceQuotaExceededException), each per account and region, so a client that
+handles only one of them fails here as it would on AWS (docs/local-stack.md)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""The host's loopback services, relayed to the address session containers reach the host at.
+"""The host's loopback services, relayed to the address session containers reach the host at, for
+those containers alone (a connection from any other address is closed unread).
 
-The stack's services bind 127.0.0.1 only, and containers do not reach the host's loopback. The
-emulator relays each port its containers are handed (the gateway's, moto's: not the policy's),
-from that address to the same port on loopback, and serves its containers alone: a connection
-from any other address is closed unread. Docker's bridge reaches the host at its gateway
-address, its peers the bridge's subnet; Podman's slirp4netns at the host's own address, from
-which its connections arrive (`containers.py`). Two emulators of one user may relay the same
-port (SO_REUSEPORT): both lead to one service. A relay for the internal network (no-network
-sessions) binds its gateway address with IP_FREEBIND: Podman's netavark puts that address on
-the host only while a container is on that bridge, and the listener must be there before.
-"""
+Two emulators of one user may relay the same port (SO_REUSEPORT): both lead to one service. The
+internal network's relay binds with IP_FREEBIND: Podman puts that gateway address on the host
+only while a container is on the bridge, and the listener must be there before."""
 
 from __future__ import annotations
 

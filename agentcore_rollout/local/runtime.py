@@ -1,18 +1,7 @@
-"""An AgentCore Runtime emulator that behaves like the service wherever a client or an agent
-can tell: its data plane.
-
-`POST /runtimes/{arn}/invocations` and `POST /runtimes/{arn}/stopruntimesession`, REST-JSON as
-botocore's service model describes them (`wire.py`), so the unmodified boto3/aiobotocore clients
-talk to it through `endpoint_url`: signed requests only, a runtime registry (its ARNs and
-endpoint qualifiers; anything else is ResourceNotFoundException), either way of naming the
-runtime the model allows, modelled errors with a request id on every response, trace headers.
-
-Each invocation is passed to its session's agent (`sessions.py`) with the headers the service
-forwards, and the reply passed through as the agent produces it (streams stay streams), within
-the service's time caps. The quotas are counted as the service counts them (`quotas.py`), and
-answered to Service Quotas' ListServiceQuotas (`POST /`, JSON 1.1), so a client reads them as
-on AWS; throttling can be injected. Counters let tests check a client's bounds.
-"""
+"""An AgentCore Runtime emulator that behaves like the service wherever a client or an agent can
+tell: its data plane, REST-JSON as botocore's model describes it (`wire`), so unmodified
+boto3/aiobotocore clients talk to it through `endpoint_url`. What it does and does not do as the
+service does: docs/local-stack.md#what-the-emulator-does-as-the-service-does."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The emulator's sessions, as AgentCore runs them: each gets its own agent (`agents.py`) on
-its first invocation, after the simulated cold start, and ends on a stop or as the service
-ends it (`Sessions._watch`). Where agents run is set up once, at the emulator's start: the
-shared app (mode in_process), or the container engine and the relay of the host's loopback
-ports its containers are handed (mode container): one for its public containers, one at the
-internal network's gateway for those of a no-network runtime. Ledgers and gauges let tests check a
-client's bounds.
-"""
+"""The emulator's sessions, as AgentCore runs them: each gets its own agent (`agents`) on its first
+invocation, after the simulated cold start, and ends on a stop or as the service ends it. Where
+agents run is set up once, at the emulator's start. Ledgers and gauges let tests check a
+client's bounds."""
 
 from __future__ import annotations
 

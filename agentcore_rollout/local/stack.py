@@ -1,26 +1,9 @@
-"""The embedded local stack: everything the engine talks to, on loopback, in one context.
+"""The embedded local stack: everything the engine talks to, on loopback, in one context: moto,
+the AgentCore Runtime emulator, and agents -> gateway -> sglang-router -> policy workers.
 
-moto (S3 + SQS, wired with the bucket notification the infra configures on AWS), the
-AgentCore Runtime emulator running the agent app (a process of its own, like the real service,
-so agents never share the engine's event loop), and the policy path:
-agents -> token-capture gateway -> sglang-router -> local policy workers (the router
-only with more than one worker; the gateway only with the [gateway] extra). Agents call the
-gateway's agents' listener (HTTPS with `local.gateway_tls_cert` and `gateway_tls_key`), the
-engine its admin listener. With
-`local.gateway_replicas: N`, N gateway processes share one admin token and the backend; the
-engine opens each session on one of them and its agent calls that one.
-
-The workers serve `local.policy`: the toy (the gateway renders with its `CharRenderer`), or a
-Hugging Face causal LM on CPU, named (`models.ready_model`: a known name, converted once into a
-cache) or a model directory; each worker then loads it (`HFPolicy`) and the gateway renders with
-its tokenizer and chat template, parsing tool calls in the family its template shows.
-`engine_config()` points an EngineConfig at them, so the same engine code runs here and on
-AWS. Nothing binds anything but 127.0.0.1.
-
-Children start concurrently where they can (moto with the workers, then the policy path with the
-emulator), and every blocking call (a child's start and stop, boto3 provisioning) runs in a
-thread, so a stack started inside a trainer's event loop never stalls it.
-"""
+`engine_config()` points an EngineConfig at them, so the same engine code runs here and on AWS.
+Every blocking call (a child's start and stop, provisioning) runs in a thread, so a stack started
+inside a trainer's event loop never stalls it. docs/local-stack.md."""
 
 from __future__ import annotations
 

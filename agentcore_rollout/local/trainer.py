@@ -1,39 +1,17 @@
 """GRPO on the local policy through the whole pipeline: what `agentcore-rollout train` runs.
 
-Each step rolls out a batch of groups (AgentCore sessions on the emulator, the agent calling
-the policy through the token-capture gateway and sglang-router, results through S3 and SQS),
-turns the kept members' token traces into GRPO samples, takes one clipped policy-gradient step
-on the trainer's copy of the policy, saves it, pushes it to every policy worker
-(`/update_weights_from_disk` with the next step as its weight version), and moves the engine
-to the next step.
-
-With `engine.limits.max_staleness` 0 a step rolls out its batch only once the previous update is
-pushed: every sample is on-policy. With 1 or more the pipeline stays full: each group that
-resolves is replaced at once, so rollouts of the next step run while this step's update is
-computed and pushed, and a step trains on groups up to `max_staleness` steps old, the oldest
-first, weighed by their importance ratios (`grpo.grpo_update`, token by token against the
-version that sampled each). With `stale_policy` `end`, older groups are counted stale, never
-trained; with `keep` they run to their end, and the tokens sampled within the bound train
-(`training.within_staleness`).
-
-`train.asynchronous` (`train --async`) also takes the update off the rollouts' path: a weight
-push aborts the generations in flight (SGLang's `abort_all_requests`), and the gateway resumes
-each under the new weights, so no rollout waits for an update (a push without it waits for the
-generations in flight to finish first, as SGLang's does); and `max_staleness` steps' groups are
-kept in flight, so a step takes the first groups to resolve rather than waiting for its slowest,
-and a group submitted during step s is taken by step s + max_staleness.
-
-The learner follows `local.policy`: "toy" trains the TinyPolicy in numpy (`grpo.grpo_update`,
-npz weights); anything else is a Hugging Face model dir or known name (`models.ready_model`)
-trained in torch (`hf_grpo.HFLearner`, imported only then), its weights saved each step as a
-model dir of which only the newest two are kept (SmolLM2-135M's is 540 MB).
-"""
+Each step rolls out a batch of groups, turns the kept members' traces into samples, takes one
+clipped policy-gradient step, pushes the weights to every worker and moves the engine's step.
+`max_staleness` keeps the pipeline full; `train.asynchronous` also takes the update off the
+rollouts' path (docs/getting-started.md#asynchronous-training-train-async). The learner follows
+`local.policy`: the toy in numpy, a Hugging Face model in torch (`hf_grpo`, imported only then)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import math
 import shutil
 import time
 from collections.abc import Sequence
@@ -43,7 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from .. import ConfigError, EngineConfig, Outcome, RolloutCost, RolloutEngine
+from .. import ConfigError, EngineConfig, EngineStats, Outcome, RolloutCost, RolloutEngine
+from .._cost import idle_usd
+from ..config import CostConfig
 from ..contract import NamedRewards
 from ..training import (
     Group,
@@ -71,14 +51,9 @@ class StackFailed(RuntimeError):
     """A part of the local stack the trainer needs stopped working (its message names it)."""
 
 
-_FAILED = (
-    Outcome.AGENT_ERROR,
-    Outcome.VERIFIER_ERROR,
-    Outcome.TIMEOUT,
-    Outcome.SUBMIT_FAILED,
-    Outcome.INVALID_RESULT,
-    Outcome.ENGINE_ERROR,
-)
+FAILED = frozenset(Outcome) - {Outcome.OK, Outcome.CANCELLED, Outcome.STALE}
+"""What a step's row (and `train`'s progress bar) counts as `failed`: every outcome but ok and
+those the trainer itself ended (cancelled, stale)."""
 
 
 class TrainerConfig(Protocol):
@@ -145,10 +120,14 @@ async def train(
         # taken by step s + max_staleness, its tokens within the bound; what still runs when
         # training ends is cancelled
         in_flight = per_step * max(1, staleness) if tc.asynchronous else per_step
+        # pipelined: enough sessions ready to cover one cold start at the start rate
+        ready_pool = math.ceil(
+            (engine_config.dispatch.start_rate or 1.0) * engine_config.dispatch.session_start_time
+        )
         submit(in_flight)
         began = time.monotonic()
         for step in range(start, tc.steps):
-            step_began = time.monotonic()
+            step_began, stats_then = time.monotonic(), engine.stats()
             if view is not None:
                 view.step_started(step, per_step)
             taken: list[Group] = []
@@ -159,9 +138,12 @@ async def train(
                 still_needed = per_step * (tc.steps - step) - len(taken)
                 if staleness and groups.pending < (in_flight if tc.asynchronous else still_needed):
                     submit(1)  # keep the pipeline full: the next step's rollouts start now
+                    engine.warm(ready_pool)  # ... on sessions already up
                 if view is not None:
                     view.group_resolved(group)
             rolled_out = time.monotonic()
+            if not staleness and step + 1 < tc.steps:  # its sessions start while we update
+                engine.warm(per_step * group_policy.size)
             samples = training_samples(taken)
             if keep:
                 samples = within_staleness(samples, step, staleness)
@@ -172,7 +154,8 @@ async def train(
             if not staleness and step + 1 < tc.steps:
                 submit(per_step)
             now = time.monotonic()
-            row = _row(step, taken, stale, update)
+            warm = _warm(engine.stats().since(stats_then), engine_config.cost)
+            row = _row(step, taken, stale, update) | warm
             trained = {s.request_id for s in samples} if keep else None
             row |= {
                 "staleness": staleness_report([*taken, *stale], step, trained=trained),
@@ -225,7 +208,7 @@ def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats)
         "reward_components": _component_means(taken),
         "requests": len(members),
         "ok": sum(m.outcome is Outcome.OK for m in members),
-        "failed": sum(m.outcome in _FAILED for m in members),
+        "failed": sum(m.outcome in FAILED for m in members),
         "cancelled": sum(m.outcome is Outcome.CANCELLED for m in members),
         "groups_trained": by_status[GroupStatus.TRAIN],
         "groups_skipped": len(taken) - by_status[GroupStatus.TRAIN],
@@ -250,6 +233,17 @@ def _row(step: int, taken: list[Group], stale: list[Group], update: UpdateStats)
         "ratio_max": round(update.ratio_max, 6),
         "clipped_fraction": round(update.clipped_fraction, 6),
         "grad_norm": round(update.grad_norm, 6),
+    }
+
+
+def _warm(stats: EngineStats, prices: CostConfig) -> dict[str, Any]:
+    """The step's rollouts that started on a session warmed during the last update, and what
+    the wait for them cost."""
+    return {
+        "warm_used": stats.warm_used,
+        "warm_missed": stats.warm_missed,
+        "warm_idle_s": round(stats.warm_idle_seconds, 3),
+        "warm_idle_usd": idle_usd(stats.warm_idle_seconds, prices),
     }
 
 

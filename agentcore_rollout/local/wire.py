@@ -1,11 +1,7 @@
-"""The AgentCore Runtime data plane as botocore's service model describes it: header names,
-error shapes, request identity (ARN or agent id + account), request signing, the payload's
-limit, and the headers the service passes on to the container.
-
-Everything a client can observe about the wire lives here, apart from the emulator's
-behaviour, so it can be read side by side with `botocore/data/bedrock-agentcore/*/service-2.json`
-(the source of truth) and checked by `tests/test_emulator_conformance.py`.
-"""
+"""The AgentCore Runtime data plane as botocore's service model describes it: header names, error
+shapes, request identity, signing, the payload's limit and the headers passed on to the
+container. Everything a client can observe about the wire lives here, to be read beside
+`botocore/data/bedrock-agentcore/*/service-2.json` (`tests/test_emulator_conformance.py`)."""
 
 from __future__ import annotations
 
@@ -33,7 +29,7 @@ CONTAINER_REQUEST_ID_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Request-Id"
 TRACE_HEADERS = ("X-Amzn-Trace-Id", "traceparent", "tracestate", "baggage")
 MCP_HEADERS = ("Mcp-Session-Id", "Mcp-Protocol-Version", "Mcp-Method", "Mcp-Name")
 
-# Request limits of the model (string `max`/`min`; the payload's, `_agentcore.MAX_PAYLOAD_BYTES`),
+# Request limits of the model (string `max`/`min`; the payload's, `published.MAX_PAYLOAD_BYTES`),
 # checked as the service does: botocore only checks minimums, so a longer value reaches it.
 SESSION_ID_LENGTH = (33, 256)
 HEADER_LIMITS: dict[str, tuple[str, int, int]] = {  # header -> (member, min, max)

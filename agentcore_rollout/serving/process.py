@@ -1,16 +1,9 @@
 """Child processes of the local stack: started, awaited until they print their URL, stopped.
 
-A child is waited for as long as it makes progress, not for a fixed time: one loading a model
-on a busy machine can take minutes. Progress is a line on its stderr or CPU time it used
-(`/proc/<pid>/stat`: utime + stime, its reaped children's too). A child that makes none for
-`stall` seconds (`local.start_stall_seconds`, 60 by default), or that has not printed its URL
-after `limit` seconds however busy (`local.start_limit_seconds`, 1800), is killed, and the
-error names the bound, what was starting and the setting that changes it.
-
-Each child runs in its own session, so a Ctrl-C at the terminal reaches only the parent,
-which then stops the children in order (the engine may still need S3 while it shuts down).
-Children also watch their parent and exit if it dies, so a killed parent leaves no orphans.
-"""
+A child is waited for as long as it makes progress (a line on its stderr, or CPU time used), not
+for a fixed time: one loading a model on a busy machine can take minutes (the bounds:
+docs/local-stack.md). Each child runs in its own session, so a Ctrl-C reaches only the parent,
+which stops them in order (the engine may still need S3); children exit if their parent dies."""
 
 from __future__ import annotations
 

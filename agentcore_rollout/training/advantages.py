@@ -1,12 +1,6 @@
-"""GRPO's group-relative advantage: each member's reward against its group's.
-
-    advantage_i = (reward_i - mean(rewards)) / (std(rewards) + eps)
-
-The standard deviation is the sample one (n - 1), as veRL computes it, so advantages from here
-and from veRL's GRPO agree. A one-member group gets its raw reward (mean 0, std 1, veRL's
-convention); a group whose rewards are all equal gets zeros, which is why `groups` does not
-train such groups at all.
-"""
+"""GRPO's group-relative advantage: `(reward_i - mean) / (std + eps)`, with the sample standard
+deviation (n - 1), as veRL computes it, so the two agree. A one-member group gets its raw reward
+(veRL's convention); an all-equal group gets zeros, which is why `groups` does not train one."""
 
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
-"""GRPO groups: the samples of one prompt, rolled out together and judged together.
+"""GRPO groups: every request of one `input_id` at one step, rolled out and judged together.
 
-A group is every request of one `input_id` at one step. Failures are part of it (counted, never
-trained on); the members it trains on are its first `n` to end `ok`, in the order they ended.
-What a group becomes is its `GroupStatus`, decided by a `GroupPolicy`:
-
-- `train`: at least `min_ok` members ended ok and their rewards differ;
-- `too_few_ok`: fewer than `min_ok` ended ok (a group of one compares with nothing);
-- `all_equal`: every kept member got the same reward: its advantages are all zero, so it
-  would only dilute the batch (reported, not trained);
-- `stale`: its step is more than `max_staleness` behind the step it would train at (with the
-  engine's `stale_policy` `keep`, a group is never stale by its step: the trainer bounds what
-  trains token by token, `samples.within_staleness`).
-
-`collect_groups` judges the outcomes of a finished batch; `GroupRollout` runs groups on an
-engine with over-provisioning, cutting the straggler tail. An extra whose result was already in
-hand still ends `ok` (a cancel never undoes an outcome), but only the first `n` ok are kept:
-that favours fast rollouts; with `extra=0` nothing is dropped.
-"""
+Failures are counted, never trained; a group trains on its first `n` members to end ok, and is
+reported, not trained, when too few ended ok, when their rewards are all equal (zero advantage),
+or when it is stale (`GroupStatus`). `GroupRollout` over-provisions to cut the straggler tail,
+which favours fast rollouts; with `extra=0` nothing is dropped."""
 
 from __future__ import annotations
 

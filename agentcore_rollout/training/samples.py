@@ -1,15 +1,7 @@
-"""Training samples: an ok outcome's token trace, as the rows a policy-gradient trainer needs.
-
-The gateway's trace holds, per sample, exactly the tokens the policy was conditioned on and
-sampled from (see `gateway.trajectory`): `prompt_ids`, then `response_ids` with a `loss_mask`
-of 1 on sampled tokens and 0 on everything the policy did not sample (tool results, template
-tokens, the user's next message), and the behaviour log-prob of each sampled token. A row adds
-the rollout's scalar reward and its group's advantage. Nothing is re-tokenized.
-
-Failures never become rows: only an `ok` outcome with a trace converts, and anything else is a
-ValueError, as is an ok outcome without a trace (no gateway in front of the policy: a reward
-without its tokens is not a training sample).
-"""
+"""Training samples: an ok outcome's token trace, as the rows a policy-gradient trainer needs,
+nothing re-tokenized (the trace: docs/gateway.md#the-traces-json-shape). A row adds the
+rollout's reward and its group's advantage. Failures never become rows, nor does an ok outcome
+without a trace: a reward without its tokens is not a training sample."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""What staleness cost a step: its rollouts delivered and dropped, by how many steps behind
-they were and by how long they ran.
-
-A trainer that drops stale rollouts drifts towards the prompts whose rollouts are quick (long
-ones are the ones that fall behind): these two tables show it happening, or not. A rollout is
-`dropped` if it ended `stale`, its group was judged `stale`, or none of its tokens was within
-the bound it was trained with (`samples.within_staleness`); it is `delivered` if it ended ok
-and was not dropped. Failures and cancelled extras are neither.
-"""
+"""What staleness cost a step: its rollouts delivered and dropped, by how many steps behind they
+were and by how long they ran. A trainer that drops stale rollouts drifts towards the prompts
+whose rollouts are quick (the long ones fall behind): these two tables show it happening, or not."""
 
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ REQUIRED = (
         "bedrock-agentcore:StopRuntimeSession",
         "{runtime_arn}/runtime-endpoint/DEFAULT",
     ),
-    # AgentCore's quotas as the account has them, read once at start-up (`_quotas`).
+    # AgentCore's quotas as the account has them, read once at start-up (runtimes.agentcore.quotas).
     Call(
         'ListServiceQuotas(ServiceCode="bedrock-agentcore")', "servicequotas:ListServiceQuotas", "*"
     ),

@@ -1,12 +1,6 @@
-"""veRL 0.9.1 integration (the `[verl]` extra).
-
-- `AgentCoreAgentLoop` (`agent_loop`): a veRL agent loop whose trajectories run as AgentCore
-  sessions through one shared engine; groups below `min_group_ok` raise for every member.
-- `agent_loop_outputs` (`convert`): an ok outcome -> veRL `AgentLoopOutput` rows, one per sample
-  of its token trace, exactly as captured.
-- `FiguresReplayBuffer`, `FiguresReplayBufferAsync` (`figures`): veRL's replay buffers, adding
-  the engine's `rollout/...` figures to each step's metrics (set by the switch).
-"""
+"""veRL 0.9.1 integration (the `[verl]` extra): an agent loop whose trajectories run as AgentCore
+sessions (`agent_loop`), outcomes as veRL rows (`convert`), and the engine's figures in veRL's
+step metrics (`figures`). docs/verl.md is the guide."""
 
 from .agent_loop import AgentCoreAgentLoop, AgentCoreSettings, EngineService, GroupFailed
 from .convert import ConversionError, agent_loop_outputs

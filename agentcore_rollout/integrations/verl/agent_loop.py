@@ -1,68 +1,17 @@
 """`AgentCoreAgentLoop`: a veRL agent loop whose trajectories run as AgentCore sessions.
 
-veRL calls `run()` once per trajectory (prompt `uid`, its `session_id` among the `rollout.n`).
-The loop submits one `RolloutRequest` (payload: a dataset column, group: the uid, sample index:
-the session id, step: veRL's `global_steps`) to the engine, waits for its outcome, and returns
-its rows (`convert.agent_loop_outputs`). A failure raises, so veRL tags the group `failure`
-and fabricates no row for it.
-
-One engine serves every agent-loop worker (`EngineService`): one SQS poller per experiment,
-so no worker receives, releases and so churns another's notifications. Under Ray it is a
-named actor that the first loop creates; outside Ray (tests, a single process) it is an object
-of the process.
-
-The group policy (`training.GroupPolicy`, `min_group_ok` default 2): each member waits until
-every member of its group has ended; if fewer than `min_group_ok` ended ok, every member raises,
-so no group of one trains on its raw reward (veRL gives a one-member GRPO advantage = reward).
-
-Settings come from `actor_rollout_ref.rollout.custom.agentcore` (set it with Hydra's `+`
-prefix): `config` (the engine's YAML; default `$AGENTCORE_ROLLOUT_CONFIG`), `payload_key`
-(the dataset column holding each prompt's payload, a JSON object; default `extra_info`),
-`min_group_ok` (2), `on_failure` (`raise`; `empty`: a failed member gives no row),
-`timeout` (seconds per rollout; default the engine's) and `gateway`.
-
-`gateway` puts the token-capture gateway in front of veRL's own rollout servers: the engine
-service starts one (`host`, default 127.0.0.1; `port`, default any; `public_url`, what agents
-call; `tls_cert` and `tls_key`, PEM files that put the agents' API on HTTPS; `renderer`, a
-tokenizer directory or `module:attr`, default the model's path) sampling through the agent
-loop's server manager (`backend.VerlServerBackend`), and the engine opens each rollout's
-session on it, through the gateway's admin listener (loopback). Without it, the engine
-config's own `gateway` is used. With `replicas: N` (N >= 2; default 1, in the service's
-process) it starts N gateway replicas as Ray actors that take no CPU from veRL's plan
-(`replicas.HostedGateways`; a fixed `port` P puts replica i on P + i, and `public_url` is then
-a list, one URL per replica), and the engine spreads the sessions over them.
-
-veRL's async trainers (`trainer.v1.trainer_mode` `colocate_async`, `separate_async`) keep
-prompts of several `global_steps` in flight: a step-k member may reach the engine after step
-k+1's first. The engine's staleness is then veRL's (`engine_limits`): with veRL's `drop`
-strategy and a bound of T versions, `max_staleness = T - 1` with `stale_policy: end`, which
-ends exactly the requests veRL's replay buffer would evict anyway (veRL never issues beyond its
-current step, so the engine's step is never ahead of the trainer's) and frees their sessions
-early; with `wait` (dropless) or no bound, `keep`: veRL trains whatever it waited for, so the
-engine must end nothing. The group gate is keyed by (uid, step), so overlapping steps do not
-mix. Request ids derive from (uid, session id, step): the same trajectory has the same id in any
-process.
-
-After a checkpoint restart, veRL's async trainers re-issue the prompts that were in flight
-(`_reissue_inflight_prompts`), with their uids but under the resumed step ("a new dispatch
-attempt"), not the step that first issued them. The engine service takes each member of the
-first step it serves over from the earlier engine (`RolloutEngine.reclaim`) before it starts a
-session: it looks for the member's earlier request ids, one per step back as far as veRL's
-off-policy bound (`reissue_settings`), and takes a result already in S3, or waits for a session
-still running, when the gateway still holds that session's trace. A result without its trace
-trains no row, so with the hosted gateway, which restarts with the trainer, every re-issued
-member runs anew. Verifying an earlier engine's results needs its run secret: without
-`engine.run_secret`, the service keeps one in veRL's checkpoint folder
-(`trainer.default_local_dir`, mode 0600).
-
-The service also keeps the figures of what ended since they were last taken (`take_figures`:
-counts and sums, never the outcomes), which veRL's step metrics get through `figures`.
-"""
+veRL calls `run()` once per trajectory; the loop submits one `RolloutRequest` to the engine and
+returns its outcome's rows (`convert`). A failure raises, so veRL tags the group `failure` and no
+row is fabricated; a group below `min_group_ok` raises for every member, so no group of one
+trains on its raw reward. One engine serves every worker (`EngineService`, a named Ray actor):
+one SQS poller per experiment, so no worker churns another's notifications. Settings, async
+trainers and restarts: docs/verl.md."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -82,7 +31,7 @@ from ... import (
     load_config,
 )
 from ...config import GatewayConfig, LimitsConfig
-from ...contract import new_run_secret
+from ...contract import ENVIRONMENT_KEY, new_run_secret
 from ...training import Group, GroupPolicy, staleness_report
 from .convert import OnFailure, agent_loop_outputs
 from .replicas import HostedGateways, check_replicas
@@ -185,6 +134,10 @@ class EngineService:
         self._tally = RolloutTally()
         self._staleness: Counter[str] = Counter()  # "<lag>/delivered|dropped"
         self._stats_taken: EngineStats | None = None
+        # step -> its members submitted, by environment (a Harbor task's; None: any), and
+        # how many have not ended yet: the next step's warm sessions (`_ended`)
+        self._members: dict[int, Counter[str | None]] = {}
+        self._running: Counter[int] = Counter()
 
     async def rollout(
         self, request: RolloutRequest, step: int, policy: GroupPolicy, timeout: float | None
@@ -202,11 +155,14 @@ class EngineService:
                 self._first_step = step
             if step > engine.step:
                 engine.set_step(step)
+            self._members.setdefault(step, Counter())[self._environment(request)] += 1
+            self._running[step] += 1
             outcome = await self._reclaimed(engine, request, step, timeout)
             if outcome is None:
                 outcome = await engine.submit(request, step=step, timeout=timeout)
             self._tally.add(outcome)
         finally:  # a member that could not even be submitted still counts, as not ok
+            self._ended(step, self._environment(request))
             ended.append(outcome)
             if len(ended) >= policy.size:
                 del self._groups[key]
@@ -215,6 +171,32 @@ class EngineService:
                 except ValueError as e:  # an ok member without a reward: fail, hang no member
                     verdict.set_exception(GroupFailed(str(e)))
         return outcome, await asyncio.shield(verdict)
+
+    def _environment(self, request: RolloutRequest) -> str | None:
+        """Where its session starts: its payload's environment once runtimes are routed by one
+        (a Harbor run's), else any runtime."""
+        routed = self._engine is not None and any(
+            t.environment for t in self._engine.config.all_runtimes
+        )
+        return request.payload.get(ENVIRONMENT_KEY) if routed else None
+
+    def _ended(self, step: int, environment: str | None) -> None:
+        """A member ended. Under the synchronous trainer, the last of its step's is when veRL
+        begins its update: the next step's batch (veRL's are one size, of the same
+        environments) starts its sessions now, to find them up (`RolloutEngine.warm`). Under
+        an async trainer, rollouts start all the time: a few sessions of the member's
+        environment stay ready, one cold start's worth at the start rate."""
+        if self._running[step] == 0 or self._engine is None:
+            return
+        self._running[step] -= 1
+        engine = self._engine
+        if self._limits is not None:
+            ready = engine.stats().start_rate * engine.config.dispatch.session_start_time
+            engine.warm(math.ceil(ready), environment=environment)
+        elif self._running[step] == 0 and step == engine.step:
+            del self._running[step]
+            for each, members in self._members.pop(step, Counter()).items():
+                engine.warm(members, environment=each)
 
     def _judged(self, members: list[RolloutOutcome], policy: GroupPolicy) -> bool:
         """Whether the group has `policy.min_ok` kept (ok) members, not its status: a stale

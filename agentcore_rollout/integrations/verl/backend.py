@@ -1,19 +1,9 @@
-"""`VerlServerBackend`: the gateway samples through veRL's own server manager.
+"""`VerlServerBackend`: the gateway samples through veRL's own server manager, so the trace holds
+exactly what veRL's rollout servers sampled, labelled with veRL's weight version.
 
-veRL's `LLMServerClient.generate(request_id, prompt_ids=..., sampling_params=...)` routes a
-turn to one of the run's rollout servers (vLLM or SGLang, load-balanced, sticky per request)
-and returns a `TokenOutput`: the sampled ids, their log-probs, and in `extra_fields` the
-`global_steps` of the weights that sampled them. With this backend behind the token-capture
-gateway, the trace holds exactly what veRL's servers sampled, labelled with veRL's weight
-version, so `convert` fills `min_global_steps`/`max_global_steps` from them. A generation
-veRL aborted (`stop_reason` "aborted": its weights are being updated) comes back with the tokens
-so far, and the gateway resumes the turn under the new weights (`gateway.resume`). veRL's async
-trainers hand out a `FullyAsyncLLMServerClient`, which resumes by itself and labels the merged
-tokens with one version only (the last; min and max aside): its resume loop is skipped, so the
-gateway's resume records which version sampled each token.
-
-    gateway = Gateway(VerlServerBackend(server_manager), HFRenderer.from_pretrained(model_dir))
-"""
+veRL's async trainers hand out a `FullyAsyncLLMServerClient`, which resumes an aborted generation
+by itself but labels the whole output with one version: its resume loop is skipped, and the
+gateway's resume records which version sampled each token."""
 
 from __future__ import annotations
 

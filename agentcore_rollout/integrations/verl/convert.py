@@ -1,24 +1,9 @@
-"""One ok outcome -> veRL `AgentLoopOutput`s, one per sample of its token trace.
+"""One ok outcome -> veRL `AgentLoopOutput`s, one per sample of its token trace, exactly as
+captured (`response_mask` = the trace's loss mask, `response_logprobs` the sampling log-probs).
 
-The rows carry exactly what the gateway captured: `prompt_ids`, `response_ids`,
-`response_mask` = the trace's loss mask (1 on sampled tokens only) and `response_logprobs` (the
-sampling log-probs, 0.0 where the mask is 0). veRL's v1 worker copies the last output's
-`reward_score` and `extra_fields["reward_extra_info"]` to the others and computes a teacher's
-log-probs on the last one only, so the sample with the most sampled tokens goes last.
-
-`extra_fields` holds what veRL reads (`min_global_steps`/`max_global_steps`: the oldest and
-newest weight versions that sampled the row, as integers, for its staleness control;
-`reward_extra_info`: the named reward components, or `{}`) and what a user traces a row back
-with (`outcome`, `request_id`, `session_id`, `input_id`).
-
-An ok outcome whose agent never called the model (a Harbor task's `oracle` or `nop`: its trace
-has no sample) gives no row, and says so in the log: there is nothing the policy sampled to
-train, and no failure either.
-
-Nothing is cut to fit: a sample longer than the trainer's prompt or response length raises,
-since a truncated row would be trained as if the policy had sampled it that way. Cap lengths
-at the gateway (`engine.gateway.max_context`) instead.
-"""
+Nothing is cut to fit: a sample longer than the trainer's lengths raises, since a truncated row
+would train as if the policy had sampled it that way (cap at the gateway's `max_context`).
+docs/verl.md#settings says what the rows carry and in which order."""
 
 from __future__ import annotations
 

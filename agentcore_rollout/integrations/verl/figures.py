@@ -1,17 +1,9 @@
 """The engine's figures in veRL's step metrics, so every `trainer.logger` backend shows them.
 
-veRL 0.9.1's v1 trainer logs one `metrics` dict per step; an agent loop cannot add to it (its
-outputs go to TransferQueue). What the replay buffer's `sample()` returns is merged in, and
-the buffer is chosen by config (`trainer.v1.sampler.custom_sampler`, set by the switch). So the
-buffers here are veRL's own, whose `sample()` adds the engine service's `take_figures()`: what
-ended since the previous step's take, as `rollout/...` numbers (see docs/verl.md).
-
-The figures are taken once per step, on its first `train` sample (with
-`parameter_sync_step > 1` veRL samples several times a step and averages what each returned,
-which would blur counts). A rollout that ends after the take, or during validation, is counted
-at the next step's. No engine yet, or one that does not answer, gives no figures, never an
-error that stops training.
-"""
+An agent loop cannot add to veRL 0.9.1's per-step `metrics` (its outputs go to TransferQueue),
+but what the replay buffer's `sample()` returns is merged in: so these are veRL's own buffers,
+adding the engine service's `take_figures()`. An engine that does not answer gives no figures,
+never an error that stops training (docs/verl.md#the-engines-figures-in-verls-logs)."""
 
 from __future__ import annotations
 

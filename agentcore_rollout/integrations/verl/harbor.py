@@ -1,15 +1,9 @@
-"""Harbor task folders as a veRL dataset: `data.custom_cls`, so veRL's data config names task
-folders as it names parquet files.
+"""Harbor task folders as a veRL dataset (`data.custom_cls`), so veRL's data config names task
+folders as it names parquet files (docs/harbor.md#verl).
 
-    data.train_files=examples/harbor_tasks            # a folder of tasks, a task, or a JSONL
-    +data.custom_cls.path=pkg://agentcore_rollout.integrations.verl.harbor
-    +data.custom_cls.name=HarborTasks
-
-Each task is one row: its instruction as the prompt and, in `extra_info` (the agent loop's
-`payload_key`), the row `agentcore-rollout run` would send for it (`harbor.tasks.task_payload`).
-The payload is kept as JSON text in the frame and decoded per item, since Arrow would merge
-the tasks' differing `env` tables into one schema, filling each other's keys with nulls. No
-prompt is filtered for length: the agent writes its own prompts, not the instruction alone."""
+The payload is kept as JSON text in the frame and decoded per item, since Arrow would merge the
+tasks' differing `env` tables into one schema, filling each other's keys with nulls. No prompt is
+filtered for length: the agent writes its own prompts, not the instruction alone."""
 
 from __future__ import annotations
 

@@ -1,28 +1,10 @@
-"""`HostedGateways`: the hosted gateway as N Ray actors, when one process is not enough.
+"""`HostedGateways`: the hosted gateway as N Ray actors (`gateway.replicas: N`), when one process,
+which saturates one core, is not enough.
 
-One gateway process saturates one core (`bench/gateway.py`); in process, it also shares the
-engine actor's. With `custom.agentcore.gateway.replicas: N` (N >= 2), the engine service starts
-N `GatewayActor`s instead, each a Gateway in its own Ray worker process, sampling through the
-server manager veRL handed the agent loop (`backend.VerlServerBackend`; Ray pickles it: it holds
-veRL's config and the load balancer's actor handle), all behind one admin token. The engine
-opens each session on one replica and hands its agent that replica's URL (`GatewayConfig`'s
-`replicas`), so no proxy hop.
-
-- `num_cpus=0`: veRL plans the cluster's CPUs for its own workers; a replica waits on sockets
-  and takes none of them (an actor's default reserves one to be placed), so it starts even when
-  veRL's plan has taken every CPU.
-- Placement: a replica bound to a loopback or a named address is pinned to the engine service's
-  node, where that address is reachable, and its admin listener is on loopback; bound to a
-  wildcard (`0.0.0.0`, `::`), Ray may place it on any node, its URL is its node's IP address,
-  and so is its admin listener's (plain HTTP, behind the admin token: the cluster's network
-  must be one you trust).
-- Ports: `port` 0 picks a free one per replica; a fixed `port` P puts replica i on P + i, so a
-  list of public URLs (`public_url`, one per replica, in that order) can name them.
-- Lifetime: the replicas are unnamed actors owned by the engine service, so they die with it (Ray
-  fate-sharing) and `close` kills them. A restarted service never meets an earlier one's
-  replicas, and the traces they held die with them: as with the in-process gateway, a prompt
-  re-issued after a restart runs anew (see `agent_loop`'s docstring).
-"""
+`num_cpus=0`: veRL plans the cluster's CPUs for its own workers, and a replica waits on sockets,
+so it takes none of them and starts even when veRL's plan took every CPU. The replicas are
+unnamed actors owned by the engine service and die with it (Ray fate-sharing), their traces too:
+a prompt re-issued after a restart runs anew. Placement, ports: docs/verl.md#the-hosted-gateway."""
 
 from __future__ import annotations
 

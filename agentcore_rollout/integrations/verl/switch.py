@@ -1,36 +1,10 @@
 """`actor_rollout_ref.rollout.mode=agentcore`: the switch, translated into veRL's native settings.
 
-veRL 0.9.1 does not know the mode: it only warns on values other than `sync`, and its async
-recipes assert `mode == "async"`. So the switch is ours to translate, before veRL sees it:
-
-    actor_rollout_ref.rollout.mode=agentcore
-      -> actor_rollout_ref.rollout.mode=async
-         actor_rollout_ref.rollout.agent.default_agent_loop=agentcore
-         actor_rollout_ref.rollout.agent.agent_loop_config_path=<agent_loops.yaml shipped here>
-         +actor_rollout_ref.rollout.custom.agentcore.config=$AGENTCORE_ROLLOUT_CONFIG (if not set)
-
-         trainer.v1.sampler.custom_sampler={path: pkg://...figures, name: FiguresReplayBuffer}
-                                               (FiguresReplayBufferAsync under an async trainer)
-
-and the v1 trainer (`trainer.use_v1`, veRL's default): the legacy v0 trainer needs exactly one
-row per request, so a failed rollout could only be hidden behind a fabricated row.
-
-The sampler is veRL's own replay buffer, which adds the engine's figures to each step's metrics
-(`figures`). A sampler of your own is kept (one warning says how to mix the figures in), and
-so is veRL's when `algorithm.filter_groups` or `sync_refill_failed_groups` is on: veRL 0.9.1
-gives a custom sampler neither setting, so ours would silently turn them off.
-
-veRL's async trainers (`trainer.v1.trainer_mode=colocate_async` or `separate_async`) compose
-with the switch; what they assert at start-up (`trainer_base.py`, `trainer_separate_async.py`,
-`replay_buffer.py`) is checked here first, one line each, before any GPU is asked for. Their
-staleness bound (`trainer.v1.sampler`) is what the agent loop gives the engine
-(`agent_loop.engine_limits`).
-
-`agentcore-rollout verl [--config-path DIR --config-name NAME] [HYDRA OVERRIDES...]` composes
-veRL's trainer config (or yours, which may extend it), translates it, and runs veRL's
-`main_ppo` on it. Who launches `verl.trainer.main_ppo` directly passes the native settings
-above instead (see docs/verl.md).
-"""
+veRL 0.9.1 does not know the mode (it only warns, and its async recipes assert `mode == "async"`),
+so we translate it before veRL sees it, and check what veRL's async trainers assert at start-up,
+one line each, before any GPU is asked for. The v1 trainer only: v0 needs one row per request,
+so a failed rollout could only be hidden behind a fabricated row. The settings it writes:
+docs/verl.md."""
 
 from __future__ import annotations
 

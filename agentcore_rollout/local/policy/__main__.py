@@ -1,12 +1,7 @@
-"""`python -m agentcore_rollout.local.policy`: run a PolicyServer until SIGINT/SIGTERM, printing
-its URL once listening (`serving.process.serve_until_signalled`).
-
-It serves the toy (`--params`: its trained .npz), or with `--model DIR` a Hugging Face causal LM
-from a local model directory (`hf.HFPolicy`, the `[models]` extra; imported only then, so the
-toy's worker never loads torch).
-
-The admin token (`PolicyServer`'s `admin_token`) comes from the environment, `TOKEN_ENV`, never
-the command line, which `ps` shows to every user (and to every agent process on the host)."""
+"""`python -m agentcore_rollout.local.policy`: run a PolicyServer until SIGINT/SIGTERM, printing its
+URL once listening: the toy, or with `--model DIR` a Hugging Face causal LM (torch imported only
+then). The admin token comes from the environment (`TOKEN_ENV`), never the command line, which
+`ps` shows to every user and every agent process on the host."""
 
 from __future__ import annotations
 

@@ -1,44 +1,12 @@
 """HFPolicy: a Hugging Face causal LM on CPU (torch) behind PolicyServer, continuously batched.
 
-Why a scheduler thread: a forward pass takes milliseconds to tens of milliseconds, far too long
-to run on the aiohttp loop, and concurrent requests should share forward passes. One thread owns
-the model and a running batch: between decode steps it applies aborts, admits waiting requests
-(each prefilled alone, so a prompt's cache is exact, then merged into the batch's KV cache,
-left-padded, with an attention mask and explicit positions) and retires finished ones; every
-decode step advances every running request by one token. Requests join and leave between steps,
-so a short request never waits for a long one.
-
-Weights: `/update_weights_from_disk` waits, as SGLang's does, until the running batch drains
-(new requests wait behind it), then loads the directory's safetensors into the model in place.
-So no generation mixes weight versions, and each answer reports the one version it was sampled
-from. `abort_all=True` (SGLang's `abort_all_requests`) aborts the batch first instead of waiting.
-
-Sampling: the distribution a token is drawn from and the log-prob reported for it are the toy's
-`sampling.sampling_logprobs` and `draw` (temperature, top-k, top-p, min-p; greedy reports
-log_softmax of the raw logits), on float64 logits. Rows that do not truncate are done for the
-whole batch at once in torch (`_draw_rows`); rows that do call those functions. A request's seed
-seeds its own numpy Generator, so its tokens do not depend on its batch-mates.
-
-Where a decode step's time goes (SmolLM2-135M, 8 rows, one thread, measured): 118 ms of CPU,
-82 of them in the matmuls (the 49k-row output layer a quarter of those), which no scheduling
-removes: torch's MKL reaches about 26 GFLOP/s at 8 rows on one of these cores (57 at 32), so one
-core tops out near 8 / 0.082 = 97 tokens/s at 8 rows in float32. So the KV cache is written in
-place (`_GrowingLayer`, no copy of the whole cache per step) and sampling is batched, but
-prefill stays one prompt at a time: a 38-token prompt is already a matmul as wide as a 32-row
-decode step, so batching prompts would save little. Computing each linear layer as
-`W @ x.T` lets two threads split the weight's rows (86 against 71 tokens/s at 8 rows, idle
-cores), but moved sampled tokens' log-probs by up to 9e-5 from the trainer's `x @ W.T`, most
-of the 1e-4 the recomputation is held to; it is not done.
-
-Threads: one by default. On cores shared with other processes (the local stack's gateway and
-agents, other jobs) OpenMP's threads spin at every barrier for a core they do not get:
-measured at 8 rows on 2 shared cores, two threads made 6 tokens/s (9 per CPU second, load 6)
-and one thread 57 (58 per CPU second, load 3). On idle cores two threads win (bench/policy.py,
-load under 1.5: 16 / 54 / 100 tokens/s at 1 / 8 / 32 rows on one thread, 17 / 74 / 131 on
-two): pass `threads=2` (`local.policy_threads`) when nothing else runs.
-
-torch and transformers are imported here only: `local.policy` does not import this module.
-"""
+A forward pass takes too long for the event loop, and concurrent requests should share passes, so
+one scheduler thread owns the model and a running batch, admitting, aborting and retiring
+requests between decode steps. A weight load waits for the batch to drain (as SGLang's does), so
+no answer mixes versions. Threads: one by default, since on cores shared with other processes
+OpenMP's threads spin at every barrier for a core they do not get (two threads: 6 tokens/s
+against 57 for one, measured on 2 busy cores); pass `threads=2` on idle cores. Where the time
+goes: docs/benchmarks.md. torch and transformers are imported here only."""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """TinyPolicy: a log-linear next-character model small enough to sample and train on a laptop CPU.
 
-What it is, honestly: not a language model. The next-token logits are a sum of four table
-lookups,
-
-    logits = bias + bigram[prev_token] + position[pos] + cue[c, pos]
-
-where `prev_token` is the last token of the context (prompt + completion so far), `pos` is the
-index of the token within the completion (capped at NUM_POSITIONS - 1), and `c` is a hand-built
-"cue": the sum of the decimal digits in the last user message of the prompt (the whole prompt if
-it has no ChatML user turn), capped at NUM_CUES - 1. For "What is 3 + 4?" the cue is 7.
-
-Why these features: the initial parameters make an assistant turn short (usually 1-4 tokens,
-rarely up to ~20) made of digits with the odd space or "-", ended by <|im_end|>; and the cue table
-starts with a small bias towards the characters of the number equal to the cue, so on single-digit
-sums ("What is a + b?") an untrained policy is right roughly 15-25% of the time at temperature 1.
-That gives a demo's reward a signal from step 0, and the cue/position tables give policy-gradient
-training something it can actually learn (the exact answer for each cue). Everything is
-differentiable in closed form: `logprobs_and_grad` returns the exact gradient and `apply_update`
-takes a step, so a trainer can run real policy-gradient updates on CPU and push new weights to the
-server (`save` -> POST /update_weights_from_disk).
-"""
+Not a language model: the logits are a sum of four table lookups,
+`bias + bigram[prev_token] + position[pos] + cue[c, pos]`, the cue being the sum of the digits of
+the last user message. Its initial tables answer "What is a + b?" right 15-25% of the time, so a
+demo's reward has a signal from step 0 and the cue table something to learn. It is
+differentiable in closed form (`logprobs_and_grad`, `apply_update`)."""
 
 from __future__ import annotations
 

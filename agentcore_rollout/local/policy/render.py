@@ -1,9 +1,6 @@
-"""CharRenderer: the gateway's renderer for the toy policy (`CharTokenizer` and its ChatML).
-
-It lives with the policy, not in the gateway, so that the gateway knows no particular model: the
-local stack plugs it in with `--renderer agentcore_rollout.local.policy.render:CharRenderer`, the
-way any other model's renderer is plugged in.
-"""
+"""CharRenderer: the gateway's renderer for the toy policy (`CharTokenizer` and its ChatML). It
+lives with the policy, not in the gateway, so the gateway knows no particular model: the stack
+plugs it in by import path, as any other model's renderer is."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""Sampling parameters and the exact next-token distribution they define.
-
-The reported log-prob of a sampled token is the log of its probability under the distribution it
-was actually drawn from: softmax(logits / temperature), restricted to the top_k most likely
-tokens, then to the top_p nucleus of that (renormalised) set, then to tokens with at least min_p
-times the top probability, renormalised. This matches SGLang's default (it reports log-probs of the
-temperature-scaled, top-p-renormalised distribution, see sgl-project/sglang#2664), except that
-SGLang's sampler leaves top_k/min_p out of the reported value; here they are in, so the value is
-always the true sampling probability (identical to SGLang's whenever top_k and min_p are off).
-Greedy decoding (temperature < 1e-5) would make that distribution a point mass (log-prob 0,
-useless); as in SGLang, greedy reports log_softmax of the raw logits.
-"""
+"""Sampling parameters and the exact next-token distribution they define: temperature, then top_k,
+top_p and min_p, each renormalised. The reported log-prob is that of the distribution a token was
+actually drawn from; SGLang's leaves top_k and min_p out (sgl-project/sglang#2664), so the two
+agree whenever those are off. Greedy (temperature < 1e-5) reports log_softmax of the raw logits,
+as SGLang does: a point mass's 0 would be useless."""
 
 from __future__ import annotations
 

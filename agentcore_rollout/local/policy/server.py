@@ -1,42 +1,10 @@
-"""PolicyServer: a local policy behind the HTTP APIs that SGLang and vLLM workers expose.
+"""PolicyServer: a local policy behind the HTTP APIs SGLang and vLLM workers expose, so the gateway,
+the router and the example agents run unchanged against it on a laptop and against SGLang on a
+GPU (the endpoints: docs/local-stack.md). The toy and `hf.HFPolicy` run behind the same routes.
 
-Speaking the real wire shapes (SGLang's native /generate, OpenAI's chat and completions, the
-weight-update and info endpoints sglang-router and trainers call) lets the gateway, the router and
-the example agents run unchanged against this server on a laptop and against SGLang on a GPU.
-
-The toy and a Hugging Face model (`hf.HFPolicy`, `PolicyServer(HFPolicy(model_dir))`) are served
-behind the same endpoints; how each runs its generations, its weight loads and aborts is the
-`worker` module's. The server speaks SGLang's native API itself and OpenAI's through
-`openai_api`.
-
-Endpoints (unknown request fields are ignored; see each handler for details):
-
-  POST /generate                  SGLang native: {"text" | "input_ids", "sampling_params",
-                                  "return_logprob", "top_logprobs_num", "rid", "stream"} ->
-                                  {"text", "output_ids", "meta_info": {"id", "finish_reason",
-                                  "prompt_tokens", "completion_tokens", "weight_version",
-                                  "output_token_logprobs": [[logprob, id, null], ...], ...}};
-                                  batch form (lists of prompts) answers a list
-  POST /v1/chat/completions       OpenAI chat (stream optional), logprobs / top_logprobs
-  POST /v1/completions            OpenAI legacy completions (non-streaming)
-  POST /update_weights_from_disk  SGLang: {"model_path": "x.npz" (toy) | model dir (HF),
-                                  "weight_version"?, "abort_all_requests"?}
-  POST /abort_request             SGLang: {"rid"} or {"abort_all": true}: the generation answers
-                                  at once with the tokens so far, finish_reason {"type": "abort"}
-  GET  /params/version            {"weight_version", "version"} (also /get_weight_version)
-  GET  /health, /health_generate, /v1/models, /get_model_info, /get_server_info (/server_info)
-  GET, DELETE /debug/samples      the recorded generations (when started with record=True)
-
-With `admin_token` set (the local stack always sets it), the routes that change or read more
-than the model (weight loads, aborts, the recorded samples, the cache) need it as
-`Authorization: Bearer` (SGLang guards its routes with an optional key too): an agent that reaches
-the server can sample but not load a host path as the weights, abort every session or read
-their samples. Sampling, health and the model's description stay open: sglang-router probes
-those, and an agent without a gateway in front samples here directly.
-
-Every client error is a 400 (404/405/413 for routing and size) whose body is one line of JSON:
-{"error": {"message": ..., "type": "invalid_request_error", "code": 400}}.
-"""
+With `admin_token` set, the routes that change or read more than the model (weight loads, aborts,
+the recorded samples, the cache) need it: an agent that reaches the server can sample, but not
+load a host path as weights, abort every session or read their samples."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Character-level tokenizer with ChatML special tokens.
-
-One token per character keeps the toy policy's vocabulary tiny (100 ids) while still letting the
-rest of the system exercise the things real tokenizers make hard: special tokens that are single
-ids, a chat template whose rendering must be reproduced exactly, and token ids that do not
-round-trip through text once lossy characters are involved.
-
-Ids: 0-3 are the special tokens below, 4 is "\\n", 5-99 are the printable ASCII characters
-" " (32) to "~" (126). Any other character (tab, "\\r", non-ASCII) encodes to "?": the tokenizer is
-lossy for such text, on purpose, so the server never rejects a user's prompt for its alphabet.
-"""
+"""Character-level tokenizer with ChatML special tokens: a vocabulary of 100 ids that still
+exercises what real tokenizers make hard (special tokens as single ids, a template to reproduce
+exactly, ids that do not round-trip through lossy text). Any character but printable ASCII and
+"\\n" encodes to "?", on purpose: the server never rejects a prompt for its alphabet."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""PolicyWorker: a policy server's work below its HTTP APIs. It runs each generation as its
-policy runs them, loads weights and applies aborts between them, and records what was sampled.
+"""PolicyWorker: a policy server's work below its HTTP APIs: each generation run as its policy runs
+it, weight loads and aborts between them, and what was sampled recorded.
 
-The toy's generation runs inline on the event loop: a completion costs well under a millisecond,
-and with no await inside a generation a weight load can never interleave with one, so every
-response is sampled from exactly one parameter version (reported as `weight_version`). So nothing
-is ever in flight to abort: `token_delay` (seconds) paces the toy instead, a sleep after each
-token, so its generations are in flight like a real server's: an abort ends them with the tokens
-so far, and a weight load waits for them to finish (or, with `abort_all`, aborts them) before it
-loads, as SGLang does. Tests of the gateway's resumption need this. A Hugging Face model
-(`hf.HFPolicy`, a `BatchedPolicy`) samples off the loop, in its scheduler thread.
-"""
+The toy runs inline on the event loop, so a weight load can never interleave with a generation;
+`token_delay` paces it so its generations are in flight to abort, as a real server's are (the
+gateway's resume tests need that). `hf.HFPolicy` samples off the loop, in its scheduler thread."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ MAX_PAYLOAD_BYTES = 100_000_000  # an invocation's payload, 100 MB
 # and Release notes, August 2026, "Amazon Bedrock AgentCore Runtime: Simplified and increased
 # API rate quotas" (https://docs.aws.amazon.com/bedrock-agentcore/latest/devguide/release-notes.html).
 # An account's applied values are in Service Quotas (service code `bedrock-agentcore`), which
-# the engine reads at start-up (`_quotas`).
+# the engine reads at start-up (`quotas.py`).
 NEW_SESSIONS_PER_SECOND = 25  # one quota shared by every endpoint (was 400/min per endpoint)
 DATA_PLANE_TPS = 1_000  # every data-plane call together: invokes, stops (was 200/s per agent)
 ACTIVE_SESSIONS = {"us-east-1": 5_000, "us-west-2": 5_000}  # active session workloads
