@@ -3,10 +3,9 @@ run by Podman or Docker, the agent called directly (no emulator in between).
 
 The agent binds 8080 in the container's own network namespace, published on a loopback port.
 Loopback URLs in its environment (S3, SQS, the gateway on 127.0.0.1) are rewritten to the host
-as the container sees it: with Podman, slirp4netns with `allow_host_loopback` (10.0.2.2 is the
-host's 127.0.0.1: the unmodified image works, loopback-only services included); with Docker,
-its bridge's `host-gateway`, which reaches services listening on every address, not
-loopback-only ones. Unlike the emulator's containers, these reach every loopback service.
+as the container sees it. Podman: slirp4netns with `allow_host_loopback` (10.0.2.2 is the host's
+127.0.0.1, loopback-only services included; unlike the emulator's containers, these reach every
+one). Docker: its bridge's `host-gateway`, which reaches services listening on every address.
 """
 
 from __future__ import annotations
@@ -224,6 +223,7 @@ class ContainerRuntime(SandboxRuntime):
                 async with http.get(f"{c.url}{_invocation.PING_PATH}", timeout=_PING) as resp:
                     reply = await resp.json(content_type=None)
                     if resp.status == 200 and _invocation.healthy(reply):
+                        c.healthy = True
                         return
             now = time.monotonic()
             if now >= next_look:
@@ -265,9 +265,9 @@ class ContainerRuntime(SandboxRuntime):
                 await asyncio.wait_for(asyncio.shield(c.drain), timeout=1)
         assert c.process is not None
         code = c.process.returncode
-        lines = c.tail.decode(errors="replace").strip().splitlines()
-        last = lines[-1][:300] if lines else "no output"
         text = c.tail.decode(errors="replace")
+        lines = text.strip().splitlines()
+        last = lines[-1][:300] if lines else "no output"
         if code in _ENGINE_ERRORS:
             if any(s in text for s in _NO_IMAGE):
                 return SessionCallError(
@@ -312,8 +312,8 @@ class ContainerRuntime(SandboxRuntime):
 
     async def _remove(self, c: _Container) -> None:
         """Remove the container (SIGKILL: a stopped session ends at once, as a stopped microVM,
-        no result written) and end its CLI process; one the CLI was creating meanwhile is
-        removed once the CLI ended."""
+        no result written) and end its CLI process; one the CLI was still creating is removed
+        again once the CLI ended."""
         if c.process is not None and c.process.returncode is None:
             await self._cli(*self._rm, c.name)
             try:
@@ -322,7 +322,8 @@ class ContainerRuntime(SandboxRuntime):
                 with contextlib.suppress(ProcessLookupError):
                     c.process.kill()
                 await c.process.wait()
-        await self._cli(*self._rm, c.name)  # one created after the first rm, or never run
+        if not c.healthy:  # created after the first rm, or never run
+            await self._cli(*self._rm, c.name)
         if c.drain is not None:
             c.drain.cancel()
 
@@ -371,6 +372,7 @@ class _Container:
     ready: asyncio.Future[None] | None = None
     drain: asyncio.Future[None] | None = None
     tail: bytes = b""  # the end of its output, for a failed start's message
+    healthy: bool = False
     stopped: bool = False
 
     @property
