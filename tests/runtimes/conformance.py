@@ -180,7 +180,7 @@ class RuntimeConformance:
         for sid in (stopped, kept):  # started, so that their invocations below are quick
             await runtime.invoke(sid, results.payload(sid, f"warm-{sid}", mode="instance"))
         await runtime.invoke(
-            kept, results.payload(kept, "kept", timeout=STOP_AFTER + 5, mode="hang")
+            kept, results.payload(kept, "kept", timeout=STOP_AFTER + 3, mode="hang")
         )
         invoked = time.time()
         await runtime.invoke(stopped, results.payload(stopped, "stopped", STOP_AFTER, mode="hang"))
