@@ -781,9 +781,10 @@ async def replicas_part(
                     replicas = [GatewayReplica(url=g.urls[1]) for g in gateways[:n]]
                     pool = GatewayReplicas(replicas, token, retry_after=20.0)
                     opened = [await pool.open(f"r-{i}", sampling=SAMPLING) for i in range(sessions)]
-                    by_url: dict[str, list[str | None]] = {}
+                    by_url: dict[str, list[str | None]] = {}  # the agents' URL, as the engine's
                     for url, session in opened:
-                        by_url.setdefault(url, []).append(session.api_key)
+                        agents = pool.agent_url(url, session)
+                        by_url.setdefault(agents, []).append(session.api_key)
                     procs = [*pids[:n], backend.pid]
                     before = [cpu_seconds(pid) for pid in procs] + [time.process_time()]
                     t0 = time.perf_counter()
