@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import tempfile
@@ -27,6 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _smoke  # noqa: E402
+from tests import smollm2  # noqa: E402
+
+# SmolLM2 from the user's model cache, as `make run` left it: converted once, not on every run
+# into a cache of its own as the tests convert it (10-15 s).
+smollm2.model_dir = functools.partial(smollm2.ready_model, smollm2.NAME)
 from tests.test_released_clients import (  # noqa: E402
     COMMAND,
     NPM_BIN,
