@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 ARGS ?=
 
-.PHONY: run train models containers browser test check lint docs bench clean
+.PHONY: run train models containers browser test check lint docs bench bench-smoke clean
 
 $(VENV)/.dev: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -77,6 +77,12 @@ bench: $(VENV)/.dev  ## benchmarks: JSON on stdout, JSON + PNG in bench/results
 	$(PY) bench/memory.py
 	$(PY) bench/run_memory.py
 	$(PY) bench/async_train.py
+
+# Every bench/*.py at its --smoke size, into out/bench-smoke/: a table, non-zero if one broke. A
+# bench whose extra is missing (containers, Chromium, the released clients) says so and is
+# skipped; CI passes ARGS=--strict, where a skip fails too.
+bench-smoke: $(VENV)/.test $(VENV)/.browser  ## every bench at a tiny size, seconds each (CI's)
+	$(PY) bench/smoke.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) out site

@@ -15,7 +15,9 @@ the toy paced at `token_delay` a token, so generations are in flight when weight
 warm-up in both), `speedup` sync's over async's. Each arm's reward curve is in the JSON and the
 plot: the point is that async is faster per step and its reward still rises.
 
-    python bench/async_train.py [--steps 16] [--median 1.0] [--sigma 1.0]
+    python bench/async_train.py [--steps 16] [--median 1.0] [--sigma 1.0] [--smoke]
+
+`--smoke` (CI's): 2 steps of 1 group, think time median 0.05 s, into out/bench-smoke/.
 """
 
 from __future__ import annotations
@@ -25,15 +27,19 @@ import asyncio
 import json
 import os
 import platform
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from agentcore_rollout.cli.config import load_config
-from agentcore_rollout.cli.dataset import read_rows
-from agentcore_rollout.local.trainer import train
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agentcore_rollout.cli.config import load_config  # noqa: E402
+from agentcore_rollout.cli.dataset import read_rows  # noqa: E402
+from agentcore_rollout.local.trainer import train  # noqa: E402
+from bench import _smoke  # noqa: E402
+
 ARMS: dict[str, list[str]] = {
     "sync": ["engine.limits.max_staleness=0"],
     "async": [
@@ -119,8 +125,8 @@ def main() -> None:
     parser.add_argument("--median", type=float, default=1.0, help="think time median, seconds")
     parser.add_argument("--sigma", type=float, default=1.0, help="think time log-sd")
     parser.add_argument("--token-delay", type=float, default=0.01, help="seconds a toy token")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=_smoke.RESULTS)
+    args = _smoke.parse(parser, steps=2, groups=1, median=0.05, sigma=0.5)
     os.chdir(ROOT)  # the emulator imports the agent module from here
     with tempfile.TemporaryDirectory() as tmp:
         arms = {name: asyncio.run(arm(name, args, Path(tmp))) for name in ARMS}

@@ -8,11 +8,17 @@ Prints JSON (and writes bench/results/claude_code_reuse.json): per turn, how it 
 (`full`, `shared`, `incremental`, `fallback`), its prompt tokens and the tokens reused; and the
 share of first-turn prompt tokens (sessions after the first) taken from the shared-prefix store,
 and of all prompt tokens. Run it before and after a gateway change to compare.
+
+    python bench/claude_code_reuse.py [--smoke]
+
+`--smoke` (CI's): the first two tasks, into out/bench-smoke/.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import functools
 import json
 import sys
 import tempfile
@@ -21,6 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import _smoke  # noqa: E402
+from tests import smollm2  # noqa: E402
+
+# SmolLM2 from the user's model cache, as `make run` left it: converted once, not on every run
+# into a cache of its own as the tests convert it (10-15 s).
+smollm2.model_dir = functools.partial(smollm2.ready_model, smollm2.NAME)
 from tests.test_released_clients import (  # noqa: E402
     COMMAND,
     NPM_BIN,
@@ -36,10 +48,9 @@ TASKS = [  # as a batch's tasks differ: in their words, not only in a file name
     "Using the shell, write the word hi into a new file named out.txt.",
     "Please make out.txt (its content: hi) with a shell command.",
 ]
-SESSIONS = len(TASKS)
 
 
-async def main() -> dict:
+async def main(sessions: int) -> dict:
     claude = NPM_BIN / "claude"
     turns: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -50,7 +61,7 @@ async def main() -> dict:
             sandbox = Sandbox(home, work, proxy)
             worker = qwen3_worker("Bash", {"command": COMMAND})
             async with gateway_for(worker) as (gateway, admin, first):
-                for n in range(SESSIONS):
+                for n in range(sessions):
                     session = first if n == 0 else await admin.create_session(f"reuse-{n}")
                     env = claude_env(sandbox, gateway, session)
                     task = TASKS[n]
@@ -81,7 +92,13 @@ async def main() -> dict:
 
 
 if __name__ == "__main__":
-    result = asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=len(TASKS), choices=range(1, 4))
+    parser.add_argument("--out", type=Path, default=_smoke.RESULTS)
+    args = _smoke.parse(parser, sessions=2)
+    if args.smoke and not (NPM_BIN / "claude").exists():
+        _smoke.skip(f"no Claude Code at {NPM_BIN / 'claude'} (make clients)")
+    result = asyncio.run(main(args.sessions))
     print(json.dumps(result, indent=1))
-    out = ROOT / "bench" / "results" / "claude_code_reuse.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "claude_code_reuse.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -7,7 +7,9 @@ the host, and a container of its image (built here if missing) in each container
 works here, Podman and Docker. Sessions start one after another, so the figure is one start's
 latency, not a throughput. Prints JSON; writes bench/results/containers.json and containers.png.
 
-    python bench/containers.py [--sessions 8]
+    python bench/containers.py [--sessions 8] [--smoke]
+
+`--smoke` (CI's): 1 session each, into out/bench-smoke/.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from agentcore_rollout.local.containers import (  # noqa: E402
     container_engine,
     ensure_image,
 )
+from bench import _smoke  # noqa: E402
 
 APP = "examples.math_agent.app:app"
 
@@ -133,10 +136,12 @@ def plot(figures: dict[str, dict[str, list[float]]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=_smoke.RESULTS)
+    args = _smoke.parse(parser, sessions=1)
     os.chdir(ROOT)
     found = engines()
+    if not found and args.smoke:
+        _smoke.skip("no container engine works here (make containers)")
     if not found:
         raise SystemExit("no container engine works here: make containers")
     figures = asyncio.run(measure(args.sessions, {"process": None, **found}))

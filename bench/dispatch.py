@@ -20,6 +20,7 @@ behind: compare runs made under the same load. Writes bench/results/dispatch.jso
 dispatch.png.
 
     python bench/dispatch.py [--n 256] [--rates quota 10] [--per-spread 200] [--mode in_process]
+                             [--smoke]
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from agentcore_rollout.runtimes.agentcore.published import (  # noqa: E402
     active_sessions,
 )
 from agentcore_rollout.serving.process import ServiceProcess  # noqa: E402
+from bench import _smoke  # noqa: E402
 
 APP = "tests.agents.basic:app"
 OTHER_ACCOUNT_ARN = LOCAL_RUNTIME_ARN.replace("000000000000", "111111111111")
@@ -216,7 +218,7 @@ def main() -> None:
     parser.add_argument("--per-spread", type=int, default=200, help="rollouts per spread")
     parser.add_argument("--mode", default="in_process", choices=["in_process", "process"])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = parser.parse_args()
+    args = _smoke.parse(parser, n=8, rates=["quota"], spreads=["2 accounts"], per_spread=8)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("agentcore_rollout.engine").setLevel(logging.INFO)  # the quotas in force
     by_rate = {

@@ -51,7 +51,10 @@ Absolute numbers are a 2-core machine's, shared with
 this client; the point is the gateway's share.
 
     python bench/gateway.py [--sessions 1 16 64] [--turns 8] [--rounds 2] [--replicas-only]
-                            [--fairness-only] [--prefix-only]
+                            [--fairness-only] [--prefix-only] [--smoke]
+
+`--smoke` runs every part at `SMOKE`'s size, its sessions, turns and rounds a few each, in
+seconds: what CI runs (bench/smoke.py), so a part that breaks fails there.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +84,9 @@ from agentcore_rollout.config import GatewayReplica  # noqa: E402
 from agentcore_rollout.gateway import GatewayAdmin, HFRenderer  # noqa: E402
 from agentcore_rollout.gateway.__main__ import TOKEN_ENV  # noqa: E402
 from agentcore_rollout.serving.process import ServiceProcess  # noqa: E402
+from bench import _smoke  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 8}
-MIN_TURNS = 256  # per arm and concurrency in part 3: enough for a p99 at 1 session too
 JSON = {"Content-Type": "application/json"}
 TOKENIZER_DIR = ROOT / "tests" / "fixtures" / "tokenizer"
 CLAUDE_CODE = ROOT / "tests" / "fixtures" / "clients" / "claude-code-2.1.197.json"
@@ -119,6 +123,35 @@ WORDS = [
     "numbers",
 ]
 REPLY = "Let me check the numbers once more. The sum is 42."
+
+
+@dataclass(frozen=True)
+class Size:
+    """How much the parts run beyond --sessions, --turns and --rounds; SMOKE is CI's."""
+
+    cpu_sessions: int = 16  # parts 2 and 4: concurrent sessions
+    cpu_turns: int = 1024  # part 2: turns served at least, per conversation length
+    min_turns: int = 256  # part 3: per arm and concurrency, enough for a p99 at 1 session too
+    min_rounds: int = 3  # parts 4, 5 and 7
+    replica_sessions: int = 64  # part 5
+    fair_sessions: int = 64  # part 6, the last one noisy
+    fair_rounds: int = 6  # part 6: the quiet arm's p99 swings from round to round
+    heavy_bytes: int = 40 << 20  # part 6: a noisy turn
+    prefix_sessions: int = 32  # part 7: first turns per arm and round
+
+
+FULL = Size()
+SMOKE = Size(
+    cpu_sessions=2,
+    cpu_turns=8,
+    min_turns=4,
+    min_rounds=1,
+    replica_sessions=4,
+    fair_sessions=4,
+    fair_rounds=1,
+    heavy_bytes=9 << 20,  # still over the default 8 MiB body limit: a 413
+    prefix_sessions=2,
+)
 
 
 # -- conversations --------------------------------------------------------------------------------
@@ -274,6 +307,11 @@ def pct(values: list[float]) -> dict[str, float]:
     }
 
 
+def ratio(a: float, b: float, digits: int = 3) -> float | None:
+    """a / b; None when b is 0, a CPU time under the clock's 10 ms tick (a smoke run's)."""
+    return round(a / b, digits) if b else None
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, from /proc (clock ticks, 10 ms each)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -285,13 +323,16 @@ def cpu_seconds(pid: int) -> float:
 
 def serve_instant() -> None:
     """A /generate server that answers at once: the fixture tokenizer's ids of REPLY and an
-    end-of-turn id, fixed log-probs, no parsing of the request."""
+    end-of-turn id, fixed log-probs, no parsing of the request. The ids come from the
+    `tokenizers` file alone: transformers' import would add seconds to every start."""
     from aiohttp import web
+    from tokenizers import Tokenizer
 
     from agentcore_rollout.serving.process import exit_with_parent
 
-    tokenizer = HFRenderer.from_pretrained(TOKENIZER_DIR).tokenizer
-    ids = [*tokenizer.encode(REPLY, add_special_tokens=False), tokenizer.eos_token_id]
+    tokenizer = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
+    eos = json.loads((TOKENIZER_DIR / "tokenizer_config.json").read_text())["eos_token"]
+    ids = [*tokenizer.encode(REPLY, add_special_tokens=False).ids, tokenizer.token_to_id(eos)]
     meta = {
         "finish_reason": {"type": "stop", "matched": ids[-1]},
         "completion_tokens": len(ids),
@@ -411,7 +452,7 @@ async def policy_part(sessions: list[int], turns: int, rounds: int) -> dict[str,
 
 
 async def instant_part(
-    sessions: list[int], turns: int, rounds: int, cpu_turns: list[int], cpu_sessions: int
+    sessions: list[int], turns: int, rounds: int, cpu_turns: list[int], size: Size
 ) -> dict[str, Any]:
     token = secrets.token_urlsafe(32)
     backend = start_instant()
@@ -452,10 +493,10 @@ async def instant_part(
                 final = prompts(1, t)[0][-1]
                 used = {"gateway": 0.0, "backend": 0.0, "client": 0.0}
                 served, wall = 0, 0.0
-                while served < 1024:
+                while served < size.cpu_turns:
                     created = [
                         await admin.create_session(f"cpu-{i}", sampling=SAMPLING)
-                        for i in range(cpu_sessions)
+                        for i in range(size.cpu_sessions)
                     ]
                     keys: list[str | None] = [s.api_key for s in created]
                     before = (
@@ -473,7 +514,7 @@ async def instant_part(
                     )
                     for name, b, a in zip(used, before, after, strict=True):
                         used[name] += a - b
-                    served += cpu_sessions * t
+                    served += size.cpu_sessions * t
                     for s in created:
                         trace = await admin.finish_session(s.session_id)
                         assert trace["num_turns"] == t
@@ -489,7 +530,7 @@ async def instant_part(
                 direct_prompts = prompts(n, turns)
                 direct: list[float] = []
                 through: list[float] = []
-                for _ in range(max(rounds, -(-MIN_TURNS // (n * turns)))):
+                for _ in range(max(rounds, -(-size.min_turns // (n * turns)))):
                     direct += await drive_generate(http, f"{backend.url}/generate", direct_prompts)
                     got, _ = await with_sessions(admin, n, lambda k: chat_run(k, turns), turns)
                     through += got
@@ -507,7 +548,6 @@ async def instant_part(
     return {"cpu": cpu, "latency": latency, "final_prompt_tokens": len(direct_prompts[0][-1])}
 
 
-HEAVY_BYTES = 40 * 1024 * 1024
 SLOW_CONNECTIONS = 16
 LINK_BYTES_PER_S = 125_000_000  # a 1 Gbit/s link: the noisy agent is on another machine
 
@@ -524,12 +564,13 @@ async def paced(body: bytes, chunk: int = 1 << 20) -> AsyncIterator[bytes]:
 
 
 async def heavy_turns(
-    http: aiohttp.ClientSession, url: str, key: str, stop: asyncio.Event
+    http: aiohttp.ClientSession, url: str, key: str, size: int, stop: asyncio.Event
 ) -> dict[str, int]:
-    """One session's 40 MB turns, back to back until `stop` (the last one is let finish), each
-    sent at LINK_BYTES_PER_S, and one refused early (a 413 on its length) no sooner than its
-    link would carry it: an agent on another machine; how many ended with each status."""
-    text = "the quick brown fox jumps. " * (HEAVY_BYTES // 27)
+    """One session's turns of `size` bytes (40 MB), back to back until `stop` (the last one is
+    let finish), each sent at LINK_BYTES_PER_S, and one refused early (a 413 on its length) no
+    sooner than its link would carry it: an agent on another machine; how many ended with each
+    status."""
+    text = "the quick brown fox jumps. " * (size // 27)
     body = orjson.dumps({"model": "policy", "messages": [{"role": "user", "content": text}]})
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     headers["Content-Length"] = str(len(body))  # declared, as the SDKs do
@@ -571,8 +612,8 @@ async def slow_headers(port: int, stop: asyncio.Event) -> dict[str, int]:
     return {"connections": SLOW_CONNECTIONS, "closed_by_gateway": sum(closed)}
 
 
-def make_noise(url: str, port: int, key: str) -> None:
-    """The noisy agent's own process (`--make-noise`): its 40 MB turns and the slow-header
+def make_noise(url: str, port: int, key: str, size: int) -> None:
+    """The noisy agent's own process (`--make-noise`): its turns of `size` bytes and the slow-header
     clients until its stdin closes, then how they ended, as one JSON line."""
 
     async def main() -> None:
@@ -581,7 +622,7 @@ def make_noise(url: str, port: int, key: str) -> None:
         loop.add_reader(sys.stdin.fileno(), stop.set)  # readable at EOF: the parent is done
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             heavy, slow = await asyncio.gather(
-                heavy_turns(http, url, key, stop), slow_headers(port, stop)
+                heavy_turns(http, url, key, size, stop), slow_headers(port, stop)
             )
         print(json.dumps({"heavy_turns": heavy, "slow_headers": slow}), flush=True)
 
@@ -594,21 +635,25 @@ async def fairness_run(
     gateway: ServiceProcess,
     turns: int,
     noisy: bool,
+    size: Size,
 ) -> tuple[list[float], dict[str, Any], tuple[float, float]]:
     """63 well-behaved sessions' turns (closed-loop, about 250 prompt tokens a turn), with or
-    without a 64th session sending 40 MB turns and slow-header clients alongside. The noise
-    comes from a process of its own at nice 10: an agent on another machine, as on AgentCore,
-    whose client work would otherwise be charged to the sessions measured here."""
+    without a 64th session sending 40 MB turns and slow-header clients alongside (`size`'s
+    counts). The noise comes from a process of its own at nice 10: an agent on another machine,
+    as on AgentCore, whose client work would otherwise be charged to the sessions measured
+    here."""
     noise: dict[str, Any] = {}
     url = f"{gateway.url}/v1/chat/completions"
     port = int(gateway.url.rsplit(":", 1)[1])
-    created = [await admin.create_session(f"fair-{i}", sampling=SAMPLING) for i in range(64)]
+    n = size.fair_sessions
+    created = [await admin.create_session(f"fair-{i}", sampling=SAMPLING) for i in range(n)]
     keys = [s.api_key for s in created]
     maker = None
     if noisy:
         maker = await asyncio.create_subprocess_exec(
             sys.executable,
-            *("-m", "bench.gateway", "--make-noise", url, str(port), keys[63]),
+            *("-m", "bench.gateway", "--make-noise", url, str(port), keys[-1]),
+            str(size.heavy_bytes),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -618,7 +663,7 @@ async def fairness_run(
         await asyncio.sleep(1.0)  # the first 40 MB turn is on its way
     assert gateway.pid is not None
     cpu, wall = cpu_seconds(gateway.pid), time.perf_counter()
-    latencies = await drive(http, url, keys[:63], turns, long_conversation, {"tools": TOOLS})
+    latencies = await drive(http, url, keys[:-1], turns, long_conversation, {"tools": TOOLS})
     used = (cpu_seconds(gateway.pid) - cpu, time.perf_counter() - wall)
     if maker is not None:
         out, _ = await maker.communicate(b"")  # stdin closed: stop, report
@@ -628,7 +673,7 @@ async def fairness_run(
     return latencies, noise, used
 
 
-async def fairness_part(turns: int, rounds: int) -> dict[str, Any]:
+async def fairness_part(turns: int, rounds: int, size: Size = FULL) -> dict[str, Any]:
     """The p99 latency of 63 well-behaved sessions with and without one noisy session (40 MB
     turns, slow headers), for the gateway as configured by default (its body limit refuses a
     40 MB turn: a 413) and with the limit raised to 64 MiB (the 40 MB turn is parsed and
@@ -643,15 +688,16 @@ async def fairness_part(turns: int, rounds: int) -> dict[str, Any]:
         for name, flags in configs.items():
             gateway = start_gateway(backend.url, str(TOKENIZER_DIR), token, *flags)
             try:
-                out[name] = await _fairness_arms(gateway, token, turns, rounds)
+                out[name] = await _fairness_arms(gateway, token, turns, rounds, size)
             finally:
                 gateway.stop()
     finally:
         backend.stop()
     return {
-        "setup": f"63 sessions x {turns} turns closed-loop (about 250 prompt tokens a turn, HF "
-        "fixture tokenizer, tools) against an instant backend, gateway in its own process; "
-        f"noisy: a 64th session sending {HEAVY_BYTES >> 20} MiB turns back to back at 1 Gbit/s "
+        "setup": f"{size.fair_sessions - 1} sessions x {turns} turns closed-loop (about 250 "
+        "prompt tokens a turn, HF fixture tokenizer, tools) against an instant backend, gateway "
+        f"in its own process; noisy: a {size.fair_sessions}th session sending "
+        f"{size.heavy_bytes >> 20} MiB turns back to back at 1 Gbit/s "
         f"and {SLOW_CONNECTIONS} clients sending headers a byte every 250 ms, from a process of "
         f"their own at nice 10 (an agent on another machine); {rounds} alternating "
         "rounds; ratio = p99 noisy / p99 quiet (target <= 1.5)",
@@ -660,7 +706,7 @@ async def fairness_part(turns: int, rounds: int) -> dict[str, Any]:
 
 
 async def _fairness_arms(
-    gateway: ServiceProcess, token: str, turns: int, rounds: int
+    gateway: ServiceProcess, token: str, turns: int, rounds: int, size: Size
 ) -> dict[str, Any]:
     arms: dict[str, list[float]] = {"quiet": [], "noisy": []}
     usage = {arm: {"gateway_cpu_s": 0.0, "wall_s": 0.0} for arm in arms}
@@ -671,7 +717,7 @@ async def _fairness_arms(
     ):
         for _ in range(rounds):
             for arm in ("quiet", "noisy"):
-                run = await fairness_run(http, admin, gateway, turns, arm == "noisy")
+                run = await fairness_run(http, admin, gateway, turns, arm == "noisy", size)
                 latencies, seen, (cpu, wall) = run
                 usage[arm]["gateway_cpu_s"] += cpu
                 usage[arm]["wall_s"] += wall
@@ -710,7 +756,8 @@ def plot_fairness(figures: dict[str, Any], path: Path) -> None:
             1.5 * data["quiet_ms"]["p99"], color="grey", ls="--", lw=1, label="1.5x quiet p99"
         )
         ax.set_xticks(x, ["p50", "p99"])
-        ax.set(ylabel="ms per turn (63 sessions)", title=f"{name}: p99 ratio {data['p99_ratio']}")
+        title = f"{name}: p99 ratio {data['p99_ratio']}"
+        ax.set(ylabel="ms per turn (well-behaved sessions)", title=title)
         ax.title.set_fontsize(9)
         ax.legend(fontsize=8)
     fig.suptitle("Fairness: well-behaved sessions beside one sending 40 MB turns and slow headers")
@@ -756,7 +803,7 @@ async def dialect_part(turns: int, sessions: int, rounds: int) -> dict[str, Any]
         f"turn), HF renderer with one tool, instant backend, {rounds} alternating rounds; gateway "
         "utime+stime per turn; each trace checked to be one sample",
         "cpu_ms_per_turn": {d: round(v, 3) for d, v in per_turn.items()},
-        "ratio_to_chat": {d: round(v / per_turn["chat"], 3) for d, v in per_turn.items()},
+        "ratio_to_chat": {d: ratio(v, per_turn["chat"]) for d, v in per_turn.items()},
     }
 
 
@@ -781,9 +828,10 @@ async def replicas_part(
                     replicas = [GatewayReplica(url=g.urls[1]) for g in gateways[:n]]
                     pool = GatewayReplicas(replicas, token, retry_after=20.0)
                     opened = [await pool.open(f"r-{i}", sampling=SAMPLING) for i in range(sessions)]
-                    by_url: dict[str, list[str | None]] = {}
+                    by_url: dict[str, list[str | None]] = {}  # the agents' URL, as the engine's
                     for url, session in opened:
-                        by_url.setdefault(url, []).append(session.api_key)
+                        agents = pool.agent_url(url, session)
+                        by_url.setdefault(agents, []).append(session.api_key)
                     procs = [*pids[:n], backend.pid]
                     before = [cpu_seconds(pid) for pid in procs] + [time.process_time()]
                     t0 = time.perf_counter()
@@ -930,7 +978,7 @@ async def prefix_turns(
     return used, latencies, traces
 
 
-async def shared_prefix_part(sessions: int = 32, rounds: int = 3) -> dict[str, Any]:
+async def shared_prefix_part(sessions: int, rounds: int) -> dict[str, Any]:
     """Part 7: the gateway's CPU for a Claude Code first turn, cold and with the prefix rendered
     by another session, in alternating rounds; every trace's prompt checked against a full
     render."""
@@ -985,7 +1033,7 @@ async def shared_prefix_part(sessions: int = 32, rounds: int = 3) -> dict[str, A
         "prompt_tokens": prompt_tokens,
         "reused_prompt_tokens": int(np.median(reused)),
         "cpu_ms_per_first_turn": cpu_ms,
-        "speedup": round(cpu_ms["cold"] / cpu_ms["warm"], 2),
+        "speedup": ratio(cpu_ms["cold"], cpu_ms["warm"], 2),
         "latency_ms": {arm: pct(v) for arm, v in latency.items()},
         "target_ms": PREFIX_TARGET_MS,
         "met": cpu_ms["warm"] <= PREFIX_TARGET_MS,
@@ -1008,7 +1056,7 @@ def plot_prefix(figures: dict[str, Any], path: Path) -> None:
         PREFIX_TARGET_MS, color="tab:red", linestyle="--", linewidth=1, label="target 10 ms"
     )
     left.set(ylabel="gateway CPU ms per first turn", title="gateway CPU, Claude Code first turn")
-    left.set_ylim(top=1.12 * cpu["cold"])
+    left.set_ylim(top=1.12 * max(cpu["cold"], PREFIX_TARGET_MS))
     left.legend(fontsize=8)
     parts = figures["render_ms"]
     names = ["template text", "full encode", "render reusing prefix"]
@@ -1054,22 +1102,29 @@ def plot_replicas(figures: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
+def parts(turns: int, rounds: int, size: Size) -> dict[str, Callable[[], Awaitable[Any]]]:
+    """Parts 4-7 by their key of gateway.json, each runnable alone (`--replicas-only` ...)."""
+    least = max(rounds, size.min_rounds)
+    return {
+        "dialects": lambda: dialect_part(turns, size.cpu_sessions, least),
+        "replicas": lambda: replicas_part([1, 2], size.replica_sessions, turns, least),
+        "fairness": lambda: fairness_part(turns, max(rounds, size.fair_rounds), size),
+        "shared_prefix": lambda: shared_prefix_part(size.prefix_sessions, least),
+    }
+
+
+async def run(sessions: list[int], turns: int, rounds: int, size: Size) -> dict[str, Any]:
     concurrent = await policy_part(sessions, turns, rounds)
-    cpu_sessions = 16
-    instant = await instant_part(sessions, turns, rounds, [turns, 4 * turns], cpu_sessions)
+    instant = await instant_part(sessions, turns, rounds, [turns, 4 * turns], size)
     cpu = instant["cpu"]
-    dialects = await dialect_part(turns, cpu_sessions, max(rounds, 3))
-    replicas = await replicas_part([1, 2], 64, turns, max(rounds, 3))
-    fairness = await fairness_part(turns, max(rounds, 6))
-    shared_prefix = await shared_prefix_part(rounds=max(rounds, 3))
+    rest = {key: await part() for key, part in parts(turns, rounds, size).items()}
     return {
         "setup": "policy server and gateway in separate processes on 127.0.0.1, aiohttp client, "
         f"{turns} turns per session, {rounds} alternating rounds, max_tokens 8",
         "concurrent_sessions": concurrent,
         "gateway_cpu_ms_per_turn": cpu[str(turns)]["cpu_ms_per_turn"],
         "gateway_cpu": {
-            "setup": f"HF renderer (tests/fixtures/tokenizer) with tools, {cpu_sessions} "
+            "setup": f"HF renderer (tests/fixtures/tokenizer) with tools, {size.cpu_sessions} "
             "concurrent sessions of about 250 prompt tokens a turn, instant backend; gateway "
             "utime+stime over the turns served; core_share: CPU seconds per wall second of "
             "each process while the turns ran (2 cores in all)",
@@ -1079,13 +1134,10 @@ async def run(sessions: list[int], turns: int, rounds: int) -> dict[str, Any]:
             "setup": f"same conversations ({turns} turns, about "
             f"{instant['final_prompt_tokens']} prompt tokens at the last), a /generate server "
             "in its own process answering at once; direct = that server called with the same "
-            f"prompt ids; alternating rounds, at least {rounds} and {MIN_TURNS} turns per arm",
+            f"prompt ids; alternating rounds, at least {rounds} and {size.min_turns} turns per arm",
             "concurrent_sessions": instant["latency"],
         },
-        "dialects": dialects,
-        "replicas": replicas,
-        "fairness": fairness,
-        "shared_prefix": shared_prefix,
+        **rest,
     }
 
 
@@ -1158,7 +1210,8 @@ def plot(figures: dict[str, Any], path: Path) -> None:
     ax = axes[3][0]
     names = list(dialects["cpu_ms_per_turn"])
     bars = ax.bar(names, [dialects["cpu_ms_per_turn"][d] for d in names], 0.5, color="tab:purple")
-    ax.bar_label(bars, labels=[f"{dialects['ratio_to_chat'][d]:.2f}x" for d in names], fontsize=8)
+    labels = [f"{r:.2f}x" if r else "-" for r in dialects["ratio_to_chat"].values()]
+    ax.bar_label(bars, labels=labels, fontsize=8)
     ax.axhline(
         1.2 * dialects["cpu_ms_per_turn"]["chat"],
         color="grey",
@@ -1182,16 +1235,17 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=_smoke.RESULTS)
     parser.add_argument("--serve-instant", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--make-noise", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--make-noise", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument(
-        "--dialects-only", action="store_true", help="only part 4: CPU per turn by API"
+        "--dialects-only", action="store_true", help="only part 4: CPU per turn by API (printed)"
     )
     parser.add_argument(
         "--replicas-only",
         action="store_true",
-        help="only part 5: turns/s with 1 and 2 replicas (gateway_replicas.json and .png)",
+        help="only part 5: turns/s with 1 and 2 replicas (gateway.json's 'replicas', "
+        "gateway_replicas.png)",
     )
     parser.add_argument(
         "--fairness-only",
@@ -1203,50 +1257,48 @@ def main() -> None:
         "--prefix-only",
         action="store_true",
         help="only part 7: a first turn's CPU with and without a shared prefix "
-        "(key shared_prefix of gateway.json, gateway_prefix.png)",
+        "(gateway.json's 'shared_prefix', gateway_prefix.png)",
     )
-    args = parser.parse_args()
+    args = _smoke.parse(parser, sessions=[1, 2, 4], turns=2, rounds=1)
     if args.make_noise:  # part 6's noisy agent's own process
-        url, port, key = args.make_noise
-        make_noise(url, int(port), key)
+        url, port, key, heavy_bytes = args.make_noise
+        make_noise(url, int(port), key, int(heavy_bytes))
         return
     if args.serve_instant:  # the instant backend's own process
         serve_instant()
         return
+    size = SMOKE if args.smoke else FULL
+    alone = parts(args.turns, args.rounds, size)
     if args.dialects_only:
-        print(json.dumps(asyncio.run(dialect_part(args.turns, 16, args.rounds + 1)), indent=2))
+        print(json.dumps(asyncio.run(alone["dialects"]()), indent=2))
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.replicas_only:
-        replicas = asyncio.run(replicas_part([1, 2], 64, args.turns, max(args.rounds, 3)))
-        plot_replicas(replicas, args.out / "gateway_replicas.png")
-        (args.out / "gateway_replicas.json").write_text(json.dumps(replicas, indent=2) + "\n")
-        print(json.dumps(replicas, indent=2))
-        return
     only = {
-        "fairness": (args.fairness_only, lambda: fairness_part(args.turns, max(args.rounds, 6))),
-        "shared_prefix": (args.prefix_only, lambda: shared_prefix_part(rounds=max(args.rounds, 3))),
+        "replicas": args.replicas_only,
+        "fairness": args.fairness_only,
+        "shared_prefix": args.prefix_only,
     }
-    for key, (chosen, part) in only.items():
+    for key, chosen in only.items():
         if chosen:  # one part alone: its key of gateway.json replaced, the others kept
-            result = asyncio.run(part())
+            result = asyncio.run(alone[key]())
             plot_part(key, result, args.out)
             path = args.out / "gateway.json"
             figures = json.loads(path.read_text()) if path.exists() else {}
             path.write_text(json.dumps(figures | {key: result}, indent=2) + "\n")
             print(json.dumps(result, indent=2))
             return
-    figures = asyncio.run(run(args.sessions, args.turns, args.rounds))
+    figures = asyncio.run(run(args.sessions, args.turns, args.rounds, size))
     for key in only:
         plot_part(key, figures[key], args.out)
-    plot_replicas(figures["replicas"], args.out / "gateway_replicas.png")
     plot(figures, args.out / "gateway.png")
     (args.out / "gateway.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
 
 
 def plot_part(key: str, result: dict[str, Any], out: Path) -> None:
-    if key == "fairness":
+    if key == "replicas":
+        plot_replicas(result, out / "gateway_replicas.png")
+    elif key == "fairness":
         plot_fairness(result, out / "gateway_fairness.png")
     else:
         plot_prefix(result, out / "gateway_prefix.png")

@@ -6,7 +6,9 @@ the agent SDK's `ResultWriter` the moment it is invoked, so the benchmark spends
 the engine's own bookkeeping. Prints JSON with the engine process's RSS after 10k, 50k and
 100k requests; writes bench/results/memory.json and memory.png.
 
-    python bench/memory.py [--requests 100000] [--per-step 1000]
+    python bench/memory.py [--requests 100000] [--per-step 1000] [--smoke]
+
+`--smoke` (CI's): 200 requests in steps of 100, into out/bench-smoke/.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agentcore_rollout.local.moto import (  # noqa: E402
     provision_results_channel,
 )
 from agentcore_rollout.runtimes.base import RuntimeLimits, SandboxRuntime  # noqa: E402
+from bench import _smoke  # noqa: E402
 
 CHECKPOINTS = (10_000, 50_000, 100_000)
 
@@ -145,8 +148,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--per-step", type=int, default=1000)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=_smoke.RESULTS)
+    args = _smoke.parse(parser, requests=200, per_step=100)
     logging.basicConfig(level=logging.WARNING)
     figures = asyncio.run(run(args.requests, args.per_step))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -12,17 +12,22 @@ Two engines behind the same PolicyServer endpoints:
 2. `toy`: the char policy, in process and over HTTP (chat completions), as before.
 
 The server runs in this process (its event loop here, its scheduler thread beside it); the
-client is aiohttp on the same loop. Usage: `python bench/policy.py [--model DIR] [--tokens N]`.
+client is aiohttp on the same loop. Usage: `python bench/policy.py [--model DIR] [--tokens N]`;
+`--smoke` (CI's): the tiny Llama alone (SmolLM2 runs the same engine, and a prefill of 32
+sequences on it takes seconds), 4 new tokens a request, one round, 40 toy requests, into
+out/bench-smoke/.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,9 +36,12 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from agentcore_rollout.local.policy import PolicyServer, SamplingParams, TinyPolicy
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agentcore_rollout.local.policy import PolicyServer, SamplingParams, TinyPolicy  # noqa: E402
+from bench import _smoke  # noqa: E402
+
 FIXTURE_TOKENIZER = ROOT / "tests" / "fixtures" / "tokenizer"
 MESSAGES = [{"role": "user", "content": "What is 3 + 4?"}]
 CONCURRENCY = (1, 8, 32)
@@ -189,18 +197,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs per concurrency (best kept)")
     parser.add_argument("--requests", type=int, default=2000, help="toy: HTTP requests")
     parser.add_argument("--no-tiny", action="store_true", help="skip the tiny random Llama")
+    parser.add_argument("--no-smollm2", action="store_true", help="skip SmolLM2")
     parser.add_argument("--threads", type=int, help="torch threads of the engine (default: 1)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=_smoke.RESULTS)
     parser.add_argument("--note", default="", help="added to setup (e.g. other load running)")
-    args = parser.parse_args()
+    args = _smoke.parse(parser, tokens=4, rounds=1, requests=40, no_tiny=False, no_smollm2=True)
+    if args.smoke and importlib.util.find_spec("torch") is None:
+        _smoke.skip("torch is not installed (make models)")
     hf: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_tiny:
             hf["tiny-llama"] = asyncio.run(
                 hf_bench(tiny_model(Path(tmp)), args.tokens, args.rounds, args.threads)
             )
-    smollm2 = smollm2_dir(args.model)
-    hf[smollm2.name] = asyncio.run(hf_bench(smollm2, args.tokens, args.rounds, args.threads))
+    if not args.no_smollm2:
+        smollm2 = smollm2_dir(args.model)
+        hf[smollm2.name] = asyncio.run(hf_bench(smollm2, args.tokens, args.rounds, args.threads))
     import torch
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -5,7 +5,9 @@ moto and the emulator, its children, are not counted); its RSS is also sampled a
 to show it does not grow with the dataset. Also times the dataset's check-and-journal pass,
 which runs before anything starts. Prints JSON; writes bench/results/run_memory.json.
 
-    python bench/run_memory.py [--rows 50000]
+    python bench/run_memory.py [--rows 50000] [--smoke]
+
+`--smoke` (CI's): 100 rows, into out/bench-smoke/.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agentcore_rollout.cli.dataset import journal_requests  # noqa: E402
-from agentcore_rollout.cli.journal import Journal  # noqa: E402
+from agentcore_rollout.cli.journal import Journal, Lines  # noqa: E402
+from bench import _smoke  # noqa: E402
 
 # The CLI's own `main`, then its peak RSS (KiB on Linux) written where the benchmark reads it.
 CHILD = (
@@ -43,9 +46,16 @@ def write_dataset(path: Path, rows: int) -> None:
 
 def journal_pass_s(data: Path, journal: Path) -> float:
     """Seconds the check-and-journal pass over `data` takes (n=1), in this process."""
+
+    def failed(path: Path, error: OSError) -> None:
+        raise error
+
     began = time.monotonic()
-    with journal.open("w") as sink:
-        journal_requests(data, 1, 0, Journal(sink))
+    lines = Lines(journal, failed)  # as `run` journals: whole lines, appended
+    try:
+        journal_requests(data, 1, 0, Journal(lines))
+    finally:
+        lines.close()
     return time.monotonic() - began
 
 
@@ -119,11 +129,11 @@ def run(rows: int, work: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=50_000)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=_smoke.RESULTS)
+    args = _smoke.parse(parser, rows=100)
     with tempfile.TemporaryDirectory() as work:
         figures = run(args.rows, Path(work))
-    if args.rows == 50_000:  # the published figure; smaller runs are trials
+    if args.rows == 50_000 or args.smoke:  # the published figure; other sizes are trials
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "run_memory.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))

@@ -44,7 +44,9 @@ times over, so read shares from it, not milliseconds.
 
     python bench/scale.py [--sessions 10000] [--start-rate 400] [--result-rate 50]
                           [--max-pending 50] [--out bench/results]
-                          [--profile FILE]
+                          [--profile FILE] [--smoke]
+
+`--smoke` (CI's): 20 sessions, 200 starts/s, 10 pending, into out/bench-smoke/.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from agentcore_rollout.local.moto import (  # noqa: E402
     MotoServer,
     provision_results_channel,
 )
+from bench import _smoke  # noqa: E402
 
 RUNTIME_ARN = "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/scale_bench-0000"
 REGION = "us-east-1"
@@ -725,7 +728,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        default=ROOT / "bench" / "results",
+        default=_smoke.RESULTS,
         metavar="DIR",
         help="where scale.json and scale.png go",
     )
@@ -737,7 +740,7 @@ def main(argv: list[str] | None = None) -> None:
         help="run the engine under cProfile and write its stats (pstats) to FILE",
     )
     parser.add_argument("--child-engine", metavar="SPEC", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = _smoke.parse(parser, argv, sessions=20, start_rate=200.0, max_pending=10)
     logging.basicConfig(level=logging.WARNING)
     if args.child_engine:
         spec = json.loads(args.child_engine)

@@ -17,7 +17,9 @@ turn's as the client saw it. Each round checks the receiver got one `gateway.tur
 turn and nothing else, and nothing from `off`. The gateway's binding limit is its one core,
 so its CPU per turn is the figure that matters.
 
-    python bench/tracing.py [--sessions 8] [--turns 8] [--groups 8] [--rounds 5]
+    python bench/tracing.py [--sessions 8] [--turns 8] [--groups 8] [--rounds 5] [--smoke]
+
+`--smoke` (CI's) runs 2 sessions x 2 turns, one round, the batch processor exporting every 0.5 s.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentcore_rollout.gateway import GatewayAdmin  # noqa: E402
 from agentcore_rollout.serving.process import ServiceProcess  # noqa: E402
+from bench import _smoke  # noqa: E402
 from bench.gateway import (  # noqa: E402
     SAMPLING,
     TOKENIZER_DIR,
@@ -51,13 +54,14 @@ from bench.gateway import (  # noqa: E402
     drive,
     long_conversation,
     pct,
+    ratio,
     start_gateway,
     start_instant,
 )
 
 ARMS = ("off", "on")
 SPAN = "gateway.turn"
-EXPORT_DELAY_S = 5.5  # the batch processor's default schedule delay (5 s), and a margin
+EXPORT_DELAY_S = 5.0  # the batch processor's default schedule delay
 EXPORT_WAIT_S = 30.0  # the batch processor exports every 5 s: a receiver this late is broken
 
 
@@ -151,8 +155,11 @@ async def arm_round(
     return used, latencies, counts
 
 
-async def measure(sessions: int, turns: int, groups: int, rounds: int) -> dict[str, Any]:
-    """Start the receiver, the instant backend and the two gateways; run the rounds."""
+async def measure(
+    sessions: int, turns: int, groups: int, rounds: int, delay_s: float = EXPORT_DELAY_S
+) -> dict[str, Any]:
+    """Start the receiver, the instant backend and the two gateways, `on` exporting every
+    `delay_s`; run the rounds."""
     for name in [n for n in os.environ if n.startswith("OTEL_")]:
         os.environ.pop(name)  # `off` means not configured, whatever this shell says
     token = secrets.token_urlsafe(32)
@@ -164,12 +171,18 @@ async def measure(sessions: int, turns: int, groups: int, rounds: int) -> dict[s
     try:
         collector.start()
         gateways["off"] = start_gateway(backend.url, str(TOKENIZER_DIR), token)
-        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.url  # inherited by this child only
+        otel = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+            "OTEL_BSP_SCHEDULE_DELAY": str(round(delay_s * 1000)),
+        }
+        os.environ.update(otel)  # inherited by this child only
         try:
             gateways["on"] = start_gateway(backend.url, str(TOKENIZER_DIR), token)
         finally:
-            os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT")
-        return await run_rounds(gateways, collector.url, token, (sessions, turns, groups), rounds)
+            for name in otel:
+                os.environ.pop(name)
+        shape = (sessions, turns, groups)
+        return await run_rounds(gateways, collector.url, token, shape, rounds, delay_s)
     finally:
         for process in [*gateways.values(), backend, collector]:
             process.stop()
@@ -181,6 +194,7 @@ async def run_rounds(
     token: str,
     shape: tuple[int, int, int],
     rounds: int,
+    delay_s: float,
 ) -> dict[str, Any]:
     """Warm both gateways up, then alternate the arms; per round and arm the gateway's CPU ms
     per turn and the turns' latencies. After each, the receiver must hold one gateway.turn
@@ -208,7 +222,7 @@ async def run_rounds(
                 if round_:
                     cpu[arm].append(used * 1000 / per_round)
                     latency[arm].append(took)
-        await asyncio.sleep(EXPORT_DELAY_S)  # a late batch from either would be in by now
+        await asyncio.sleep(delay_s + 0.5)  # a late batch from either would be in by now
         counts = await spans_received(http, collector_url, expected)
         assert counts == {SPAN: expected}, (counts, expected)
     return summary(cpu, latency, counts, shape, rounds)
@@ -245,7 +259,7 @@ def summary(
         "cpu_ms_per_turn": cpu_ms,
         "cpu_ms_per_turn_by_round": {arm: [round(v, 3) for v in cpu[arm]] for arm in ARMS},
         "cpu_added_ms_per_turn": round(added, 3),
-        "cpu_ratio": round(cpu_ms["on"]["median"] / cpu_ms["off"]["median"], 3),
+        "cpu_ratio": ratio(cpu_ms["on"]["median"], cpu_ms["off"]["median"]),
         "latency_p50_ms": {arm: spread(p50[arm]) for arm in ARMS},
         "latency_ms": {arm: pct([x for r in latency[arm] for x in r]) for arm in ARMS},
         "spans_received": counts,
@@ -279,9 +293,10 @@ def plot(figures: dict[str, Any], path: Path) -> None:
         ax.bar_label(bars, fmt=fmt, label_type="center", color="white", fontsize=9)
         ax.set(ylabel=label, title=f"{label.split(',')[0]} (median, min-max of rounds)")
         ax.title.set_fontsize(9)
+    times = f"{figures['cpu_ratio']:.2f}x" if figures["cpu_ratio"] else "-"
     fig.suptitle(
         f"OpenTelemetry on the gateway: +{figures['cpu_added_ms_per_turn']:.3f} ms CPU a turn "
-        f"({figures['cpu_ratio']:.2f}x), one span per turn received",
+        f"({times}), one span per turn received",
         fontsize=10,
     )
     fig.tight_layout()
@@ -294,15 +309,16 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--groups", type=int, default=8, help="groups of sessions a round")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=_smoke.RESULTS)
     parser.add_argument("--serve-collector", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = _smoke.parse(parser, sessions=2, turns=2, groups=1, rounds=1)
     if args.serve_collector:  # the receiver's own process
         serve_collector()
         return
     if min(args.sessions, args.turns, args.groups, args.rounds) < 1:
         parser.error("--sessions, --turns, --groups and --rounds must be at least 1")
-    figures = asyncio.run(measure(args.sessions, args.turns, args.groups, args.rounds))
+    delay_s = 0.5 if args.smoke else EXPORT_DELAY_S
+    figures = asyncio.run(measure(args.sessions, args.turns, args.groups, args.rounds, delay_s))
     args.out.mkdir(parents=True, exist_ok=True)
     plot(figures, args.out / "tracing.png")
     (args.out / "tracing.json").write_text(json.dumps(figures, indent=2) + "\n")

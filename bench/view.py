@@ -8,12 +8,15 @@ its script has drawn the list), to open the first rollout and the last one (its 
 and its turns and ~1.5k token spans drawn), and how many list rows are in the DOM. Prints JSON;
 writes bench/results/view.json and view.png.
 
-    python bench/view.py [--rollouts 10000]
+    python bench/view.py [--rollouts 10000] [--smoke]
+
+`--smoke` (CI's): 200 rollouts, into out/bench-smoke/.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import resource
@@ -26,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agentcore_rollout.cli.view import build_view  # noqa: E402
+from bench import _smoke  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
@@ -139,7 +143,12 @@ def _open(page, i: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=10_000)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=_smoke.RESULTS)
+    args = _smoke.parse(parser, rollouts=200)
+    if args.smoke and importlib.util.find_spec("playwright") is None:
+        _smoke.skip("Playwright is not installed (make browser)")
+    if args.smoke and not Path(CHROMIUM).exists():
+        _smoke.skip(f"no Chromium at {CHROMIUM} (make browser)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         jsonl = write_run(out, args.rollouts)
@@ -160,9 +169,11 @@ def main() -> None:
         **browser,
     }
     print(json.dumps(result, indent=2))
-    results = ROOT / "bench" / "results"
-    (results / "view.json").write_text(json.dumps(result, indent=2) + "\n")
-    _plot(result, results / "view.png")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "view.json").write_text(json.dumps(result, indent=2) + "\n")
+    _plot(result, args.out / "view.png")
+    if result["page_errors"]:
+        raise SystemExit(f"the page raised: {result['page_errors']}")
 
 
 def _plot(result: dict, path: Path) -> None:
