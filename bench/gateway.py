@@ -26,8 +26,9 @@ aiohttp. Three parts:
 4. `dialects`: the gateway's CPU per turn for the same conversations in each API it speaks.
 5. `replicas`: turns per second with 1 and 2 gateway replicas (`engine.gateway.replicas`) in
    front of the instant backend: the engine's own `GatewayReplicas` opens each session on the
-   least-loaded replica, and each session's turns go straight to its replica's URL, closed-loop,
-   in alternating rounds. Each process's CPU per wall second says where the cores went: on a
+   least-loaded replica, and each session's turns go straight to the agents' URL its replica
+   answered with (`GatewayReplicas.agent_url`, what the engine hands an agent), closed-loop, in
+   alternating rounds. Each process's CPU per wall second says where the cores went: on a
    2-core machine the client and the backend share the cores with the gateways, so a second
    replica buys what the first left idle, not a second core's worth.
 6. `fairness`: the p99 latency of 63 well-behaved sessions (part 3's conversations) while a 64th
