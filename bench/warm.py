@@ -73,7 +73,7 @@ sys.path.insert(0, str(ROOT))
 
 from dataclasses import asdict  # noqa: E402
 
-from agentcore_rollout import RolloutEngine, RolloutRequest  # noqa: E402
+from agentcore_rollout import RolloutBatch, RolloutEngine, RolloutRequest  # noqa: E402
 from agentcore_rollout._stats import EngineStats  # noqa: E402
 from agentcore_rollout.local.config import LocalConfig  # noqa: E402
 from agentcore_rollout.local.stack import LocalStack  # noqa: E402
@@ -199,9 +199,9 @@ async def run_config(
             results={"wait_time": 20},
         )
         async with RolloutEngine(cfg) as engine:
-            limits = engine.stats().pool_limits
-            start_rate = limits[f"{POOL}/start_rate"] / k  # service units
-            call_rate = limits[f"{POOL}/call_rate"] / k
+            pool = engine.stats().pool_limits
+            start_rate = pool[f"{POOL}/start_rate"] / k  # service units
+            call_rate = pool[f"{POOL}/call_rate"] / k
             out: list[dict[str, Any]] = []
             warm_asked: float | None = None
             warmed = 0
@@ -214,15 +214,25 @@ async def run_config(
                 ]
                 before, began = engine.stats(), time.monotonic()
                 began_unix = time.time()
-                running = asyncio.create_task(engine.rollout(reqs))
-                await asyncio.sleep(0)  # its requests submitted: warm-ups queue behind them
                 warmed_for_this, warmed, seen = warmed, 0, _new_seen(engine)
+                started = [0]  # the step's sessions started so far
+
+                def on_start(_: object, started: list[int] = started) -> None:
+                    started[0] += 1
+
+                handles = [engine.submit(r, on_start=on_start) for r in reqs]
                 if step + 1 < steps and early:
+                    # Once the step's own sessions have all started: a request that has not
+                    # reached the dispatcher yet would take a warm session under way (it waits
+                    # for one rather than start a second beside it), and the next step finds none.
+                    while started[0] < n and not all(h.done() for h in handles):  # noqa: ASYNC110
+                        await asyncio.sleep(0.05)  # (one whose start failed never starts)
                     warmed, warm_asked = engine.warm(n), time.time()
                     watcher = asyncio.create_task(_watch_warm_ups(engine, seen))
-                batch = await running
+                outcomes = [await h for h in handles]
                 makespan = time.monotonic() - began
                 after = engine.stats()
+                batch = RolloutBatch(step, outcomes, after.since(before), makespan)
                 if step + 1 < steps:  # the trainer's update, the warm-ups timed into it
                     if not early:
                         await asyncio.sleep(max(0.0, update - lead) / k)
@@ -281,7 +291,8 @@ async def run_config(
                     _poll_warm_ups(engine, seen)
                     next_start = time.time()  # the next step starts now
                     first, last = seen["first"], seen["last"]
-                    rate = (seen["started"] - 1) / (last - first) if first and last > first else 0
+                    spread = last - first if first and last else 0.0  # sampled: 1 s at least
+                    rate = (seen["started"] - 1) / spread if spread >= 1.0 else 0
                     out[-1]["warm_asked"] = {
                         "n": warmed,
                         "at_unix": warm_asked,
