@@ -132,6 +132,28 @@ def _calls(stats: EngineStats) -> dict[str, int]:
     return {k: v for k, v in sorted(stats.api_calls.items()) if v}
 
 
+def _last(batch: RolloutBatch, ds: list[float], began: float, k: float) -> dict[str, float]:
+    """Where the step's last outcome's time went (service seconds): its invocation's offset
+    from the step's start, its drawn duration, when its agent had it and how long it ran, and
+    from its agent's result to the engine's outcome (the S3 write, the notification, the
+    receive, the read)."""
+    i, last = max(enumerate(batch.outcomes), key=lambda io: io[1].finished_at)
+    timings = last.result.timings if last.result is not None else None
+    return {
+        "started_after_s": round(((last.started_at or began) - began) * k, 2),
+        "duration_s": round(ds[i], 2),
+        "agent_received_after_s": round((timings.received - began) * k, 2)
+        if timings is not None
+        else math.nan,
+        "agent_ran_s": round((timings.finished - timings.received) * k, 2)
+        if timings is not None
+        else math.nan,
+        "result_to_outcome_s": round((last.finished_at - timings.finished) * k, 2)
+        if timings is not None
+        else math.nan,
+    }
+
+
 def _rate(times: list[float]) -> float | None:
     """Events a second over their spread (None: fewer than two)."""
     times = sorted(times)
@@ -267,6 +289,10 @@ async def run_config(
                         **limits(makespan * k, n, step, call_rate, start_rate, cold_start),
                         "max_duration_s": round(max(ds), 2),
                         "last_start_after_s": round((max(starts) - began_unix) * k, 2),
+                        "invocation_rate_achieved": round(_rate(starts) / k, 1)
+                        if _rate(starts)
+                        else None,
+                        "last_outcome": _last(batch, ds, began_unix, k),
                         "achieved_start_rate": round(rate / k, 2) if rate else None,
                         "start_rate_quota": start_rate,
                         "idle_session_s": round(step_stats.warm_idle_seconds * k, 1),
