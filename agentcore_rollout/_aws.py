@@ -20,6 +20,12 @@ from .config import EngineConfig
 _CONNECT_TIMEOUT_S, _READ_TIMEOUT_S = 10, 120
 _ATTEMPTS = 5
 _MAX_POOL_CONNECTIONS = 64  # per client: 16 downloads and 400 starts/s (bench/scale.py) unqueued
+# AgentCore's clients: an invocation that creates a session holds its connection through the
+# cold start, so the pool must not bound what the dispatcher lets be in flight (starts:
+# ceil(start_rate x session_start_time) an endpoint; calls and stops are short). At 64 a 15 s
+# cold start held the engine to 64 / 15 = 4.3 starts a second (bench/warm.py). Connections
+# open only as needed.
+_AGENTCORE_POOL_CONNECTIONS = 4096
 
 
 class AwsClients:
@@ -76,12 +82,13 @@ class AwsClients:
         return self._clients[key]
 
     def _client_config(self, service: str, url: str | None) -> AioConfig:
-        retries, timeouts = self._retries(), {}
+        retries, timeouts, pool = self._retries(), {}, _MAX_POOL_CONNECTIONS
         if service == "bedrock-agentcore":
             retries["total_max_attempts"] = 1
             timeouts = {"connect_timeout": _CONNECT_TIMEOUT_S, "read_timeout": _READ_TIMEOUT_S}
+            pool = _AGENTCORE_POOL_CONNECTIONS
         return AioConfig(
-            max_pool_connections=_MAX_POOL_CONNECTIONS,
+            max_pool_connections=pool,
             retries=retries,
             s3={"addressing_style": "path"} if service == "s3" and url else None,
             **timeouts,

@@ -249,6 +249,26 @@ def test_an_emulator_without_an_image_is_refused():
         EmulatorConfig(mode="container")
 
 
+@pytest.mark.containers
+@pytest.mark.component
+async def test_a_larger_image_starts_slower_by_cold_start_per_gb(engine, agent_image, emulator):
+    """`cold_start_per_gb` times the image's size as the engine reports it, read once at the
+    emulator's start, on top of `cold_start`."""
+    from .conftest import RUNTIME_ARN
+
+    emu = await emulator(
+        mode="container",
+        container_engine=engine.name,
+        app="",
+        image=agent_image,
+        cold_start=0.25,
+        cold_start_per_gb=2.0,
+    )
+    size = engine.image_bytes(agent_image)
+    assert size > 100_000_000  # the example's image: Debian, Python and its venv
+    assert emu.sessions.cold_start(RUNTIME_ARN) == pytest.approx(0.25 + 2.0 * size / 1e9)
+
+
 def test_loopback_urls_point_at_the_host_as_a_container_sees_it():
     # the host at the address its containers reach it at, where the emulator relays these ports
     url = containers.container_url

@@ -1,6 +1,6 @@
 """The AgentCore Runtime emulator through the unmodified aiobotocore client: wire protocol,
-error types, idle timeout (judged by the agent's ping), max lifetime, a stop racing an
-invocation."""
+error types, cold start (once, on a session's first invocation), idle timeout (judged by the
+agent's ping), max lifetime, a stop racing an invocation."""
 
 from __future__ import annotations
 
@@ -106,6 +106,31 @@ async def test_in_process_sessions_end_idle_or_at_their_max_lifetime(client, cha
     await _gone(emu, busy)
     assert [sessions[idle].ended, sessions[busy].ended] == ["idle timeout", "max lifetime"]
     assert emu.sessions.expired == [idle, busy] and emu.sessions.live.value == 0
+
+
+async def test_a_new_session_waits_out_its_cold_start_on_its_first_invocation_only(
+    emulator, channel
+):
+    """`cold_start` is added once, to the invocation that creates the session, before it
+    reaches the agent; the session's next invocation is answered without it."""
+    emu = await emulator(cold_start=0.6)
+    cfg = Config(retries={"total_max_attempts": 1})
+    sid = "c" * 40
+    async with get_session().create_client(
+        "bedrock-agentcore", region_name="us-east-1", endpoint_url=emu.url, config=cfg
+    ) as c:
+        took = []
+        for rid in ("r1", "r2"):
+            began = time.monotonic()
+            resp = await c.invoke_agent_runtime(
+                agentRuntimeArn=RUNTIME_ARN,
+                runtimeSessionId=sid,
+                payload=_payload(channel, rid, sid, time.time() + 30),
+            )
+            assert json.loads(await resp["response"].read())["status"] == "accepted"
+            took.append(time.monotonic() - began)
+    assert took[0] >= 0.6 and took[1] < 0.6, took
+    assert emu.sessions.started == [sid]  # one session, created once
 
 
 def _control(channel, rid: str, sid: str) -> dict:

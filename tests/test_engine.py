@@ -45,3 +45,20 @@ async def test_batch_of_64_all_ok_with_the_agents_rewards(moto, channel, emulato
     assert metrics["rollout/reward_mean"] == sum(o.reward for o in batch.outcomes) / 64
     assert 0 < metrics["rollout/latency_p50"] <= metrics["rollout/latency_p99"]
     assert metrics["rollout/api_calls_per_rollout"] >= 3  # invoke, stop, get (+ shared SQS)
+
+
+async def test_starts_in_flight_through_a_cold_start_are_not_held_to_a_connection_pool(
+    moto, channel, emulator
+):
+    """The invocation that creates a session holds its connection through the cold start: the
+    engine's own bound on starts in flight (start rate x session_start_time) must reach the
+    runtime, not a smaller pool of connections under it (64 held a 15 s cold start to
+    64 / 15 = 4.3 starts a second, bench/warm.py)."""
+    emu = await emulator(cold_start=2.0, new_sessions_per_second=None)
+    cfg = engine_config(
+        moto, channel, emu, start_rate=200.0, session_start_time=3.0, max_live_sessions=200
+    )
+    async with RolloutEngine(cfg) as engine:
+        batch = await engine.rollout(_requests(150))
+    assert batch.counts["ok"] == 150
+    assert emu.sessions.starting.peak > 100, emu.sessions.starting.peak  # not 64 at most

@@ -69,6 +69,23 @@ async def test_unused_warm_sessions_are_stopped_at_close_and_when_idle_too_long(
     assert len(emu.sessions.started) == 5
 
 
+async def test_a_warm_session_idle_past_warm_max_idle_is_stopped_without_another_warm_call(
+    moto, channel, emulator
+):
+    """The trainer may never call warm() again (its last step, a pause): the idle bound holds
+    all the same, and the stopped session's live slot is free again."""
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, warm=2, warm_max_idle=0.3)
+    async with RolloutEngine(cfg) as engine:
+        engine.warm(2)
+        await _parked(engine, 2)
+        await _until(lambda: engine.stats().warm_stopped == 2)
+        await _until(lambda: engine.stats().live_sessions == 0)
+        assert engine.stats().warm_parked == 0
+    assert sorted(emu.sessions.stopped) == sorted(emu.sessions.started)
+    assert emu.sessions.expired == []  # stopped by the engine, not ended by the runtime
+
+
 async def test_a_warm_session_that_ended_is_a_cold_start_never_a_failed_rollout(
     moto, channel, emulator
 ):

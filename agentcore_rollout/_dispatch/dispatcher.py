@@ -83,6 +83,7 @@ class RequestDispatcher:
         self.invokes = self.stops = self.throttles = 0
         self._warm = WarmPool()
         self._warming: set[asyncio.Task[None]] = set()
+        self._idle_timers: dict[str, asyncio.TimerHandle] = {}  # parked ones', by session id
         self.warm_started = self.warm_used = self.warm_missed = self.warm_stopped = 0
         self.warm_idle_seconds = 0.0
         self.retries: Counter[str] = Counter()
@@ -205,6 +206,8 @@ class RequestDispatcher:
         for warming in list(self._warming):
             warming.cancel()
         await asyncio.gather(*self._warming, return_exceptions=True)
+        for timer in self._idle_timers.values():
+            timer.cancel()
         self.cool()
         await asyncio.gather(*self._stopping, return_exceptions=True)
         for endpoint in self._queue.endpoints.values():
@@ -409,6 +412,18 @@ class RequestDispatcher:
         self.warm_started += 1
         self._warm.pending[environment] -= 1
         self._warm.ready(session)
+        # Stopped once idle past warm_max_idle if still parked, whether or not warm() is
+        # called again (its own call stops those older too).
+        loop = asyncio.get_running_loop()
+        self._idle_timers[session.session_id] = loop.call_later(
+            self._cfg.warm_max_idle, self._cool_one, session
+        )
+
+    def _cool_one(self, session: LiveSession) -> None:
+        self._idle_timers.pop(session.session_id, None)
+        if self._warm.withdraw(session):
+            self.warm_stopped += 1
+            self._leave(session)
 
     def warm_held(self, environment: str | None) -> int:
         """Warm sessions of `environment` parked or under way."""

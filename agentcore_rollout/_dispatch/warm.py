@@ -71,6 +71,15 @@ class WarmPool:
             waiter.set_result(None)
             return
 
+    def withdraw(self, session: LiveSession) -> bool:
+        """Take `session` out if it is parked (to be stopped); False: a request took it."""
+        parked = self._parked.get(session.environment, deque())
+        for i, candidate in enumerate(parked):
+            if candidate is session:
+                del parked[i]
+                return True
+        return False
+
     def expired(self, older_than: float) -> list[LiveSession]:
         """Parked sessions warm since before `older_than` (unix seconds), taken out."""
         out = []

@@ -84,7 +84,17 @@ class EmulatorSettings(Section):
         default="auto", description="mode container: podman or docker (auto: podman if present)"
     )
     cold_start: float = Field(
-        default=0.0, ge=0, description="simulated seconds before a new session's agent starts"
+        default=0.0,
+        ge=0,
+        description="simulated seconds before a new session's agent starts: added to its first "
+        "invocation, before it reaches the agent (which then starts as the mode starts it)",
+    )
+    cold_start_per_gb: float = Field(
+        default=0.0,
+        ge=0,
+        description="mode container: simulated seconds more per GB (10^9 bytes) of the "
+        "session's image, its size as the container engine reports it (uncompressed), read "
+        "once at the emulator's start: a larger image starts slower",
     )
     new_sessions_per_second: float | None = Field(
         default=NEW_SESSIONS_PER_SECOND,

@@ -94,6 +94,13 @@ class ContainerEngine:
     def image_exists(self, image: str) -> bool:
         return self.run("image", "inspect", image).returncode == 0
 
+    def image_bytes(self, image: str) -> int:
+        """The image's size as this engine reports it (uncompressed, its layers summed)."""
+        shown = self.run("image", "inspect", "--format", "{{.Size}}", image)
+        if shown.returncode != 0:
+            raise RuntimeError(f"image {image}: {_last_line(shown.stderr or shown.stdout)}")
+        return int(shown.stdout.split()[0])
+
     def remove(self, *containers: str, grace: int = 0) -> None:
         """Remove containers: SIGTERM, SIGKILL after `grace` seconds (0: at once)."""
         if self.name == "podman":

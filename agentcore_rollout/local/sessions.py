@@ -1,7 +1,8 @@
 """The emulator's sessions, as AgentCore runs them: each gets its own agent (`agents`) on its first
-invocation, after the simulated cold start, and ends on a stop or as the service ends it. Where
-agents run is set up once, at the emulator's start. Ledgers and gauges let tests check a
-client's bounds."""
+invocation, after the simulated cold start (`cold_start`, and in mode container
+`cold_start_per_gb` of its image), and ends on a stop or as the service ends it. Where agents
+run is set up once, at the emulator's start. Ledgers and gauges let tests check a client's
+bounds."""
 
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ class Sessions(Mapping[str, Session]):
         self._isolated: LoopbackRelay | None = None  # their way to the host's services
         self._disk = False  # the engine bounds a container's disk
         self._label = emulator_label()  # its containers', for the sweeps
+        self._image_cold_start: dict[str, float] = {}  # by runtime ARN: cold_start_per_gb's
 
     def __getitem__(self, session_id: str) -> Session:
         return {s.session_id: s for s in self._live.values()}[session_id]
@@ -104,6 +106,14 @@ class Sessions(Mapping[str, Session]):
                     raise RuntimeError(
                         f"image {image} not found: build it (agentcore-rollout local build)"
                     )
+            if cfg.cold_start_per_gb:  # each image's size, once: its sessions' longer start
+                sizes = {
+                    image: await asyncio.to_thread(engine.image_bytes, image)
+                    for image in {cfg.image_of(arn) for arn in arns}
+                }
+                self._image_cold_start = {
+                    arn: cfg.cold_start_per_gb * sizes[cfg.image_of(arn)] / 1e9 for arn in arns
+                }
             urls = [*container_env(cfg.env).values(), *cfg.host_urls]  # their ports alone
             ports = loopback_ports(urls)
             self._loopback = LoopbackRelay(engine.host, engine.subnet, ports)
@@ -174,6 +184,11 @@ class Sessions(Mapping[str, Session]):
             await self._end(session, "stopped", self.stopped)
         return session is not None
 
+    def cold_start(self, runtime_arn: str) -> float:
+        """Seconds a new session of `runtime_arn` waits before its agent starts: `cold_start`,
+        plus `cold_start_per_gb` times its image's size in GB (mode container)."""
+        return self.config.cold_start + self._image_cold_start.get(runtime_arn, 0.0)
+
     def kill_agent(self, session_id: str) -> None:
         """Kill a session's agent process abruptly (SIGKILL), as a crash would."""
         agent = self[session_id].agent
@@ -194,7 +209,7 @@ class Sessions(Mapping[str, Session]):
         starts neither, and its invocations are told it ended."""
         cfg = self.config
         try:
-            await asyncio.sleep(cfg.cold_start)
+            await asyncio.sleep(self.cold_start(session.key[0]))
             if session.ended:
                 return
             if self._shared is not None:
