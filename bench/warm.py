@@ -399,8 +399,6 @@ def plot(runs: list[dict[str, Any]], update: float, path: Path, scale: float) ->
             color=colors[cold_start],
             label=f"cold start {cold_start:g} s",
         )
-    for axes in (a, b):
-        axes.minorticks_off()
     a.axhline(TARGET, color="grey", lw=0.8, ls=":", label=f"target {TARGET}x")
     a.set(
         xscale="log",
@@ -420,6 +418,10 @@ def plot(runs: list[dict[str, Any]], update: float, path: Path, scale: float) ->
     )
     b.set_xticks([r["rollouts"] for r in runs], [str(r["rollouts"]) for r in runs])
     b.legend(fontsize=8)
+    from matplotlib.ticker import NullLocator
+
+    for axes in (a, b):  # N's own ticks, no log-scale minor ones
+        axes.xaxis.set_minor_locator(NullLocator())
     if scale != 1:
         fig.suptitle(f"time-scaled by {scale:g} (figures in the service's seconds)", fontsize=9)
     fig.tight_layout()
