@@ -13,10 +13,10 @@ invocation, at the new-session quota. For step 2 the bench calls `engine.warm(N)
 its N sessions are ready when it starts and not long before: the warm-ups need
 `lead = N / 25 + cold start + margin` seconds (margin: 2 s, or 5% of N / 25 if more), so
 they are asked for `update - lead` seconds into the update; where `lead` exceeds the update
-(N = 2,048: 82 s of new sessions > 60 s), as soon as step 1's own requests are submitted,
-and the engine starts them behind step 1's starts (`engine.warm`'s priority), i.e. during
-step 1's rollout phase. Step 2's rollouts then each take a parked warm session: one call at
-the data-plane rate, no new session.
+(N = 2,048: 82 s of new sessions > 60 s), as soon as step 1's requests are all at the
+dispatcher, and the engine starts them behind step 1's starts (`engine.warm`'s priority):
+from the moment step 1's last start is sent, during its rollout phase. Step 2's rollouts
+then each take a parked warm session: one call at the data-plane rate, no new session.
 
 Per step:
 - `makespan_s`: from the step's submission to its last outcome (`engine.rollout` returning).
@@ -237,18 +237,15 @@ async def run_config(
                 before, began = engine.stats(), time.monotonic()
                 began_unix = time.time()
                 warmed_for_this, warmed, seen = warmed, 0, _new_seen(engine)
-                started = [0]  # the step's sessions started so far
-
-                def on_start(_: object, started: list[int] = started) -> None:
-                    started[0] += 1
-
-                handles = [engine.submit(r, on_start=on_start) for r in reqs]
+                handles = [engine.submit(r) for r in reqs]
                 if step + 1 < steps and early:
-                    # Once the step's own sessions have all started: a request that has not
-                    # reached the dispatcher yet would take a warm session under way (it waits
-                    # for one rather than start a second beside it), and the next step finds none.
-                    while started[0] < n and not all(h.done() for h in handles):  # noqa: ASYNC110
-                        await asyncio.sleep(0.05)  # (one whose start failed never starts)
+                    # Once every request of the step is at the dispatcher (each gets there in
+                    # its task's first turn of the loop): the warm-ups then queue behind the
+                    # step's own starts (their priority is the next step's) and take the quota
+                    # as soon as those are sent. Asked before, a request not there yet would
+                    # take a warm-up under way (it waits for one rather than start a second
+                    # beside it), and the next step find none.
+                    await asyncio.sleep(0)
                     warmed, warm_asked = engine.warm(n), time.time()
                     watcher = asyncio.create_task(_watch_warm_ups(engine, seen))
                 outcomes = [await h for h in handles]
@@ -402,8 +399,6 @@ def plot(runs: list[dict[str, Any]], update: float, path: Path, scale: float) ->
             color=colors[cold_start],
             label=f"cold start {cold_start:g} s",
         )
-    for axes in (a, b):
-        axes.minorticks_off()
     a.axhline(TARGET, color="grey", lw=0.8, ls=":", label=f"target {TARGET}x")
     a.set(
         xscale="log",
@@ -423,6 +418,10 @@ def plot(runs: list[dict[str, Any]], update: float, path: Path, scale: float) ->
     )
     b.set_xticks([r["rollouts"] for r in runs], [str(r["rollouts"]) for r in runs])
     b.legend(fontsize=8)
+    from matplotlib.ticker import NullLocator
+
+    for axes in (a, b):  # N's own ticks, no log-scale minor ones
+        axes.xaxis.set_minor_locator(NullLocator())
     if scale != 1:
         fig.suptitle(f"time-scaled by {scale:g} (figures in the service's seconds)", fontsize=9)
     fig.tight_layout()
