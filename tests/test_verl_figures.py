@@ -178,7 +178,9 @@ async def test_veRLs_step_metrics_and_its_file_logger_hold_the_engines_figures(
     question = {"question": "What is 2 + 5?"}
     prompts = {"all-ok": question, "one-failed": {**question, "fail": [0]}}
     async with LocalStack(local) as stack:
-        engine = stack.engine_config(flat_config(exp_id="verl-fig", start_rate=50.0, wait_time=1))
+        # warm=None: no next-step warm-ups, so the invocations counted are the step's own
+        settings = flat_config(exp_id="verl-fig", start_rate=50.0, wait_time=1, warm=None)
+        engine = stack.engine_config(settings)
         engine_yaml = tmp_path / "engine.yaml"
         engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
         config = _trainer_config(_model_dir(tmp_path, "char"), engine_yaml, False, "char")

@@ -247,11 +247,8 @@ class ContainerAgent(ProcessAgent):
         if internal is not None and isolated:
             network, url = ("--network", internal.name), ""
         else:
-            with socket.socket() as sock:  # free now, bound by podman's port forwarder next
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-            network = ("--network", engine.network, "-p", f"127.0.0.1:{port}:8080")
-            url = f"http://127.0.0.1:{port}"
+            # the engine picks the host port: one picked here could be taken before it binds
+            network, url = ("--network", engine.network, "-p", "127.0.0.1::8080"), ""
         bounds = [f"--cpus={limits.cpus:g}"] if limits.cpus else []
         if limits.memory_mb:  # swap included: without it the engines allow as much again
             bounds += [f"--memory={limits.memory_mb}m", f"--memory-swap={limits.memory_mb}m"]
@@ -275,7 +272,8 @@ class ContainerAgent(ProcessAgent):
         return agent
 
     async def _located(self) -> bool:
-        """Its URL known: a container on the internal network has one once it runs (its
+        """Its URL known: a published container's once the engine says which host port it
+        picked; a container on the internal network has one once it runs (its
         address on the bridge, as the engine reports it), once its namespace is sealed
         (`seal`) and its bridge port isolated from the other containers' (Podman's): before
         it is ready, so before its first invocation."""
@@ -284,9 +282,15 @@ class ContainerAgent(ProcessAgent):
         if time.monotonic() < self._next_look:
             return False
         # each look is an engine process: 32 containers starting on 2 cores must not each
-        # ask four times a second (0.25 s, doubling, at most 2 s apart)
-        self._next_look = time.monotonic() + min(2.0, 0.25 * 2**self._looks)
+        # ask four times a second (0.25 s, doubling, at most 1 s apart)
+        self._next_look = time.monotonic() + min(1.0, 0.25 * 2**self._looks)
         self._looks += 1
+        if self.sealed is None:  # published on a host loopback port the engine picked
+            shown = await asyncio.to_thread(self.engine.run, "port", self.name, "8080/tcp")
+            port = shown.stdout.strip().splitlines()[0].rpartition(":")[2] if shown.stdout else ""
+            if shown.returncode == 0 and port.isdigit():
+                self.url = f"http://127.0.0.1:{port}"
+            return bool(self.url)
         template = "{{.State.Pid}} {{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
         shown = await asyncio.to_thread(self.engine.run, "inspect", "--format", template, self.name)
         pid, _, address = shown.stdout.strip().partition(" ")
