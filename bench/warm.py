@@ -40,8 +40,10 @@ Per step:
   StopRuntimeSession calls a rollout, its warm-ups counted with it (a cold rollout: invoke
   and stop, 2; a warm one: warm-up, invoke and stop, 3).
 - `achieved_start_rate`: sessions a step's rollouts created a second, over their spread; for
-  a warm step, `warm.achieved_warm_up_rate`, its warm-ups' (sampled every 0.1 s): against the
-  quota, whether the emulator and the engine kept up on this machine.
+  a warm step, `warm.achieved_warm_up_rate`, its warm-ups' (sampled every 0.1 s from the
+  `warm()` call: a previous call's late warm-ups count too, as in `ready_by_next_step`;
+  `parked_at_start` is exact): against the quota, whether the emulator and the engine kept up
+  on this machine.
 
 `--scale k` runs it time-scaled: durations, cold starts, the update, the idle timeouts and the
 engine's time settings divided by k, the emulator's rates multiplied by k, so every ratio is
