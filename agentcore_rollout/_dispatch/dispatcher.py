@@ -412,8 +412,7 @@ class RequestDispatcher:
         self.warm_started += 1
         self._warm.pending[environment] -= 1
         self._warm.ready(session)
-        # Stopped once idle past warm_max_idle if still parked, whether or not warm() is
-        # called again (its own call stops those older too).
+        # stopped once idle past warm_max_idle, if still parked
         loop = asyncio.get_running_loop()
         self._idle_timers[session.session_id] = loop.call_later(
             self._cfg.warm_max_idle, self._cool_one, session
@@ -429,10 +428,9 @@ class RequestDispatcher:
         """Warm sessions of `environment` parked or under way."""
         return self._warm.parked(environment) + self._warm.pending[environment]
 
-    def cool(self, older_than: float | None = None) -> int:
-        """Stop parked warm sessions (warm since before `older_than`, unix seconds; None:
-        all): those their idle timeout is about to end, or that no request will take."""
-        sessions = self._warm.drain() if older_than is None else self._warm.expired(older_than)
+    def cool(self) -> int:
+        """Stop every parked warm session: no request will take them."""
+        sessions = self._warm.drain()
         for session in sessions:
             self.warm_stopped += 1
             self._leave(session)

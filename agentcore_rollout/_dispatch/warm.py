@@ -80,14 +80,6 @@ class WarmPool:
                 return True
         return False
 
-    def expired(self, older_than: float) -> list[LiveSession]:
-        """Parked sessions warm since before `older_than` (unix seconds), taken out."""
-        out = []
-        for parked in self._parked.values():
-            while parked and (parked[0].warm_since or 0.0) < older_than:
-                out.append(parked.popleft())
-        return out
-
     def drain(self) -> list[LiveSession]:
         """Every parked session, taken out (to be stopped)."""
         out = [s for parked in self._parked.values() for s in parked]

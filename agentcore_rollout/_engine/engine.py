@@ -190,7 +190,6 @@ class RolloutEngine:
         if not cap:
             return 0
         environment = self._dispatcher.environment_of({ENVIRONMENT_KEY: environment})
-        self._dispatcher.cool(older_than=time.time() - self.config.dispatch.warm_max_idle)
         wanted = n if cap == "auto" else min(n, cap)
         queued = self.config.limits.queue_timeout
         return self._dispatcher.warm(
