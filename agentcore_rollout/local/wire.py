@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from ..runtimes.agentcore.published import MAX_PAYLOAD_BYTES
+from ..runtimes.agentcore.published import MAX_PAYLOAD_BYTES, SESSION_HEADER
 
 # Request and response headers (the model's `locationName`s).
-SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
 USER_ID_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-User-Id"
 CUSTOM_HEADER_PREFIX = "X-Amzn-Bedrock-AgentCore-Runtime-Custom-"
 REQUEST_ID_HEADER = "x-amzn-RequestId"

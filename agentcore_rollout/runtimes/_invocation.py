@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .agentcore.published import SESSION_HEADER
 from .base import SessionCallError
 
 PATH = "/invocations"
 PING_PATH = "/ping"
-SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
-"""How AgentCore tells the container which session an invocation is of."""
 
 
 def healthy(ping: object) -> bool:

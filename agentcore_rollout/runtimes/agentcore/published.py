@@ -2,6 +2,7 @@
 runtime, the config's defaults, the emulator, the CLI's deploy and the infra parameters. Check
 your account's own."""
 
+SESSION_HEADER = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"  # the session of an invocation
 IDLE_TIMEOUT_S = 900  # idleRuntimeSessionTimeout: an idle session ends after it (60-28,800)
 MAX_LIFETIME_S = 28_800  # maxLifetime: any session ends after it, 8 h
 SYNC_TIMEOUT_S = 900  # a synchronous invocation's reply, 15 min
