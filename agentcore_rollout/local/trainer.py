@@ -181,11 +181,13 @@ async def _next_group(groups: GroupRollout, local: LocalStack) -> Group:
     resolved = asyncio.ensure_future(groups.next())
     while True:
         done, _ = await asyncio.wait({resolved}, timeout=0.5)
-        if done:
-            return resolved.result()
+        # Looked at even when the group resolved: rollouts that fail at once on a dead
+        # gateway resolve groups faster than any timeout, and are no step to train on.
         if (dead := local.dead()) is not None:
             resolved.cancel()
             raise StackFailed(dead)
+        if done:
+            return resolved.result()
 
 
 def check_config(config: TrainerConfig) -> None:
