@@ -133,3 +133,51 @@ async def test_warm_tops_up_to_n_so_a_pipelined_trainer_keeps_a_pool_of_that_siz
         stats = engine.stats()
     assert (stats.warm_started, stats.warm_used) == (5, 2)
     assert len(emu.sessions.started) == 5
+
+
+async def test_a_steps_warm_ups_are_never_taken_by_the_step_before(moto, channel, emulator):
+    """As `train` does, each step asks for the next one's sessions as its own requests are
+    still arriving, some of them to take its own parked warm sessions: each step's requests
+    take the sessions warmed for it, never the next step's."""
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu)
+    async with RolloutEngine(cfg) as engine:
+        steps = []
+        for step in range(3):
+            engine.set_step(step)
+            running = [engine.submit(r) for r in _requests(4, step=step)]
+            if step < 2:  # at once while the steps' pace is unknown, then timed by it
+                engine.warm(4, step=step + 1)
+            steps.append(await asyncio.gather(*running))
+            if step < 2:
+                await _parked(engine, 4)
+        stats = engine.stats()
+    assert [o.outcome.value for o in steps[0] + steps[1] + steps[2]] == ["ok"] * 12
+    assert not any("-warm-" in o.session_id for o in steps[0])
+    assert all("-warm-" in o.session_id for o in steps[1] + steps[2])
+    assert (stats.warm_started, stats.warm_used, stats.warm_missed) == (8, 8, 0)
+
+
+async def test_a_steps_warm_ups_and_the_step_before_keep_to_the_live_session_quota_together(
+    moto, channel, emulator
+):
+    """Asked for at the start of the step before, the next step's warm-ups wait for its
+    sessions' slots: the emulator never refuses one for its active-session quota."""
+    emu = await emulator(max_sessions=8)
+    cfg = engine_config(moto, channel, emu, max_live_sessions=8)
+    async with RolloutEngine(cfg) as engine:
+        step0 = [engine.submit(r) for r in _requests(8, sleep=0.2)]
+        engine.warm(8, step=1)
+        first = await asyncio.gather(*step0)
+        await _parked(engine, 8)
+        engine.set_step(1)
+        second = await engine.rollout(_requests(8, step=1))
+        stats = engine.stats()
+    assert [o.outcome.value for o in [*first, *second.outcomes]] == ["ok"] * 16
+    assert stats.peak_live_sessions == 8 and stats.invoke_errors == {}, (
+        stats.max_live_sessions,
+        stats.pool_limits,
+        stats.invoke_errors,
+        engine.quotas,
+    )
+    assert (stats.warm_started, stats.warm_used, stats.warm_missed) == (8, 8, 0)

@@ -98,6 +98,11 @@ class RequestDispatcher:
             for a in self._pools.values()
         )
 
+    @property
+    def start_rate(self) -> float:
+        """New sessions a second across the pools now (cut after a throttle)."""
+        return sum(a.starts.rate for a in self._pools.values())
+
     def environment_of(self, payload: dict[str, Any]) -> str | None:
         """The environment a payload's session must start in (`StartQueue.environment_of`)."""
         return self._queue.environment_of(payload)
@@ -111,7 +116,7 @@ class RequestDispatcher:
             "peak_live_sessions": self.live.peak,
             "peak_starts_in_flight": self._queue.starting.peak,
             "max_live_sessions": self.max_live,
-            "start_rate": sum(a.starts.rate for a in pools),
+            "start_rate": self.start_rate,
             "rate_cuts": sum(a.starts.cuts for a in pools),
             "pool_limits": {
                 f"{name or 'runtime'}/{key}": getattr(a.limits, key)
@@ -152,7 +157,7 @@ class RequestDispatcher:
         bounds bound every session alive, stopping ones included. It starts only on endpoints
         of `environment` (`StartQueue.serving`). A warm session of `environment`, when there is
         one (`warm`), is the slot's instead, its id the session's."""
-        session = await self._warm.take(environment, start_deadline)
+        session = await self._warm.take(environment, start_deadline, priority)
         if session is None:
             await self._take_live_slot(start_deadline, priority, environment)
             session = LiveSession(session_id, start_deadline, priority, environment=environment)
@@ -377,40 +382,38 @@ class RequestDispatcher:
         the contract's warm-up invocation, behind every start of a lower `priority` and by
         `start_deadline`; returns how many were scheduled: at most the live slots nobody holds
         or warms."""
-        room = self.max_live - self.live.value - sum(self._warm.pending.values())
+        room = self.max_live - self.live.value - self._warm.pending_total()
         n = max(0, min(n, room))
         for _ in range(n):
-            self._warm.pending[environment] += 1
-            task = asyncio.create_task(
-                self._warm_one(exp_id, start_deadline, environment, priority)
+            session = LiveSession(
+                warm_session_id(exp_id), start_deadline, priority, environment=environment
             )
+            self._warm.begun(session)
+            task = asyncio.create_task(self._warm_one(session))
             self._warming.add(task)
             task.add_done_callback(self._warming.discard)
         return n
 
-    async def _warm_one(
-        self, exp_id: str, start_deadline: float, environment: str | None, priority: int
-    ) -> None:
-        session: LiveSession | None = None
+    async def _warm_one(self, session: LiveSession) -> None:
+        slot = False
         try:
-            await self._take_live_slot(start_deadline, priority, environment)
-            session = LiveSession(
-                warm_session_id(exp_id), start_deadline, priority, environment=environment
+            await self._take_live_slot(
+                session.start_deadline, session.priority, session.environment
             )
+            slot = True
             await self.start(
                 session, lambda _: WARM_UP_PAYLOAD, timeout=math.inf, deadline=math.inf
             )
         except BaseException as e:
-            self._warm.pending[environment] -= 1
-            self._warm.failed(environment)
-            if session is not None:
+            self._warm.failed(session)
+            if slot:
                 self._leave(session)
             if not isinstance(e, SubmitFailed):
                 raise
-            log.warning("warming a session for %s failed: %s", environment or "any request", e)
+            environment = session.environment or "any request"
+            log.warning("warming a session for %s failed: %s", environment, e)
             return
         self.warm_started += 1
-        self._warm.pending[environment] -= 1
         self._warm.ready(session)
         # stopped once idle past warm_max_idle, if still parked
         loop = asyncio.get_running_loop()
@@ -424,9 +427,9 @@ class RequestDispatcher:
             self.warm_stopped += 1
             self._leave(session)
 
-    def warm_held(self, environment: str | None) -> int:
-        """Warm sessions of `environment` parked or under way."""
-        return self._warm.parked(environment) + self._warm.pending[environment]
+    def warm_held(self, environment: str | None, steps: range) -> int:
+        """Warm sessions of `environment` parked or under way, warmed for one of `steps`."""
+        return self._warm.held(environment, steps)
 
     def cool(self) -> int:
         """Stop every parked warm session: no request will take them."""

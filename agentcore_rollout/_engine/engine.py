@@ -35,6 +35,7 @@ from .gateway_replicas import GatewayReplicas
 from .request import Job, RequestRunner
 from .startup import endpoints_and_limits, preflight, runtimes_of
 from .tracing import flush as flush_spans
+from .warming import WarmPlan, lead_time
 
 log = get_logger("agentcore_rollout.engine")
 
@@ -133,6 +134,13 @@ class RolloutEngine:
                 retry_after=self.config.dispatch.backoff_max,
             )
         self._runner = RequestRunner(self.config, self._dispatcher, self._buffer, self._gateway)
+        self._warm_plan = WarmPlan(
+            self._step,
+            lambda n, environment, step: self._top_up(n, environment, step, range(step, step + 1)),
+            lambda n: lead_time(
+                n, self._dispatcher.start_rate, self.config.dispatch.session_start_time
+            ),
+        )
         await self._buffer.start()
 
     async def aclose(self) -> None:
@@ -140,6 +148,7 @@ class RolloutEngine:
         for task in list(self._requests):
             task.cancel()
         await asyncio.gather(*self._requests, return_exceptions=True)
+        self._warm_plan.close()
         await self._dispatcher.aclose()  # the sessions' stops
         await self._runner.aclose()  # the gateway sessions' drops
         await self._buffer.close()
@@ -168,6 +177,7 @@ class RolloutEngine:
             raise ValueError(f"step {step} is behind the engine's step {self._step}")
         self._step = step
         self._buffer.advance(step)
+        self._warm_plan.began(step)
         if self.config.limits.stale_policy == "keep":
             return
         oldest = step - self.config.limits.max_staleness
@@ -179,25 +189,37 @@ class RolloutEngine:
                 )
                 task.cancel()
 
-    def warm(self, n: int, *, environment: str | None = None) -> int:
-        """Have `n` sessions (of `environment`: a Harbor task's) started ahead of the requests
-        the next step will submit, so that those start at the call rate, not at the
-        new-session quota's pace: call it when the trainer begins its update. Tops up what is
-        warm or warming already; each warm session serves one rollout, and one nobody takes is
-        stopped after `engine.dispatch.warm_max_idle` seconds, or at `aclose`. Returns how many
-        it started, within `engine.dispatch.warm` (None: none) and the free live slots."""
+    def warm(self, n: int, *, environment: str | None = None, step: int | None = None) -> int:
+        """Have `n` sessions (of `environment`: a Harbor task's) started ahead of their
+        requests, so that those start at the call rate, not at the new-session quota's pace.
+
+        `step`: the step whose requests they are for. Ask as soon as `n` is known (at the
+        start of the step before): they start so that the last is ready when `set_step(step)`
+        comes, at the pace of the steps so far (at once before two steps have begun), and only
+        requests of that step or later take them. None: at once, for any request (a pipelined
+        trainer's pool). Tops up what is warm or warming already; each warm session serves one
+        rollout, and one nobody takes is stopped after `engine.dispatch.warm_max_idle` seconds,
+        or at `aclose`. Returns how many started now, within `engine.dispatch.warm` (None:
+        none) and the free live slots."""
         cap = self.config.dispatch.warm
         if not cap:
             return 0
         environment = self._dispatcher.environment_of({ENVIRONMENT_KEY: environment})
         wanted = n if cap == "auto" else min(n, cap)
+        if step is None:  # counted: all that a request of this step may take
+            return self._top_up(wanted, environment, self._step, range(self._step + 1))
+        return self._warm_plan.ask(wanted, environment, step)
+
+    def _top_up(self, n: int, environment: str | None, step: int, counted: range) -> int:
+        """Start warm-ups for `step` until `n` warmed for one of the steps `counted` are
+        parked or under way; returns how many started."""
         queued = self.config.limits.queue_timeout
         return self._dispatcher.warm(
-            wanted - self._dispatcher.warm_held(environment),
+            n - self._dispatcher.warm_held(environment, counted),
             self.config.exp_id,
             start_deadline=time.time() + (queued if queued is not None else math.inf),
             environment=environment,
-            priority=self._step + 1,
+            priority=step,
         )
 
     def stats(self) -> EngineStats:

@@ -128,6 +128,8 @@ async def train(
         began = time.monotonic()
         for step in range(start, tc.steps):
             step_began, stats_then = time.monotonic(), engine.stats()
+            if not staleness and step + 1 < tc.steps:  # ready as it begins (`engine.warm`)
+                engine.warm(per_step * group_policy.size, step=step + 1)
             if view is not None:
                 view.step_started(step, per_step)
             taken: list[Group] = []
@@ -142,8 +144,6 @@ async def train(
                 if view is not None:
                     view.group_resolved(group)
             rolled_out = time.monotonic()
-            if not staleness and step + 1 < tc.steps:  # its sessions start while we update
-                engine.warm(per_step * group_policy.size)
             samples = training_samples(taken)
             if keep:
                 samples = within_staleness(samples, step, staleness)

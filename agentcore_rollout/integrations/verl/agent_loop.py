@@ -138,6 +138,7 @@ class EngineService:
         # how many have not ended yet: the next step's warm sessions (`_ended`)
         self._members: dict[int, Counter[str | None]] = {}
         self._running: Counter[int] = Counter()
+        self._last_batch: Counter[str | None] = Counter()  # the last step's, all ended
 
     async def rollout(
         self, request: RolloutRequest, step: int, policy: GroupPolicy, timeout: float | None
@@ -155,6 +156,7 @@ class EngineService:
                 self._first_step = step
             if step > engine.step:
                 engine.set_step(step)
+                self._warm_next(step)
             self._members.setdefault(step, Counter())[self._environment(request)] += 1
             self._running[step] += 1
             outcome = await self._reclaimed(engine, request, step, timeout)
@@ -181,9 +183,8 @@ class EngineService:
         return request.payload.get(ENVIRONMENT_KEY) if routed else None
 
     def _ended(self, step: int, environment: str | None) -> None:
-        """A member ended. Under the synchronous trainer, the last of its step's is when veRL
-        begins its update: the next step's batch (veRL's are one size, of the same
-        environments) starts its sessions now, to find them up (`RolloutEngine.warm`). Under
+        """A member ended. Under the synchronous trainer, the last of its step's makes the
+        step's batch known whole: the next step's sessions are asked for (`_warm_next`). Under
         an async trainer, rollouts start all the time: a few sessions of the member's
         environment stay ready, one cold start's worth at the start rate."""
         if self._running[step] == 0 or self._engine is None:
@@ -195,8 +196,16 @@ class EngineService:
             engine.warm(math.ceil(ready), environment=environment)
         elif self._running[step] == 0 and step == engine.step:
             del self._running[step]
-            for each, members in self._members.pop(step, Counter()).items():
-                engine.warm(members, environment=each)
+            self._last_batch = self._members.pop(step, Counter())
+            self._warm_next(step)
+
+    def _warm_next(self, step: int) -> None:
+        """Under the synchronous trainer, the next step's batch is the last one again (veRL's
+        are one size, of the same environments): its sessions are asked for as soon as a step
+        begins, and again once it ended (the first step's), to be ready as the next begins."""
+        if self._limits is None and self._engine is not None:
+            for each, members in self._last_batch.items():
+                self._engine.warm(members, environment=each, step=step + 1)
 
     def _judged(self, members: list[RolloutOutcome], policy: GroupPolicy) -> bool:
         """Whether the group has `policy.min_ok` kept (ok) members, not its status: a stale
