@@ -1,5 +1,6 @@
-"""`WarmPlan`: a step's warm-ups start at its expected start less their lead time, at the pace
-of the steps so far; at once while that pace is unknown, or once the step has begun."""
+"""`WarmPlan`: a step's warm-ups start at its expected start less their lead time: once the
+step before has ended, that end plus the last update; before, at the pace of the steps so
+far; for the first step, once its requests have ended; and at once when the step begins."""
 
 from __future__ import annotations
 
@@ -22,14 +23,14 @@ def _plan(lead: float = 0.1) -> tuple[WarmPlan, list[tuple[int, str | None, int]
     return WarmPlan(0, start, lambda n: lead), started
 
 
-async def test_before_two_steps_have_begun_warm_ups_start_when_asked():
+async def test_the_first_steps_warm_ups_start_once_its_requests_have_ended():
     plan, started = _plan()
-    assert plan.expected_start(1) is None
-    assert plan.ask(3, None, 1) == 3
+    assert plan.ask(3, None, 1) == 0 and plan.expected_start(1) is None
+    plan.ended(0)
     assert started == [(3, None, 1)]
 
 
-async def test_warm_ups_start_their_lead_time_before_the_steps_expected_start():
+async def test_before_a_step_ends_warm_ups_start_by_the_pace_of_the_steps_so_far():
     plan, started = _plan(lead=0.2)
     await asyncio.sleep(0.5)
     plan.began(1)  # a step takes 0.5 s: step 2 is expected 0.5 s from now
@@ -38,6 +39,21 @@ async def test_warm_ups_start_their_lead_time_before_the_steps_expected_start():
     assert started == []  # not before 0.3 s: they would only wait, at a cost
     await asyncio.sleep(0.3)
     assert sorted(started) == [(2, "env-a", 2), (3, "env-b", 2)]
+
+
+async def test_a_step_that_ends_early_moves_its_successors_warm_ups_by_the_last_update():
+    plan, started = _plan(lead=0.1)
+    await asyncio.sleep(0.6)
+    plan.ended(0)
+    await asyncio.sleep(0.2)
+    plan.began(1)  # a 0.6 s step, a 0.2 s update: by the pace, step 2 in 0.8 s
+    plan.ask(4, None, 2)
+    await asyncio.sleep(0.1)
+    plan.ended(1)  # a short step: step 2 expected 0.2 s from now, its warm-ups in 0.1 s
+    await asyncio.sleep(0.25)
+    assert started == [(4, None, 2)]
+    await asyncio.sleep(0.6)
+    assert started == [(4, None, 2)]  # the pace's timer was replaced, not added to
 
 
 async def test_a_later_ask_replaces_the_number_and_a_step_that_began_early_starts_its_own():

@@ -380,9 +380,9 @@ class RequestDispatcher:
     ) -> int:
         """Start `n` sessions of `exp_id` for `environment` ahead of their requests, each with
         the contract's warm-up invocation, behind every start of a lower `priority` and by
-        `start_deadline`; returns how many were scheduled: at most the live slots nobody holds
-        or warms."""
-        room = self.max_live - self.live.value - self._warm.pending_total()
+        `start_deadline`, each once it has a live slot; returns how many were scheduled: at
+        most the live slots no other warm session holds or waits for."""
+        room = self.max_live - self._warm.parked_total() - self._warm.pending_total()
         n = max(0, min(n, room))
         for _ in range(n):
             session = LiveSession(

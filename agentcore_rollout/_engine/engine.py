@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Sequence
 from typing import Any
 
@@ -92,6 +93,7 @@ class RolloutEngine:
         # Without a configured secret results are verifiable by this engine alone (no resume).
         self._run_secret = config.run_secret or new_run_secret()
         self._requests: dict[asyncio.Task[RolloutOutcome], Job] = {}  # each running request
+        self._running: Counter[int] = Counter()  # running requests by step
         self._gateway: GatewayReplicas | None = None
         self._dispatcher: RequestDispatcher
         self._buffer: RolloutBuffer
@@ -195,12 +197,12 @@ class RolloutEngine:
 
         `step`: the step whose requests they are for. Ask as soon as `n` is known (at the
         start of the step before): they start so that the last is ready when `set_step(step)`
-        comes, at the pace of the steps so far (at once before two steps have begun), and only
-        requests of that step or later take them. None: at once, for any request (a pipelined
-        trainer's pool). Tops up what is warm or warming already; each warm session serves one
-        rollout, and one nobody takes is stopped after `engine.dispatch.warm_max_idle` seconds,
-        or at `aclose`. Returns how many started now, within `engine.dispatch.warm` (None:
-        none) and the free live slots."""
+        comes, as far as the steps so far tell (`WarmPlan`; the first step's once its requests
+        have ended), and only requests of that step or later take them. None: at once, for
+        any request (a pipelined trainer's pool). Tops up what is warm or warming already; each
+        warm session serves one rollout, and one nobody takes is stopped after
+        `engine.dispatch.warm_max_idle` seconds, or at `aclose`. Returns how many started now,
+        within `engine.dispatch.warm` (None: none) and the free live slots."""
         cap = self.config.dispatch.warm
         if not cap:
             return 0
@@ -388,10 +390,19 @@ class RolloutEngine:
         """Run the job's life in a task the engine holds until it ends."""
         task = asyncio.create_task(self._runner.run(job))
         self._requests[task] = job
-        task.add_done_callback(self._requests.__delitem__)
+        self._running[job.step] += 1
+        task.add_done_callback(self._ended)
         return RolloutHandle(
             task, job.request, lambda: self._runner.unresolved(job, asyncio.CancelledError())
         )
+
+    def _ended(self, task: asyncio.Task[RolloutOutcome]) -> None:
+        step = self._requests.pop(task).step
+        self._running[step] -= 1
+        if not self._running[step]:
+            del self._running[step]
+            if step == self._step:  # the trainer's update begins: the next step is nearer
+                self._warm_plan.ended(step)
 
     async def stream(
         self,
