@@ -4,19 +4,21 @@ sessions/s, 1,000 data-plane calls/s (and 5,000 active sessions: the trainer's s
 next one's warm sessions fit).
 
 Each config is N rollouts a step (256, 512, 2,048) at a cold start (2 s, 15 s: the emulator's
-`cold_start`, added to each session's first invocation), over `--steps` steps (2) with a
-trainer update of `--update` seconds (60) between them. A rollout's duration is drawn
-lognormal, median 3 s, log-sd 1, capped at 30 s (seeded by N and step, so both cold-start
-values see the same durations; the agent, `tests.agents.basic`, sleeps that long and
-answers). Step 1 is cold: no session is warm, each rollout's session is created by its own
-invocation, at the new-session quota. For step 2 the bench calls `engine.warm(N)` so that
-its N sessions are ready when it starts and not long before: the warm-ups need
-`lead = N / 25 + cold start + margin` seconds (margin: 2 s, or 5% of N / 25 if more), so
-they are asked for `update - lead` seconds into the update; where `lead` exceeds the update
-(N = 2,048: 82 s of new sessions > 60 s), as soon as step 1's requests are all at the
-dispatcher, and the engine starts them behind step 1's starts (`engine.warm`'s priority):
-from the moment step 1's last start is sent, during its rollout phase. Step 2's rollouts
-then each take a parked warm session: one call at the data-plane rate, no new session.
+`cold_start`, added to each session's first invocation), over `--steps` steps with a trainer
+update of `--update` seconds (60) between them. A rollout's duration is drawn lognormal,
+median 3 s, log-sd 1, capped at 30 s (seeded by N and step, so both cold-start values see the
+same durations; the agent, `tests.agents.basic`, sleeps that long and answers). Step 1 is
+cold: no session is warm, each rollout's session is created by its own invocation, at the
+new-session quota. At each step's start the bench asks, as `train` does, for the next step's
+N sessions, `engine.warm(N, step=next)`, and the engine times them (`WarmPlan`): ready as the
+next step begins, by its expected start less their lead time, `N / 25 + session_start_time +
+margin`. Step 2's start is not known until step 1 has ended (no update seen yet): its
+warm-ups start then, ready by step 2 if their lead fits in the update. From step 3 the
+update's length is known; where the lead exceeds it (N = 2,048: 82 s of new sessions > 60 s)
+the warm-ups start during the step before, at the pace of the steps so far, and that pace is
+the cold step 1's until step 3 has begun, so the steady state of 2,048 is step 4. Steps
+(`--steps`, default): 3, and 4 where the lead exceeds the update. Warm steps' rollouts each
+take a parked warm session: one call at the data-plane rate, no new session.
 
 Per step:
 - `makespan_s`: from the step's submission to its last outcome (`engine.rollout` returning).
@@ -51,7 +53,7 @@ the same; the figures are reported in the service's seconds (measured x k) and t
 `scale`. The achieved start rate says whether the machine kept up at the scaled rates.
 `--smoke`: N = 16, one cold start, scale 20 (seconds), into out/bench-smoke/.
 
-    python bench/warm.py [--n 256 512 2048] [--cold-starts 2 15] [--update 60] [--steps 2]
+    python bench/warm.py [--n 256 512 2048] [--cold-starts 2 15] [--update 60] [--steps K]
                          [--scale 1] [--smoke] [--out bench/results]
 """
 
@@ -59,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import logging
 import math
@@ -76,6 +77,7 @@ sys.path.insert(0, str(ROOT))
 from dataclasses import asdict  # noqa: E402
 
 from agentcore_rollout import RolloutBatch, RolloutEngine, RolloutRequest  # noqa: E402
+from agentcore_rollout._engine.warming import lead_time  # noqa: E402
 from agentcore_rollout._stats import EngineStats  # noqa: E402
 from agentcore_rollout.local.config import LocalConfig  # noqa: E402
 from agentcore_rollout.local.stack import LocalStack  # noqa: E402
@@ -122,12 +124,6 @@ def limits(
         "makespan_over_limit_any_order": round(makespan / any_order, 4),
         "cold_bound_s": round(bound(ds, start_rate, cold_start), 2),
     }
-
-
-def lead_time(n: int, cold_start: float) -> float:
-    """Seconds N warm-ups take at the new-session quota, ready: when to ask for them."""
-    ramp = n / NEW_SESSIONS_PER_SECOND
-    return ramp + cold_start + max(2.0, 0.05 * ramp)
 
 
 def _calls(stats: EngineStats) -> dict[str, int]:
@@ -188,10 +184,14 @@ async def _until(predicate: Any, every: float = 0.05) -> None:
 
 
 async def run_config(
-    n: int, cold_start: float, *, update: float, steps: int, scale: float
+    n: int, cold_start: float, *, update: float, steps: int | None, scale: float
 ) -> dict[str, Any]:
-    """One stack, one engine: `steps` synchronous steps of `n` rollouts, warm from step 2."""
+    """One stack, one engine: synchronous steps of `n` rollouts, each asking for the next
+    one's sessions at its start."""
     k = scale
+    session_start_time = cold_start + 2.0
+    lead = lead_time(n, NEW_SESSIONS_PER_SECOND, session_start_time)
+    steps = steps or (4 if lead > update else 3)
     local = LocalConfig(
         app=APP,
         mode="in_process",
@@ -205,8 +205,6 @@ async def run_config(
         gateway=False,
         policy_workers=1,
     )
-    lead = lead_time(n, cold_start)
-    early = lead > update  # the warm-ups cannot fit in the update: start them in the step
     async with LocalStack(local) as stack:
         cfg = stack.engine_config(
             exp_id=f"warm-{n}-{cold_start:g}",
@@ -215,7 +213,7 @@ async def run_config(
                 "warm_max_idle": 600.0 / k,
                 # Starts in flight are bounded by rate x this (Little's law): at a 15 s cold
                 # start the default 2 s would hold the engine to 50 / 15 = 3.3 starts a second.
-                "session_start_time": (cold_start + 2.0) / k,
+                "session_start_time": session_start_time / k,
                 "backoff_base": 0.2 / k,
                 "backoff_max": 20.0 / k,
             },
@@ -227,8 +225,9 @@ async def run_config(
             start_rate = pool[f"{POOL}/start_rate"] / k  # service units
             call_rate = pool[f"{POOL}/call_rate"] / k
             out: list[dict[str, Any]] = []
-            warm_asked: float | None = None
-            warmed = 0
+            seen = _new_seen(engine)
+            watcher: asyncio.Task[None] | None = None
+            warmed_for_this = 0
             for step in range(steps):
                 engine.set_step(step)
                 ds = durations(n, step)
@@ -238,30 +237,21 @@ async def run_config(
                 ]
                 before, began = engine.stats(), time.monotonic()
                 began_unix = time.time()
-                warmed_for_this, warmed, seen = warmed, 0, _new_seen(engine)
+                if watcher is not None:  # the warm-ups made for this step: when they were ready
+                    watcher.cancel()
+                    _poll_warm_ups(engine, seen)
+                    ready = _ready(seen, began_unix, k)
+                seen = _new_seen(engine)
                 handles = [engine.submit(r) for r in reqs]
-                if step + 1 < steps and early:
-                    # Once every request of the step is at the dispatcher (each gets there in
-                    # its task's first turn of the loop): the warm-ups then queue behind the
-                    # step's own starts (their priority is the next step's) and take the quota
-                    # as soon as those are sent. Asked before, a request not there yet would
-                    # take a warm-up under way (it waits for one rather than start a second
-                    # beside it), and the next step find none.
-                    await asyncio.sleep(0)
-                    warmed, warm_asked = engine.warm(n), time.time()
+                if step + 1 < steps:  # as `train`: the next step's, timed by the engine
+                    engine.warm(n, step=step + 1)
                     watcher = asyncio.create_task(_watch_warm_ups(engine, seen))
                 outcomes = [await h for h in handles]
                 makespan = time.monotonic() - began
                 after = engine.stats()
                 batch = RolloutBatch(step, outcomes, after.since(before), makespan)
-                if step + 1 < steps:  # the trainer's update, the warm-ups timed into it
-                    if not early:
-                        await asyncio.sleep(max(0.0, update - lead) / k)
-                        warmed, warm_asked = engine.warm(n), time.time()
-                        watcher = asyncio.create_task(_watch_warm_ups(engine, seen))
-                        await asyncio.sleep(min(lead, update) / k)
-                    else:
-                        await asyncio.sleep(update / k)
+                if step + 1 < steps:  # the trainer's update
+                    await asyncio.sleep(update / k)
                 else:  # the last step's stops
                     await _until(lambda: engine.stats().live_sessions == 0)
                 cycle = engine.stats().since(before)
@@ -276,74 +266,40 @@ async def run_config(
                 rate = _rate(cold_starts)
                 # The step's own AgentCore calls: its rollouts' invocations and stops, and the
                 # warm-ups made for it (the cycle's warm-ups are the next step's).
-                agentcore = cycle.invokes + cycle.stops - warmed + warmed_for_this
-                out.append(
-                    {
-                        "step": step + 1,
-                        "kind": "warm" if on_warm else "cold",
-                        "rollouts": n,
-                        "outcomes": batch.counts,
-                        "on_warm_sessions": len(on_warm),
-                        "makespan_s": round(makespan * k, 2),
-                        **limits(makespan * k, n, step, call_rate, start_rate, cold_start),
-                        "max_duration_s": round(max(ds), 2),
-                        "last_start_after_s": round((max(starts) - began_unix) * k, 2),
-                        "invocation_rate_achieved": round(_rate(starts) / k, 1)
-                        if _rate(starts)
-                        else None,
-                        "last_outcome": _last(batch, ds, began_unix, k),
-                        "achieved_start_rate": round(rate / k, 2) if rate else None,
-                        "start_rate_quota": start_rate,
-                        "idle_session_s": round(step_stats.warm_idle_seconds * k, 1),
-                        "idle_session_s_per_rollout": round(
-                            step_stats.warm_idle_seconds * k / n, 2
-                        ),
-                        "warm": {
-                            "used": step_stats.warm_used,
-                            "missed": step_stats.warm_missed,
-                            "parked_at_start": before.warm_parked,
-                            "stopped_unused": cycle.warm_stopped,
-                        },
-                        "throttles": cycle.throttles,
-                        "invokes": cycle.invokes,
-                        "stops": cycle.stops,
-                        "agentcore_calls_per_rollout": round(agentcore / n, 3),
-                        "api_calls": _calls(cycle),
-                    }
-                )
-                if warm_asked is not None and step + 1 < steps:
-                    watcher.cancel()
-                    _poll_warm_ups(engine, seen)
-                    next_start = time.time()  # the next step starts now
-                    first, last = seen["first"], seen["last"]
-                    spread = last - first if first and last else 0.0  # sampled: 1 s at least
-                    rate = (seen["started"] - 1) / spread if spread >= 1.0 else 0
-                    out[-1]["warm_asked"] = {
-                        "n": warmed,
-                        "at_unix": warm_asked,
-                        "ready_by_next_step": seen["started"],
-                        "last_ready_before_next_step_s": round((next_start - last) * k, 1)
-                        if last
-                        else None,
-                        "achieved_warm_up_rate": round(rate / k, 2) if rate else None,
-                        "next_start": next_start,
-                    }
-            # When the warm-ups were asked, ran and were ready, against the step they served.
-            for prev, this in itertools.pairwise(out):
-                asked = prev.pop("warm_asked", None)
-                if asked is not None:
-                    this["warm"]["asked"] = asked["n"]
-                    this["warm"]["asked_before_start_s"] = round(
-                        (asked["next_start"] - asked["at_unix"]) * k, 1
-                    )
-                    for key in (
-                        "ready_by_next_step",
-                        "last_ready_before_next_step_s",
-                        "achieved_warm_up_rate",
-                    ):
-                        this["warm"][key] = asked[key]
-            for figures in out:
-                figures.pop("warm_asked", None)
+                agentcore = cycle.invokes + cycle.stops - cycle.warm_started + warmed_for_this
+                warmed_for_this = cycle.warm_started
+                figures = {
+                    "step": step + 1,
+                    "kind": "warm" if on_warm else "cold",
+                    "rollouts": n,
+                    "outcomes": batch.counts,
+                    "on_warm_sessions": len(on_warm),
+                    "makespan_s": round(makespan * k, 2),
+                    **limits(makespan * k, n, step, call_rate, start_rate, cold_start),
+                    "max_duration_s": round(max(ds), 2),
+                    "last_start_after_s": round((max(starts) - began_unix) * k, 2),
+                    "invocation_rate_achieved": round(_rate(starts) / k, 1)
+                    if _rate(starts)
+                    else None,
+                    "last_outcome": _last(batch, ds, began_unix, k),
+                    "achieved_start_rate": round(rate / k, 2) if rate else None,
+                    "start_rate_quota": start_rate,
+                    "idle_session_s": round(step_stats.warm_idle_seconds * k, 1),
+                    "idle_session_s_per_rollout": round(step_stats.warm_idle_seconds * k / n, 2),
+                    "warm": {
+                        "used": step_stats.warm_used,
+                        "missed": step_stats.warm_missed,
+                        "parked_at_start": before.warm_parked,
+                        "stopped_unused": cycle.warm_stopped,
+                        **(ready if step else {}),
+                    },
+                    "throttles": cycle.throttles,
+                    "invokes": cycle.invokes,
+                    "stops": cycle.stops,
+                    "agentcore_calls_per_rollout": round(agentcore / n, 3),
+                    "api_calls": _calls(cycle),
+                }
+                out.append(figures)
             final = engine.stats()
     return {
         "rollouts": n,
@@ -351,9 +307,23 @@ async def run_config(
         "update_s": update,
         "lead_s": round(lead, 1),
         "call_rate": call_rate,
-        "warm_asked_in": "the step before (its starts first)" if early else "the update",
+        "warm_asked_in": "the step before's start; started when the engine's WarmPlan says",
         "steps": out,
         "engine": {k2: v for k2, v in asdict(final).items() if k2.startswith("warm")},
+    }
+
+
+def _ready(seen: dict[str, Any], step_began: float, k: float) -> dict[str, Any]:
+    """When a step's warm-ups were answered, in service seconds before it began (negative:
+    after), and at what rate."""
+    first, last = seen["first"], seen["last"]
+    spread = last - first if first and last else 0.0  # sampled: 1 s at least
+    rate = (seen["started"] - 1) / spread if spread >= 1.0 else 0
+    return {
+        "ready_by_step_start": seen["started"],
+        "first_ready_before_start_s": round((step_began - first) * k, 1) if first else None,
+        "last_ready_before_start_s": round((step_began - last) * k, 1) if last else None,
+        "achieved_warm_up_rate": round(rate / k, 2) if rate else None,
     }
 
 
@@ -455,7 +425,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="*", default=[256, 512, 2048])
     parser.add_argument("--cold-starts", type=float, nargs="*", default=[2.0, 15.0])
     parser.add_argument("--update", type=float, default=60.0, help="trainer update, seconds")
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None, help="default: 3, 4 if N > update")
     parser.add_argument("--scale", type=float, default=1.0, help="time-scale factor k")
     parser.add_argument("--smoke", action="store_true", help="N=16, seconds, out/bench-smoke/")
     parser.add_argument("--out", type=Path, default=None)

@@ -1,4 +1,4 @@
-"""bench/warm.py's limit and its warm-up timing: the figures its target is measured against."""
+"""bench/warm.py's limit and its durations: the figures its target is measured against."""
 
 from __future__ import annotations
 
@@ -39,10 +39,3 @@ def test_durations_are_seeded_lognormal_and_capped():
     assert drawn == bench.durations(2048, 0) != bench.durations(2048, 1)
     assert max(drawn) == bench.CAP_S and min(drawn) > 0
     assert 2.5 < sorted(drawn)[len(drawn) // 2] < 3.5  # median 3 s
-
-
-def test_warm_ups_are_asked_for_their_ramp_and_cold_start_ahead():
-    bench = _load_bench()
-    assert bench.lead_time(256, 2.0) == pytest.approx(256 / 25 + 2.0 + 2.0)
-    assert bench.lead_time(2048, 15.0) == pytest.approx(2048 / 25 * 1.05 + 15.0)
-    assert bench.lead_time(2048, 2.0) > 60.0  # past the update: asked during the step before
