@@ -12,13 +12,11 @@ cold: no session is warm, each rollout's session is created by its own invocatio
 new-session quota. At each step's start the bench asks, as `train` does, for the next step's
 N sessions, `engine.warm(N, step=next)`, and the engine times them (`WarmPlan`): ready as the
 next step begins, by its expected start less their lead time, `N / 25 + session_start_time +
-margin`. Step 2's start is not known until step 1 has ended (no update seen yet): its
-warm-ups start then, ready by step 2 if their lead fits in the update. From step 3 the
-update's length is known; where the lead exceeds it (N = 2,048: 82 s of new sessions > 60 s)
-the warm-ups start during the step before, at the pace of the steps so far, and that pace is
-the cold step 1's until step 3 has begun, so the steady state of 2,048 is step 4. Steps
-(`--steps`, default): 3, and 4 where the lead exceeds the update. Warm steps' rollouts each
-take a parked warm session: one call at the data-plane rate, no new session.
+margin`. Step 2's warm-ups start when asked, behind step 1's own starts (nothing measured yet:
+no update seen); from step 3 they start one measured rollout run and update after the step
+before's start, less their lead, or at once where the lead exceeds that (N = 2,048: 82 s of
+new sessions > 60 s). Three steps (`--steps`). Warm steps' rollouts each take a parked warm
+session: one call at the data-plane rate, no new session.
 
 Per step:
 - `makespan_s`: from the step's submission to its last outcome (`engine.rollout` returning).
@@ -53,7 +51,7 @@ the same; the figures are reported in the service's seconds (measured x k) and t
 `scale`. The achieved start rate says whether the machine kept up at the scaled rates.
 `--smoke`: N = 16, one cold start, scale 20 (seconds), into out/bench-smoke/.
 
-    python bench/warm.py [--n 256 512 2048] [--cold-starts 2 15] [--update 60] [--steps K]
+    python bench/warm.py [--n 256 512 2048] [--cold-starts 2 15] [--update 60] [--steps 3]
                          [--scale 1] [--smoke] [--out bench/results]
 """
 
@@ -184,14 +182,13 @@ async def _until(predicate: Any, every: float = 0.05) -> None:
 
 
 async def run_config(
-    n: int, cold_start: float, *, update: float, steps: int | None, scale: float
+    n: int, cold_start: float, *, update: float, steps: int, scale: float
 ) -> dict[str, Any]:
     """One stack, one engine: synchronous steps of `n` rollouts, each asking for the next
     one's sessions at its start."""
     k = scale
     session_start_time = cold_start + 2.0
     lead = lead_time(n, NEW_SESSIONS_PER_SECOND, session_start_time)
-    steps = steps or (4 if lead > update else 3)
     local = LocalConfig(
         app=APP,
         mode="in_process",
@@ -425,7 +422,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="*", default=[256, 512, 2048])
     parser.add_argument("--cold-starts", type=float, nargs="*", default=[2.0, 15.0])
     parser.add_argument("--update", type=float, default=60.0, help="trainer update, seconds")
-    parser.add_argument("--steps", type=int, default=None, help="default: 3, 4 if N > update")
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="time-scale factor k")
     parser.add_argument("--smoke", action="store_true", help="N=16, seconds, out/bench-smoke/")
     parser.add_argument("--out", type=Path, default=None)

@@ -146,7 +146,7 @@ async def test_a_steps_warm_ups_are_never_taken_by_the_step_before(moto, channel
         for step in range(3):
             engine.set_step(step)
             running = [engine.submit(r) for r in _requests(4, step=step)]
-            if step < 2:  # step 1's once step 0 has ended, step 2's timed by the steps' pace
+            if step < 2:  # step 1's at once (the first step), step 2's timed by step 1's measures
                 engine.warm(4, step=step + 1)
             steps.append(await asyncio.gather(*running))
             if step < 2:

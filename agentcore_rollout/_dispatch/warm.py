@@ -86,7 +86,7 @@ class WarmPool:
         self._park_or_hand(session)
 
     def _park_or_hand(self, session: LiveSession) -> None:
-        for waiter in _pop_live(self._waiting.get(session.environment), session.priority):
+        for waiter in _pop_live(self._waiting.get(session.environment, deque()), session.priority):
             waiter.found.set_result(session)
             return
         self._parked.setdefault(session.environment, deque()).append(session)
@@ -94,7 +94,7 @@ class WarmPool:
     def failed(self, session: LiveSession) -> None:
         """A warm-up failed: the request of its step or later waiting longest starts cold."""
         self._pending[session.environment, session.priority] -= 1
-        for waiter in _pop_live(self._waiting.get(session.environment), session.priority):
+        for waiter in _pop_live(self._waiting.get(session.environment, deque()), session.priority):
             waiter.found.set_result(None)
             return
 
@@ -120,10 +120,10 @@ class _Waiter:
     found: asyncio.Future[LiveSession | None]
 
 
-def _pop_live(waiting: deque[_Waiter] | None, warmed_for: int) -> Iterator[_Waiter]:
+def _pop_live(waiting: deque[_Waiter], warmed_for: int) -> Iterator[_Waiter]:
     """Waiters still waiting that may take a session warmed for step `warmed_for`, in order,
     each taken out as it is yielded."""
-    for waiter in list(waiting or ()):
+    for waiter in list(waiting):
         if waiter.found.done():
             waiting.remove(waiter)
         elif waiter.step >= warmed_for:

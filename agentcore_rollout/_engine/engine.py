@@ -197,8 +197,8 @@ class RolloutEngine:
 
         `step`: the step whose requests they are for. Ask as soon as `n` is known (at the
         start of the step before): they start so that the last is ready when `set_step(step)`
-        comes, as far as the steps so far tell (`WarmPlan`; the first step's once its requests
-        have ended), and only requests of that step or later take them. None: at once, for
+        comes, as far as the steps so far tell (`WarmPlan`; the first step's at once), and
+        only requests of that step or later take them. None: at once, for
         any request (a pipelined trainer's pool). Tops up what is warm or warming already; each
         warm session serves one rollout, and one nobody takes is stopped after
         `engine.dispatch.warm_max_idle` seconds, or at `aclose`. Returns how many started now,
@@ -397,7 +397,9 @@ class RolloutEngine:
         )
 
     def _ended(self, task: asyncio.Task[RolloutOutcome]) -> None:
-        step = self._requests.pop(task).step
+        job = self._requests.pop(task)
+        step = job.step
+        self._warm_plan.request_ended(step, job.started_at)
         self._running[step] -= 1
         if not self._running[step]:
             del self._running[step]

@@ -1,6 +1,6 @@
 """When to start the warm-ups a trainer asks for a step (`RolloutEngine.warm`): so that the
-last is ready as the step begins, and not before, since a parked session costs its memory by
-the second (docs/limits.md#warm-sessions)."""
+last is ready as the step begins, and not long before, since a parked session costs its
+memory by the second (docs/limits.md#warm-sessions)."""
 
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ class WarmPlan:
     """The warm-ups wanted per step and environment, each step's started by a timer at its
     expected start less their lead time.
 
-    The expected start of the next step is, once this step's requests have all ended (the
-    trainer updates), that moment plus the last update's length; before, this step's start
-    plus the last step's length, start to start, which is all a step too long for its
-    sessions to be ready in an update (2,048 at 25/s) has to go on. A step's length varies
-    (a cold step is longer), so a timer set by the second is set again by the first when it
-    is known. With neither known (the first step), they start once its requests have ended."""
+    A step is expected to begin one update after the step before ends: once that step's
+    requests have all ended, at that moment plus the last update's length; before, at its
+    start plus its rollouts' run and the update, both as the last step measured them. A
+    rollout's run counts from the step's last session start, not its first: a cold step's
+    ramp at the new-session quota is what warm sessions remove, so its whole length would
+    time the next warm-ups late. What is not measured yet counts as 0 (the first step's
+    warm-ups start when asked): early costs idle memory, late costs the trainer's time."""
 
     def __init__(
         self,
@@ -38,7 +39,8 @@ class WarmPlan:
     ) -> None:
         self._start = start  # (n, environment, step) -> warm-ups started
         self._lead = lead  # n -> seconds n warm-ups take to be ready
-        self._began = {step: time.monotonic()}
+        self._began = {step: time.time()}
+        self._last_start: dict[int, float] = {}  # step -> its latest session start
         self._ended: dict[int, float] = {}  # step -> when its last request ended
         self._wanted: dict[int, dict[str | None, int]] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}
@@ -51,32 +53,37 @@ class WarmPlan:
 
     def began(self, step: int) -> None:
         """`step` began: what was wanted for it and is not yet started starts now (late)."""
-        self._began[step] = time.monotonic()
+        self._began[step] = time.time()
         for each in [s for s in self._wanted if s <= step]:
             self._fire(each)
-        for old in [s for s in self._began if s < step - 1]:
-            del self._began[old]
-            self._ended.pop(old, None)
+        for measured in (self._began, self._last_start, self._ended):
+            for old in [s for s in measured if s < step - 1]:
+                del measured[old]
+
+    def request_ended(self, step: int, started_at: float | None) -> None:
+        if started_at is not None:
+            self._last_start[step] = max(started_at, self._last_start.get(step, started_at))
 
     def ended(self, step: int) -> None:
-        """The last request of `step` ended: the next step's start is better known now."""
-        self._ended[step] = time.monotonic()
+        """The last request of `step` ended: the next step's start is known better now."""
+        self._ended[step] = time.time()
         for each in list(self._wanted):
             self._plan(each)
 
-    def expected_start(self, step: int) -> float | None:
-        """When `step` should begin (monotonic seconds); None: not known yet."""
+    def expected_start(self, step: int) -> float:
+        """When `step` should begin (unix seconds), by what the steps so far measured."""
         last = max(self._began)
         if step <= last:
             return self._began[last]
-        if step == last + 1 and last in self._ended:
-            update = self._began[last] - self._ended.get(last - 1, self._began[last])
-            return self._ended[last] + update
-        if len(self._began) < 2:
-            return None
-        before = max(s for s in self._began if s < last)
-        pace = (self._began[last] - self._began[before]) / (last - before)
-        return self._began[last] + (step - last) * pace
+        before = last - 1
+        update = self._began[last] - self._ended[before] if before in self._ended else 0.0
+        if last in self._ended:
+            end = self._ended[last]
+        elif before in self._ended and before in self._last_start:
+            end = self._began[last] + self._ended[before] - self._last_start[before]
+        else:
+            end = self._began[last]
+        return end + (step - last) * update
 
     def close(self) -> None:
         for timer in self._timers.values():
@@ -86,16 +93,14 @@ class WarmPlan:
 
     def _plan(self, step: int) -> dict[str | None, int]:
         """Start `step`'s warm-ups now if their time has come, else (re)set their timer."""
-        begins = self.expected_start(step)
-        if begins is None:
-            return {}
-        at = begins - self._lead(sum(self._wanted[step].values()))
-        if at <= time.monotonic():
+        at = self.expected_start(step) - self._lead(sum(self._wanted[step].values()))
+        if at <= time.time():
             return self._fire(step)
         if (timer := self._timers.pop(step, None)) is not None:
             timer.cancel()
-        loop = asyncio.get_running_loop()
-        self._timers[step] = loop.call_at(loop.time() + at - time.monotonic(), self._fire, step)
+        self._timers[step] = asyncio.get_running_loop().call_later(
+            at - time.time(), self._fire, step
+        )
         return {}
 
     def _fire(self, step: int) -> dict[str | None, int]:
