@@ -337,37 +337,27 @@ def plot(runs: list[dict[str, Any]], update: float, path: Path, scale: float) ->
             (r for r in runs if r["cold_start_s"] == cold_start), key=lambda r: r["rollouts"]
         )
         ns = [r["rollouts"] for r in mine]
-        for kind, style in (("cold", "--"), ("warm", "-")):
-            ys = [
-                max(s["makespan_over_limit"] for s in r["steps"] if s["kind"] == kind)
-                if any(s["kind"] == kind for s in r["steps"])
-                else math.nan
-                for r in mine
-            ]
+        # step 1 cold, step 2 the first warm one (nothing measured yet), the last as timed
+        for which, style, label in ((0, "--", "cold"), (1, ":", "first warm"), (-1, "-", "warm")):
+            steps = [r["steps"][which] for r in mine]
             (line,) = a.plot(
                 ns,
-                ys,
+                [s["makespan_over_limit"] for s in steps],
                 style,
                 marker="o",
                 color=colors.get(cold_start),
-                label=f"{kind}, cold start {cold_start:g} s",
+                label=f"{label}, cold start {cold_start:g} s",
             )
             colors[cold_start] = line.get_color()
-        idle = [
-            max(
-                (s["idle_session_s_per_rollout"] for s in r["steps"] if s["kind"] == "warm"),
-                default=math.nan,
-            )
-            for r in mine
-        ]
-        b.plot(
-            ns,
-            idle,
-            "-",
-            marker="o",
-            color=colors[cold_start],
-            label=f"cold start {cold_start:g} s",
-        )
+            if which:
+                b.plot(
+                    ns,
+                    [s["idle_session_s_per_rollout"] for s in steps],
+                    style,
+                    marker="o",
+                    color=colors[cold_start],
+                    label=f"{label}, cold start {cold_start:g} s",
+                )
     a.axhline(TARGET, color="grey", lw=0.8, ls=":", label=f"target {TARGET}x")
     a.set(
         xscale="log",
@@ -383,7 +373,7 @@ def plot(runs: list[dict[str, Any]], update: float, path: Path, scale: float) ->
         xlabel="rollouts a step (N)",
         ylabel="seconds",
         title="Warm sessions' idle session-seconds per rollout",
-        ylim=(0, update * 1.2),
+        ylim=(0, None),
     )
     b.set_xticks([r["rollouts"] for r in runs], [str(r["rollouts"]) for r in runs])
     b.legend(fontsize=8)
