@@ -193,7 +193,7 @@ def test_train_learns_and_replays_captured_logprobs(tmp_path, monkeypatch):
         cost = r["cost"]  # what the step's rollouts cost, each traced through the gateway
         assert cost["rollouts"] == 64 and cost["untraced"] == 0 and cost["prompt_tokens"] > 0
         assert cost["sandbox_seconds"] > 0 and cost["usd"] > 0
-    # each step after the first started on sessions warmed while the last one updated
+    # each step after the first started on sessions warmed for it, asked at the last one's start
     assert rows[0]["warm_used"] == 0
     assert all(r["warm_used"] == 64 and r["warm_missed"] == 0 for r in rows[1:]), rows
     assert (out / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

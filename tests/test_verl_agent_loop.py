@@ -130,8 +130,9 @@ async def test_agent_loop_rows_failures_and_min_group_ok_through_the_wire(tmp_pa
 async def test_the_second_steps_rollouts_start_on_sessions_warmed_during_the_update(
     tmp_path, monkeypatch
 ):
-    """Synchronous veRL: once a step's last member ended (veRL's update begins), the service
-    warms the next batch's sessions; the next step's members start on them."""
+    """Synchronous veRL: once a step's last member ended (its batch known whole) and as each
+    step begins, the service asks for the next batch's sessions; the next step's members start
+    on them."""
     monkeypatch.chdir(ROOT)
     local = _held_stack("verl-warm")
     question = {"question": "What is 2 + 5?"}
