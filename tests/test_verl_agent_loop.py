@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -78,6 +79,15 @@ def _held_stack(name: str) -> LocalConfig:
     )
 
 
+def _engine_yaml(stack: LocalStack, tmp_path: Path, exp_id: str, **settings: Any) -> Path:
+    """The stack's engine config as the agent loop's `config` file reads it."""
+    config = flat_config(exp_id=exp_id, start_rate=50.0, wait_time=1, **settings)
+    engine = stack.engine_config(config)
+    engine_yaml = tmp_path / "engine.yaml"
+    engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
+    return engine_yaml
+
+
 async def _group(
     loop: AgentCoreAgentLoop, uid: str, n: int, extra_info: dict, step: int = 1
 ) -> list:
@@ -96,10 +106,7 @@ async def test_agent_loop_rows_failures_and_min_group_ok_through_the_wire(tmp_pa
     local = _held_stack("verl-loop")
     question = {"question": "What is 2 + 5?"}
     async with LocalStack(local) as stack:
-        engine = stack.engine_config(flat_config(exp_id="verl", start_rate=50.0, wait_time=1))
-        engine_yaml = tmp_path / "engine.yaml"
-        engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
-        loop = _agent_loop(engine_yaml, n=3, min_group_ok=2)
+        loop = _agent_loop(_engine_yaml(stack, tmp_path, "verl"), n=3, min_group_ok=2)
         try:
             ok, one_failed, two_failed = await asyncio.gather(
                 _group(loop, "all-ok", 3, question),
@@ -137,9 +144,7 @@ async def test_the_second_steps_rollouts_start_on_sessions_warmed_during_the_upd
     local = _held_stack("verl-warm")
     question = {"question": "What is 2 + 5?"}
     async with LocalStack(local) as stack:
-        engine = stack.engine_config(flat_config(exp_id="verl-warm", start_rate=50.0, wait_time=1))
-        engine_yaml = tmp_path / "engine.yaml"
-        engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
+        engine_yaml = _engine_yaml(stack, tmp_path, "verl-warm")
         loop = _agent_loop(engine_yaml, n=2)
         try:
             for step in (1, 2):
@@ -174,11 +179,7 @@ async def test_agent_loops_of_two_workers_share_one_engine_actor_under_ray(tmp_p
     )
     async with LocalStack(local) as stack:
         # warm=None: no next-step warm-ups, so the invocations below are the 4 rollouts alone
-        engine = stack.engine_config(
-            flat_config(exp_id="ray", start_rate=50.0, wait_time=1, warm=None)
-        )
-        engine_yaml = tmp_path / "engine.yaml"
-        engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
+        engine_yaml = _engine_yaml(stack, tmp_path, "ray", warm=None)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
             loops = [_agent_loop(engine_yaml, n=2) for _ in range(2)]
@@ -212,15 +213,6 @@ def _async(threshold: int | None, folder: Path, strategy: str = "drop") -> dict:
     return {"v1": v1, "default_local_dir": str(folder / "checkpoints")}
 
 
-async def _engine_yaml(stack: LocalStack, tmp_path: Path, exp_id: str) -> Path:
-    """No warm sessions: the tests below count the rollouts' own invocations."""
-    config = flat_config(exp_id=exp_id, start_rate=50.0, wait_time=1, warm=None)
-    engine = stack.engine_config(config)
-    engine_yaml = tmp_path / "engine.yaml"
-    engine_yaml.write_text(yaml.safe_dump({"engine": engine.model_dump(mode="json")}))
-    return engine_yaml
-
-
 @pytest.mark.parametrize(
     ("threshold", "behind"), [(2, 1), (None, 3)], ids=["drop-2:end", "unbounded:keep"]
 )
@@ -237,7 +229,9 @@ async def test_async_steps_overlap_and_no_group_fails_within_veRLs_bound(
     question = {"question": "What is 2 + 5?"}
     async with LocalStack(local) as stack:
         loop = _agent_loop(
-            await _engine_yaml(stack, tmp_path, "async"), n=2, trainer=_async(threshold, tmp_path)
+            _engine_yaml(stack, tmp_path, "async", warm=None),  # counts its own invocations
+            n=2,
+            trainer=_async(threshold, tmp_path),
         )
         try:
             old = asyncio.ensure_future(_group(loop, "old", 2, {**question, "hold": 3.0}))
@@ -261,7 +255,7 @@ async def test_a_group_behind_veRLs_drop_bound_fails_as_veRL_would_evict_it(tmp_
     question = {"question": "What is 2 + 5?"}
     async with LocalStack(local) as stack:
         loop = _agent_loop(
-            await _engine_yaml(stack, tmp_path, "drop"), n=2, trainer=_async(2, tmp_path)
+            _engine_yaml(stack, tmp_path, "drop", warm=None), n=2, trainer=_async(2, tmp_path)
         )
         try:
             old = asyncio.ensure_future(_group(loop, "old", 2, {**question, "hold": 5.0}))
@@ -305,7 +299,7 @@ async def test_prompts_reissued_after_a_restart_take_over_their_earlier_sessions
     earlier = {"written": question, "running": {**question, "hold": 6.0}}
     trainer = _async(2, tmp_path)
     async with LocalStack(local) as stack:
-        engine_yaml = await _engine_yaml(stack, tmp_path, "reissue")  # no run_secret set
+        engine_yaml = _engine_yaml(stack, tmp_path, "reissue", warm=None)  # no run_secret set
         # The first life's engine listens on a queue no bucket notifies, so the kill finds its
         # results written and undelivered (see test_reclaim.py).
         config = yaml.safe_load(engine_yaml.read_text())
