@@ -208,7 +208,7 @@ async def test_agent_loops_under_ray_spread_sessions_over_two_gateway_actors(tmp
     monkeypatch.chdir(ROOT)
     question = {"question": "What is 2 + 5?"}
     async with LocalStack(_held_stack("verl-replicas")) as stack:
-        engine_yaml = await _engine_yaml(stack, tmp_path, "replicas")
+        engine_yaml = _engine_yaml(stack, tmp_path, "replicas", warm=None)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
             loop = _agent_loop(
