@@ -38,6 +38,7 @@ from agentcore_rollout.local.containers import (
     container_engine,
 )
 from agentcore_rollout.local.stack import LocalStack
+from agentcore_rollout.runtimes._owner import gone, owner_label
 
 from .conftest import ROOT, engine_config
 from .factories import flat_config
@@ -94,9 +95,7 @@ def _ours(engine: ContainerEngine) -> list[str]:
     return [
         parts[0][:12]
         for parts in found
-        if len(parts) == 3
-        and parts[1] != "1"
-        and (here in parts[2] or containers._orphaned(parts[2]))
+        if len(parts) == 3 and parts[1] != "1" and (here in parts[2] or gone(parts[2]))
     ]
 
 
@@ -376,7 +375,7 @@ def test_the_orphan_sweep_removes_only_a_gone_emulators_containers(engine):
     and leaves those of a live emulator, of another PID namespace or host sharing the daemon
     (whose pids it cannot see), and of any label it cannot read."""
     containers.debian_base(engine)
-    mine = containers.emulator_label()
+    mine = owner_label()
     scope, pid, started, _ = mine.split("/")
     gone = 2**22 + 1  # above pid_max's default: no process has it
     labels = {

@@ -20,18 +20,19 @@ import socket
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from ..runtimes._owner import gone
+
 BASE_IMAGE = "localhost/agentcore-rollout-base:bookworm"
 AGENT_IMAGE = "localhost/agentcore-rollout-agent:local"
 LABEL = "agentcore-rollout.emulator"
-"""Every session container carries it, valued with its emulator's identity (`emulator_label`),
-so none is left behind."""
+"""Every session container carries it, valued with its emulator's identity (`owner_label`), so
+none is left behind."""
 SESSION_LABEL = "agentcore-rollout.session"
 """Its session's id, on each session container."""
 NETWORK = "slirp4netns"
@@ -119,7 +120,7 @@ class ContainerEngine:
         template = '{{.Id}} {{index .Config.Labels "' + LABEL + '"}}'
         shown = self.run("inspect", "--format", template, *ids)  # some may be gone by now
         labelled = (line.split(" ", 1) for line in shown.stdout.splitlines() if " " in line)
-        if orphans := [cid for cid, label in labelled if _orphaned(label)]:
+        if orphans := [cid for cid, label in labelled if gone(label)]:
             self.remove(*orphans)
 
     def remove_containers(self, label_value: str) -> None:
@@ -411,53 +412,6 @@ def _on_base(lines: list[str], base: str, tmp: Path) -> Path:
         "".join([*lines[:i], " ".join(["FROM", base, *named[1:]]) + "\n", *lines[i + 1 :]])
     )
     return copy
-
-
-def emulator_label() -> str:
-    """A new emulator's identity, its containers' `LABEL` value: where it runs (this kernel's
-    boot and PID namespace), its pid and that process's start time (a pid is reused), and a
-    random part (two stacks in one process)."""
-    return f"{_scope()}/{os.getpid()}/{_started(os.getpid())}/{uuid.uuid4().hex[:8]}"
-
-
-def _orphaned(label: str) -> bool:
-    """The emulator `label` names ran here (this kernel and PID namespace) and is gone: its
-    pid runs no more, or runs another process (started at another time)."""
-    parts = label.split("/")
-    if len(parts) != 4 or parts[0] != _scope() or not parts[1].isdigit():
-        return False  # another host's, namespace's or format's: not ours to judge
-    return _started(int(parts[1])) != parts[2]
-
-
-@functools.cache
-def _scope() -> str:
-    """This kernel's boot and this process's PID namespace (the hostname where /proc lacks
-    them): a pid means one process within it alone."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return f"{boot}.{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:
-        return socket.gethostname()
-
-
-def _started(pid: int) -> str:
-    """When process `pid` started (clock ticks since boot; "" if none runs). Without /proc,
-    "0" for any live pid: a reused pid then passes for its emulator, which only keeps its
-    containers."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command's ")"
-    except FileNotFoundError:
-        return ""
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return ""
-    except PermissionError:
-        pass
-    return "0"
 
 
 def _host_address() -> str:

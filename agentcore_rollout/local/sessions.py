@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from .._flow import Gauge
+from ..runtimes._owner import owner_label
 from .agents import Agent, ContainerAgent, InProcessAgent, ProcessAgent, SharedApp, container_env
 from .config import DEFAULT_RUNTIME_ARN, EmulatorConfig
 from .containers import (
     ContainerEngine,
     InternalNetwork,
     container_engine,
-    emulator_label,
     internal_network,
     loopback_ports,
     storage_quota,
@@ -79,7 +79,7 @@ class Sessions(Mapping[str, Session]):
         self._internal: InternalNetwork | None = None  # no-network containers' bridge
         self._isolated: LoopbackRelay | None = None  # their way to the host's services
         self._disk = False  # the engine bounds a container's disk
-        self._label = emulator_label()  # its containers', for the sweeps
+        self._label = owner_label()  # its containers', for the sweeps
         self._image_cold_start: dict[str, float] = {}  # by runtime ARN: cold_start_per_gb's
 
     def __getitem__(self, session_id: str) -> Session:

@@ -26,10 +26,11 @@ from typing import Any
 import aiohttp
 
 from . import _invocation
+from ._owner import gone, owner_label
 from .base import RuntimeLimits, SandboxRuntime, SessionCallError
 
 RUNTIME_LABEL = "agentcore-rollout.runtime"
-"""On every container of a `ContainerRuntime`, valued with its runtime's owner id
+"""On every container of a `ContainerRuntime`, valued with its runtime's identity
 (`ContainerRuntime.owner`): `podman ps -a --filter label=agentcore-rollout.runtime`."""
 SESSION_LABEL = "agentcore-rollout.session"
 """Its session's id, on each container."""
@@ -58,7 +59,8 @@ class ContainerRuntime(SandboxRuntime):
     arguments. `cpus` and `memory_mb` bound each container. A container starts when its
     session's first invocation comes and is healthy once `GET /ping` answers; `ready_timeout`
     bounds how long it may go without progress (its processes using no CPU) before that, ten
-    times as long in all. `aclose()` removes every container it started.
+    times as long in all. `aclose()` removes every container it started; those of a process
+    that ended before it (killed, say) are removed by the first start of the next one here.
     """
 
     def __init__(
@@ -83,7 +85,7 @@ class ContainerRuntime(SandboxRuntime):
         self.engine = engine
         self.name = name or f"{engine}:{image}"
         self.environment = environment
-        self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.owner = owner_label()
         """The value of `RUNTIME_LABEL` on this runtime's containers."""
         host = _HOST[engine]
         self._env = {k: _LOOPBACK.sub(f"//{host}", v) for k, v in (env or {}).items()}
@@ -108,6 +110,7 @@ class ContainerRuntime(SandboxRuntime):
         self._rm = ("rm", "-f", "-t", "0") if engine == "podman" else ("rm", "-f")
         self._containers: dict[str, _Container] = {}
         self._http: aiohttp.ClientSession | None = None
+        self._swept: asyncio.Future[None] | None = None
 
     async def limits(self) -> RuntimeLimits:
         return self._limits
@@ -159,6 +162,9 @@ class ContainerRuntime(SandboxRuntime):
         """Run the container (after removing the session's one that `ended`), attached: the
         CLI process lives as long as it does. Then wait until it is healthy. A failure removes
         it and raises `SessionCallError`, with `maybe_started=False`: nothing left to stop."""
+        if self._swept is None:
+            self._swept = asyncio.ensure_future(self._remove_orphans())
+        await asyncio.shield(self._swept)
         if ended is not None:
             await self._remove(ended)
         with socket.socket() as sock:  # free now, bound by the engine's port forwarder next
@@ -326,6 +332,18 @@ class ContainerRuntime(SandboxRuntime):
             await self._cli(*self._rm, c.name)
         if c.drain is not None:
             c.drain.cancel()
+
+    async def _remove_orphans(self) -> None:
+        """Remove the containers of runtimes gone before their `aclose` (a process killed),
+        those of runtimes still running, here or elsewhere, kept."""
+        found = await self._cli("ps", "-aq", "--filter", f"label={RUNTIME_LABEL}")
+        if not (ids := found.out.split()):
+            return
+        template = '{{.Id}} {{index .Config.Labels "' + RUNTIME_LABEL + '"}}'
+        shown = await self._cli("inspect", "--format", template, *ids)  # some may be gone
+        labelled = (line.split(" ", 1) for line in shown.out.splitlines() if " " in line)
+        if orphans := [cid for cid, owner in labelled if gone(owner)]:
+            await self._cli(*self._rm, *orphans)
 
     async def _cli(self, *args: str, timeout: float = 60) -> _Done:
         """One engine command to its end, output captured (the caller checks the code)."""

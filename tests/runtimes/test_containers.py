@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agentcore_rollout.contract import WARM_UP_PAYLOAD
 from agentcore_rollout.local.containers import AGENT_IMAGE, ContainerEngine, build_image
 from agentcore_rollout.local.moto import MotoServer
 from agentcore_rollout.runtimes import ContainerRuntime, SessionCallError
@@ -266,6 +268,45 @@ async def test_containers_are_bounded_and_closing_removes_them_all(
     assert len(await leftovers()) == 2
     await runtime.aclose()
     assert await leftovers() == []
+
+
+_KILLED = """
+import asyncio, sys
+from agentcore_rollout.contract import WARM_UP_PAYLOAD
+from agentcore_rollout.runtimes import ContainerRuntime
+
+async def main():
+    runtime = ContainerRuntime(sys.argv[1], engine=sys.argv[2])
+    await runtime.invoke("killed-" + "k" * 33, WARM_UP_PAYLOAD)
+    print(runtime.owner, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.containers
+@pytest.mark.e2e
+async def test_a_killed_processs_containers_go_at_the_next_start_and_a_live_ones_stay(
+    engine: ContainerEngine, make_runtime: Callable[..., ContainerRuntime], basic_image: str
+) -> None:
+    """A process killed before `aclose` leaves its container running; the next runtime's
+    first start removes it, and not the container of a runtime still running."""
+    live = make_runtime()
+    await live.invoke("live-" + "l" * 35, WARM_UP_PAYLOAD)
+    killed = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _KILLED, basic_image, engine.name,
+        env={**os.environ, **engine.env}, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    assert killed.stdout is not None
+    owner = (await asyncio.wait_for(killed.stdout.readline(), 120)).decode().strip()
+    killed.kill()
+    await killed.wait()
+    assert len(_containers(engine, {owner})) == 1  # left behind by the kill
+
+    await make_runtime().invoke("next-" + "n" * 35, WARM_UP_PAYLOAD)
+    assert _containers(engine, {owner}) == []
+    assert len(_containers(engine, {live.owner})) == 1
 
 
 async def test_no_engine_is_named_and_starts_nothing(
