@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from agentcore_rollout._engine import warming
 from agentcore_rollout._engine.warming import WarmPlan, lead_time
 
 pytestmark = pytest.mark.unit
@@ -64,6 +65,18 @@ async def test_a_step_that_runs_long_moves_its_successors_warm_ups_to_its_end():
     assert started == []
     await asyncio.sleep(0.3)
     assert started == [(4, None, 2)]  # by the estimate: step 1 running long was not known
+
+
+async def test_a_start_rate_cut_after_the_ask_moves_them_earlier(monkeypatch):
+    monkeypatch.setattr(warming, "RECHECK", 0.05)
+    lead = [0.1]
+    started: list[tuple[int, str | None, int]] = []
+    plan = WarmPlan(0, lambda n, env, step: started.append((n, env, step)) or n, lambda n: lead[0])
+    await _first_step(plan, ramp=0.0, run=0.4, update=0.5)
+    plan.ask(4, None, 2)  # step 2 expected 0.9 s from now, its warm-ups in 0.8 s
+    lead[0] = 0.7  # a throttle cut the start rate: their ramp is longer now
+    await asyncio.sleep(0.5)
+    assert started == [(4, None, 2)]  # at 0.2 s, not 0.8 s
 
 
 async def test_a_step_that_ends_early_moves_them_by_the_last_update():

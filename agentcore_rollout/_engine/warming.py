@@ -11,6 +11,9 @@ from collections.abc import Callable
 MARGIN = 2.0
 """Seconds of slack on top of the warm-ups' ramp and cold start, or 5% of the ramp if more:
 a start rate cut after a throttle, a step that begins early."""
+RECHECK = 5.0
+"""A step's timer re-plans at least this often: the lead grows when a throttle cuts the start
+rate after the ask."""
 
 
 def lead_time(n: int, start_rate: float, session_start_time: float) -> float:
@@ -93,13 +96,15 @@ class WarmPlan:
 
     def _plan(self, step: int) -> dict[str | None, int]:
         """Start `step`'s warm-ups now if their time has come, else (re)set their timer."""
+        if step not in self._wanted:
+            return {}
         at = self.expected_start(step) - self._lead(sum(self._wanted[step].values()))
         if at <= time.time():
             return self._fire(step)
         if (timer := self._timers.pop(step, None)) is not None:
             timer.cancel()
         self._timers[step] = asyncio.get_running_loop().call_later(
-            at - time.time(), self._fire, step
+            min(at - time.time(), RECHECK), self._plan, step
         )
         return {}
 
