@@ -148,6 +148,7 @@ class RequestDispatcher:
         *,
         priority: int = 0,
         environment: str | None = None,
+        warm: bool = True,
     ) -> AsyncIterator[LiveSession]:
         """Take one of the live-session slots (waiting until `start_deadline` at most, else
         SubmitFailed) for one session; waiters get slots, and then endpoints, lowest `priority`
@@ -156,8 +157,8 @@ class RequestDispatcher:
         which runs behind, at `stop_rate`, so the caller's outcome never waits for it and the live
         bounds bound every session alive, stopping ones included. It starts only on endpoints
         of `environment` (`StartQueue.serving`). A warm session of `environment`, when there is
-        one (`warm`), is the slot's instead, its id the session's."""
-        session = await self._warm.take(environment, start_deadline, priority)
+        one and `warm` allows, is the slot's instead, its id the session's."""
+        session = await self._warm.take(environment, start_deadline, priority) if warm else None
         if session is None:
             await self._take_live_slot(start_deadline, priority, environment)
             session = LiveSession(session_id, start_deadline, priority, environment=environment)

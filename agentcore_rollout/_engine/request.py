@@ -323,8 +323,15 @@ class RequestRunner:
         if job.resuming and (found := await self._buffer.look_up(rid)) is not None:
             job.took_over(*await self._its_gateway_session(job), self._gateway)
             return found
+        # An earlier session still running is taken over under its own id (a warm one's too),
+        # never given one of this engine's warm sessions.
+        adopting = earlier is not None and earlier.deadline > time.time()
         async with self._dispatcher.live_session(
-            job.session_id, job.start_deadline, priority=job.admission, environment=job.environment
+            earlier.session_id if earlier is not None and adopting else job.session_id,
+            job.start_deadline,
+            priority=job.admission,
+            environment=job.environment,
+            warm=not adopting,
         ) as session:
             job.session, job.session_id = session, session.session_id  # a warm one's own id
             if earlier is not None and earlier.deadline > time.time():
