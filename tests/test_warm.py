@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agentcore_rollout import RolloutEngine, RolloutRequest
+from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest, RolloutStart
 
 from .conftest import engine_config
 
@@ -181,3 +181,78 @@ async def test_a_steps_warm_ups_and_the_step_before_keep_to_the_live_session_quo
         engine.quotas,
     )
     assert (stats.warm_started, stats.warm_used, stats.warm_missed) == (8, 8, 0)
+
+
+# -- faults: a warm session is the engine's like any other, whatever ends its rollout --------
+
+
+async def test_a_warm_session_whose_rollout_is_cancelled_or_staled_is_stopped(
+    moto, channel, emulator
+):
+    """A rollout that took a warm session and ends without its result (cancelled by the
+    trainer, staled by `set_step`) stops that session then, not at the engine's close."""
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, warm=2, max_staleness=0, stale_policy="end")
+    async with RolloutEngine(cfg) as engine:
+        engine.warm(2)
+        await _parked(engine, 2)
+        cancelled, staled = (engine.submit(r) for r in _requests(2, sleep=30))
+        await _until(lambda: emu.counts["invoke"] == 4)  # 2 warm-ups, then both rollouts
+        cancelled.cancel()
+        outcomes = [await cancelled]
+        engine.set_step(1)
+        outcomes.append(await staled)
+        await _until(lambda: len(emu.sessions.stopped) == 2)
+        assert engine.stats().live_sessions == 0
+    assert [o.outcome for o in outcomes] == [Outcome.CANCELLED, Outcome.STALE]
+    assert sorted(o.session_id for o in outcomes) == sorted(emu.sessions.started)  # the warm
+    assert all("-warm-" in sid for sid in emu.sessions.started)
+
+
+async def test_a_crash_leaves_no_warm_session_past_the_runtimes_idle_timeout(
+    moto, channel, emulator
+):
+    """The engine's process dies with warm sessions parked: nothing stops them, and the
+    runtime's idle timeout ends them."""
+    emu = await emulator(idle_timeout=0.5)
+    engine = RolloutEngine(engine_config(moto, channel, emu, warm=3))
+    await engine.start()
+    engine.warm(3)
+    await _parked(engine, 3)
+
+    async def _died_before_stopping(*_: object) -> None:
+        """The process is gone: no stop reaches the runtime."""
+
+    engine._dispatcher._stop = _died_before_stopping  # type: ignore[method-assign]
+    await engine.aclose()
+    assert emu.sessions.stopped == [] and len(emu.sessions) == 3
+    await _until(lambda: len(emu.sessions) == 0)
+    assert sorted(emu.sessions.expired) == sorted(emu.sessions.started)
+
+
+async def test_resume_takes_over_a_rollout_running_on_a_warm_session(moto, channel, emulator):
+    """The journal records the warm session a rollout ran in: a new engine resumes it there,
+    collects its result and stops it; the agent runs once and no other session starts."""
+    emu = await emulator()
+    cfg = engine_config(moto, channel, emu, warm=1, run_secret="s" * 32)
+    (request,) = _requests(1, sleep=2)
+    first = RolloutEngine(cfg)
+    await first.start()
+    first.warm(1)
+    await _parked(first, 1)
+    journaled: list[RolloutStart] = []
+    first.submit(request, on_start=journaled.append)
+    await _until(lambda: bool(journaled) and emu.counts["invoke"] == 2)
+
+    async def _died_before_stopping(*_: object) -> None:
+        """The first engine's process dies: its session runs on, never stopped by it."""
+
+    first._dispatcher._stop = _died_before_stopping  # type: ignore[method-assign]
+    await first.aclose()
+    (warm,) = emu.sessions.started
+    assert "-warm-" in warm and journaled[0].session_id == warm and not emu.sessions.stopped
+    async with RolloutEngine(cfg) as second:
+        outcome = await second.resume(journaled[0])
+    assert outcome.outcome is Outcome.OK and outcome.session_id == warm
+    assert emu.counts["invoke"] == 2  # the warm-up and the rollout: nothing run again
+    assert emu.sessions.started == [warm] and emu.sessions.stopped == [warm]
