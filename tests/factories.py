@@ -1,6 +1,6 @@
 """Result objects for tests that play the agent's part by hand, ended outcomes (with their
 token traces) for tests of what trainers do with them, engine configs written flat, and what a
-local stack's policy worker recorded."""
+local stack's policy worker recorded, and an engine whose process dies."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from agentcore_rollout import EngineConfig, Outcome, RolloutOutcome, RolloutRequest
+from agentcore_rollout import EngineConfig, Outcome, RolloutEngine, RolloutOutcome, RolloutRequest
 from agentcore_rollout.contract import RolloutResult, Timings, encode_result, sign_result
 
 SIG_KEY = "k" * 32
@@ -119,3 +119,13 @@ async def recorded_samples(stack: Any) -> list[dict[str, Any]]:
         http.get(f"{stack.workers[0].url}/debug/samples") as resp,
     ):
         return (await resp.json())["samples"]
+
+
+def dies_before_stopping(engine: RolloutEngine) -> None:
+    """The engine's process dies (a SIGKILL): from now on no stop of its reaches the runtime,
+    so its sessions run on after its `aclose`."""
+
+    async def no_stop(*_: object) -> None:
+        pass
+
+    engine._dispatcher._stop = no_stop  # type: ignore[method-assign]

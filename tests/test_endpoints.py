@@ -21,7 +21,7 @@ from agentcore_rollout.config import load_config
 from agentcore_rollout.runtimes.base import SessionCallError
 
 from .conftest import RUNTIME_ARN, engine_config
-from .factories import flat_config
+from .factories import dies_before_stopping, flat_config
 from .test_limits import FakeRuntime
 
 pytestmark = pytest.mark.component
@@ -170,10 +170,7 @@ async def test_resume_stops_each_session_on_the_endpoint_it_started_on(moto, cha
     while len(journaled) < 4:  # noqa: ASYNC110 (waiting for the engine's own callbacks)
         await asyncio.sleep(0.05)
 
-    async def _died_before_stopping(*_: object) -> None:
-        """The first engine's process dies: its sessions run on, never stopped by it."""
-
-    first._dispatcher._stop = _died_before_stopping  # type: ignore[method-assign]
+    dies_before_stopping(first)
     await first.aclose()
     assert {s.endpoint for s in journaled} == {f"{a}#DEFAULT" for a in ARNS[:2]}
     assert not emu.sessions.stopped and len(emu.sessions) == 4

@@ -14,6 +14,7 @@ import pytest
 from agentcore_rollout import Outcome, RolloutEngine, RolloutRequest, RolloutStart
 
 from .conftest import engine_config
+from .factories import dies_before_stopping
 
 pytestmark = pytest.mark.component
 
@@ -220,10 +221,7 @@ async def test_a_crash_leaves_no_warm_session_past_the_runtimes_idle_timeout(
     engine.warm(3)
     await _parked(engine, 3)
 
-    async def _died_before_stopping(*_: object) -> None:
-        """The process is gone: no stop reaches the runtime."""
-
-    engine._dispatcher._stop = _died_before_stopping  # type: ignore[method-assign]
+    dies_before_stopping(engine)
     await engine.aclose()
     assert emu.sessions.stopped == [] and len(emu.sessions) == 3
     await _until(lambda: len(emu.sessions) == 0)
@@ -244,10 +242,7 @@ async def test_resume_takes_over_a_rollout_running_on_a_warm_session(moto, chann
     first.submit(request, on_start=journaled.append)
     await _until(lambda: bool(journaled) and emu.counts["invoke"] == 2)
 
-    async def _died_before_stopping(*_: object) -> None:
-        """The first engine's process dies: its session runs on, never stopped by it."""
-
-    first._dispatcher._stop = _died_before_stopping  # type: ignore[method-assign]
+    dies_before_stopping(first)
     await first.aclose()
     (warm,) = emu.sessions.started
     assert "-warm-" in warm and journaled[0].session_id == warm and not emu.sessions.stopped
